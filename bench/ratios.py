@@ -1,0 +1,37 @@
+"""Ratio measurement for benchmarks on shared, noisy machines.
+
+Absolute times here drift (this machine's memory bandwidth switches between two states for minutes
+at a time), so benchmarks report ratios measured within one run: the two contenders run
+alternately (A B A B …) and the median of the per-round ratios is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def best_time(fn: Callable[[], object], inner: int) -> float:
+    """Seconds per call: the best of ``inner`` consecutive calls (one warm call first)."""
+    fn()
+    best = float("inf")
+    for _ in range(inner):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def alternating_ratio(
+    fn_a: Callable[[], object], fn_b: Callable[[], object], rounds: int = 5, inner: int = 3
+) -> tuple[float, float, float]:
+    """``(median time_a / time_b, median time_a, median time_b)`` over alternating rounds."""
+    ratios, ta, tb = [], [], []
+    for _ in range(rounds):
+        a = best_time(fn_a, inner)
+        b = best_time(fn_b, inner)
+        ratios.append(a / b)
+        ta.append(a)
+        tb.append(b)
+    return statistics.median(ratios), statistics.median(ta), statistics.median(tb)

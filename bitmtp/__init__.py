@@ -1,0 +1,35 @@
+"""bitmtp: multi-token decoding for ternary (1.58-bit, W2A8) language models.
+
+The foundation layer is importable without any compiled extension: the T2 packed ternary format
+(:mod:`bitmtp.formats`), the W2A8 ops with their pure-torch references and backend registry
+(:mod:`bitmtp.ops`), and :class:`TernaryLinear`.
+"""
+
+from bitmtp.errors import (
+    BackendUnavailableError,
+    BitMTPError,
+    DeviceError,
+    DTypeError,
+    FormatError,
+    LayoutError,
+    ShapeError,
+)
+from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumulate, w2a8_linear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "BitMTPError",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "FormatError",
+    "LayoutError",
+    "BackendUnavailableError",
+    "TernaryLinear",
+    "w2a8_linear",
+    "w2a8_accumulate",
+    "act_quant",
+    "available_backends",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from bitmtp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,19 @@
+"""Backend implementations, registered lazily with :mod:`bitmtp.ops.registry`."""
+
+from bitmtp.ops.registry import register_backend
+
+
+def _torch():
+    from bitmtp.ops.backends.torch_backend import TorchBackend
+
+    return TorchBackend()
+
+
+def _triton():
+    from bitmtp.ops.backends.triton_backend import TritonBackend
+
+    return TritonBackend()
+
+
+register_backend("torch", _torch)
+register_backend("triton", _triton)

@@ -1,0 +1,34 @@
+"""The ``torch`` backend: the pure-torch references, usable on any device."""
+
+from __future__ import annotations
+
+import torch
+
+from bitmtp.ops import reference
+
+
+class TorchBackend:
+    name = "torch"
+
+    def availability(self, device: torch.device) -> tuple[bool, str]:
+        return True, "pure torch, always available"
+
+    def act_quant(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return reference.act_quant_reference(x)
+
+    def w2a8_accumulate(self, x_q, packed, k, group_size, out=None):
+        acc = reference.w2a8_accumulate_reference(x_q, packed, k, group_size).to(torch.int32)
+        if out is None:
+            return acc
+        out.copy_(acc)
+        return out
+
+    def w2a8_linear_q(self, x_q, act_scale, packed, scales, k, group_size, bias, out_dtype, out=None):
+        y = reference.w2a8_linear_q_reference(x_q, act_scale, packed, scales, k, group_size, bias, out_dtype)
+        if out is None:
+            return y
+        out.copy_(y)
+        return out
+
+    def dense_linear(self, x, weight, bias=None):
+        return reference.dense_linear_reference(x, weight, bias)

@@ -1,0 +1,106 @@
+"""Front doors of the linear ops: validate, pick a backend, run.
+
+``w2a8_linear`` is what models call. ``w2a8_accumulate`` exposes the exact integer accumulators
+that every backend must reproduce bit for bit (the tests compare those).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitmtp.errors import ShapeError
+from bitmtp.ops import registry, validate
+
+
+def act_quant(x: torch.Tensor, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token absmax int8 quantization of ``x[..., K]``: ``(x_q int8[..., K], s float32[...])``.
+
+    ``s = 127 / max(|x|, 1e-5)``; ``x ≈ x_q / s``.
+    """
+    x = validate.activations(x)
+    return registry.select("act_quant", x.device, backend)(x)
+
+
+def w2a8_accumulate(
+    x_q: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    k: int | None = None,
+    group_size: int | None = None,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact per-group accumulators ``int32[M, N, n_groups]`` of ``x_q[M, K]`` against T2 ``weight``.
+
+    ``acc[m, n, g] = Σ_{k∈g} c[n,k]·x_q[m,k] − Σ_{k∈g} x_q[m,k]`` with codes ``c = w + 1``. Without
+    ``group_size`` there is one group spanning K.
+    """
+    x_q = validate.quantized_activations(x_q)
+    w = validate.packed_weight(weight)
+    k = validate.in_features(k, x_q.shape[1], w, "x_q")
+    group_size = k if group_size is None else int(group_size)
+    if group_size < k and group_size % 16:
+        raise ShapeError(f"group_size: must be a multiple of 16, got {group_size}")
+    validate.same_device(x_q=x_q, weight=w, out=out)
+    if out is not None:
+        shape = (x_q.shape[0], w.shape[0], -(-k // group_size))
+        if out.dtype != torch.int32 or tuple(out.shape) != shape or not out.is_contiguous():
+                raise ShapeError(f"out: expected a contiguous int32 tensor of shape {shape}")
+    return registry.select("w2a8_accumulate", x_q.device, backend)(x_q.contiguous(), w, k, group_size, out=out)
+
+
+def w2a8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    k: int | None = None,
+    group_size: int | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """W2A8 linear: per-token int8 activations times T2 ternary weights, fused scale epilogue.
+
+    Args:
+        x: activations ``[..., K]`` (float32 / bf16 / fp16 / float64).
+        weight: T2 words ``int32[N, ceil(K/16)]`` from :func:`bitmtp.formats.pack_t2`.
+        scales: ``float32[1 | N, n_groups]`` multiplicative weight scales (see formats.scales).
+        k: input features when ``x`` is not the source of truth (defaults to ``x.shape[-1]``).
+        group_size: scale group size G (inferred from ``scales`` when it divides K evenly).
+        bias: optional ``[N]`` added after the epilogue.
+        out_dtype: output dtype (default ``x.dtype``).
+        backend: ``"torch"``, ``"triton"``, ``"cpu"``, ``"cuda"``…; default ``BITMTP_BACKEND`` or automatic.
+
+    Returns:
+        ``y[..., N] = Σ_g acc_g · scale[n, g] / s_x`` (+ bias).
+    """
+    x = validate.activations(x)
+    w = validate.packed_weight(weight)
+    n = w.shape[0]
+    k = validate.in_features(k, x.shape[-1], w)
+    s, g = validate.weight_scales(scales, n, k, group_size)
+    b = validate.bias_vector(bias, n)
+    dtype = validate.out_dtype(out_dtype, x.dtype)
+    device = validate.same_device(x=x, weight=w, scales=s, bias=b)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    x_q, act_scale = registry.select("act_quant", device, backend)(x2)
+    y = registry.select("w2a8_linear_q", device, backend)(x_q.contiguous(), act_scale, w, s, k, g, b, dtype)
+    return y.reshape(*lead, n)
+
+
+def dense_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str | None = None
+) -> torch.Tensor:
+    """The dense fallback path: ``x @ weight.T (+ bias)`` in the weight's dtype (LM head, embeddings-side
+    projections and non-ternary checkpoints)."""
+    x = validate.activations(x)
+    w = validate.tensor("weight", weight)
+    if w.dtype not in validate.FLOAT_DTYPES or w.dim() != 2:
+        raise ShapeError(f"weight: expected a 2-D float [N, K] tensor, got {w.dtype} {tuple(w.shape)}")
+    if x.shape[-1] != w.shape[1]:
+        raise ShapeError(f"x: last dimension {x.shape[-1]} does not match weight K={w.shape[1]}")
+    b = validate.bias_vector(bias, w.shape[0])
+    device = validate.same_device(x=x, weight=w, bias=b)
+    return registry.select("dense_linear", device, backend)(x, w, b)

@@ -1,0 +1,81 @@
+"""Pure-torch references of the ops. Every backend is tested against these.
+
+The W2A8 contract (DESIGN.md "Activations"):
+
+* ``acc[m, n, g] = Σ_{k∈g} c[n,k]·x_q[m,k] − Σ_{k∈g} x_q[m,k]`` — exact integers (int64 here), where
+  ``c = w + 1`` are the T2 codes and the second sum folds the code offset;
+* ``y[m, n] = Σ_g acc[m, n, g] · w_scale[n, g] / s[m] (+ bias[n])`` — computed here in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bitmtp.formats.quantize import quantize_activations
+from bitmtp.formats.ternary import unpack_codes
+
+
+def act_quant_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token absmax int8 quantization: ``(x_q int8[..., K], s float32[...])``."""
+    return quantize_activations(x)
+
+
+def w2a8_accumulate_reference(x_q: torch.Tensor, packed: torch.Tensor, k: int, group_size: int) -> torch.Tensor:
+    """Exact per-group integer accumulators ``int64[M, N, n_groups]`` (int64 accumulation)."""
+    codes = unpack_codes(packed, k).to(torch.int64)  # [N, K]
+    xq = x_q.to(torch.int64)  # [M, K]
+    groups = []
+    for lo in range(0, k, group_size):
+        hi = min(lo + group_size, k)
+        xg = xq[:, lo:hi]
+        groups.append(xg @ codes[:, lo:hi].T - xg.sum(dim=1, keepdim=True))
+    return torch.stack(groups, dim=-1)
+
+
+def w2a8_linear_q_reference(
+    x_q: torch.Tensor,
+    act_scale: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    k: int,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """W2A8 linear on pre-quantized activations with a float64 epilogue, cast to ``out_dtype``."""
+    acc = w2a8_accumulate_reference(x_q, packed, k, group_size).to(torch.float64)  # [M, N, G]
+    n = packed.shape[0]
+    w_scale = scales.to(torch.float64).expand(n, scales.shape[1])  # [N, G]
+    y = (acc * w_scale.unsqueeze(0)).sum(dim=-1) / act_scale.to(torch.float64).unsqueeze(-1)
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y.to(out_dtype)
+
+
+def w2a8_linear_reference(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    k: int,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Quantize ``x[M, K]`` per token, then :func:`w2a8_linear_q_reference`."""
+    x_q, s = act_quant_reference(x)
+    return w2a8_linear_q_reference(x_q, s, packed, scales, k, group_size, bias, out_dtype)
+
+
+def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense path (embeddings-side projections, LM head, non-ternary checkpoints)."""
+    return F.linear(x.to(weight.dtype), weight, bias)
+
+
+__all__ = [
+    "act_quant_reference",
+    "w2a8_accumulate_reference",
+    "w2a8_linear_q_reference",
+    "w2a8_linear_reference",
+    "dense_linear_reference",
+]

@@ -1,0 +1,160 @@
+"""The backend registry: which implementation runs an op.
+
+A backend is an object with a ``name``, an ``availability(device)`` check returning
+``(ok, reason)``, and methods named after the ops it implements (``act_quant``,
+``w2a8_accumulate``, ``w2a8_linear_q``, ``dense_linear``, …). Selection, per call:
+
+1. an explicit ``backend=`` argument, else the ``BITMTP_BACKEND`` environment variable: that
+   backend must exist and be available on the tensors' device, or :class:`BackendUnavailableError`
+   says why. An op the chosen backend does not implement runs on the ``torch`` reference (kernels
+   speed some ops up; the reference defines all of them).
+2. otherwise the first available backend in the device's preference order
+   (:data:`PREFERENCE`); passing over a preferred backend logs one line saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+
+from bitmtp.errors import BackendUnavailableError, BitMTPError
+
+log = logging.getLogger("bitmtp")
+
+ENV_VAR = "BITMTP_BACKEND"
+
+#: Automatic choice per device type, best first.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cuda": ("cuda", "triton", "torch"),
+    "cpu": ("cpu", "torch"),
+}
+
+
+class Backend(Protocol):
+    name: str
+
+    def availability(self, device: torch.device) -> tuple[bool, str]: ...
+
+
+_BACKENDS: dict[str, Backend] = {}
+_LOADERS: dict[str, Callable[[], Backend]] = {}
+_LOAD_ERRORS: dict[str, str] = {}
+_LOGGED: set[tuple[str, str, str]] = set()
+_OVERRIDES: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+def register_backend(name: str, loader: Callable[[], Backend]) -> None:
+    """Register a backend lazily: ``loader`` is called (once) the first time it is needed."""
+    _LOADERS[name] = loader
+    _BACKENDS.pop(name, None)
+    _LOAD_ERRORS.pop(name, None)
+
+
+def backend_names() -> list[str]:
+    return list(_LOADERS)
+
+
+def _load(name: str) -> Backend | None:
+    if name in _BACKENDS:
+        return _BACKENDS[name]
+    if name in _LOAD_ERRORS:
+        return None
+    try:
+        _BACKENDS[name] = _LOADERS[name]()
+    except Exception as exc:  # an optional dependency missing or broken: report, never crash import
+        _LOAD_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+        return None
+    return _BACKENDS[name]
+
+
+def availability(name: str, device: torch.device | str = "cpu") -> tuple[bool, str]:
+    """``(ok, reason)`` for backend ``name`` on ``device``."""
+    if name not in _LOADERS:
+        return False, f"unknown backend (known: {', '.join(_LOADERS)})"
+    backend = _load(name)
+    if backend is None:
+        return False, f"failed to load: {_LOAD_ERRORS[name]}"
+    return backend.availability(torch.device(device))
+
+
+def available_backends(device: torch.device | str = "cpu") -> dict[str, tuple[bool, str]]:
+    """Every registered backend with ``(ok, reason)`` on ``device``."""
+    return {name: availability(name, device) for name in _LOADERS}
+
+
+def _requested(backend: str | None) -> str | None:
+    if backend is not None:
+        return backend
+    env = os.environ.get(ENV_VAR, "").strip()
+    return env or None
+
+
+def select(op: str, device: torch.device, backend: str | None = None) -> Callable[..., Any]:
+    """The callable implementing ``op`` for tensors on ``device``."""
+    name = _requested(backend)
+    source = "backend=" if backend is not None else f"{ENV_VAR}"
+    if name is not None:
+        if name not in _LOADERS:
+            raise BitMTPError(f"{source}: unknown backend {name!r}; known backends: {', '.join(_LOADERS)}")
+        ok, why = availability(name, device)
+        if not ok:
+            raise BackendUnavailableError(f"{source}: backend {name!r} cannot run on {device}: {why}")
+    else:
+        name = _auto(op, device)
+    override = _OVERRIDES.get((name, op))
+    if override is not None:
+        return override
+    impl = getattr(_BACKENDS[name], op, None)
+    if impl is None:
+        impl = getattr(_load("torch"), op)
+    return impl
+
+
+def _auto(op: str, device: torch.device) -> str:
+    order = PREFERENCE.get(device.type, ("torch",))
+    skipped = []
+    for name in order:
+        if name not in _LOADERS:
+            continue
+        ok, why = availability(name, device)
+        if ok and hasattr(_BACKENDS[name], op):
+            if skipped:
+                key = (device.type, op, name)
+                if key not in _LOGGED:
+                    _LOGGED.add(key)
+                    log.info("bitmtp: %s on %s runs on backend %r (%s)", op, device.type, name, "; ".join(skipped))
+            return name
+        skipped.append(f"{name}: {why if not ok else 'does not implement ' + op}")
+    return "torch"
+
+
+@contextmanager
+def override(backend: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
+    """Temporarily replace ``op`` of ``backend`` (benchmark gates inject slowed kernels this way)."""
+    key = (backend, op)
+    previous = _OVERRIDES.get(key)
+    _OVERRIDES[key] = fn
+    try:
+        yield
+    finally:
+        if previous is None:
+            _OVERRIDES.pop(key, None)
+        else:
+            _OVERRIDES[key] = previous
+
+
+__all__ = [
+    "ENV_VAR",
+    "PREFERENCE",
+    "register_backend",
+    "backend_names",
+    "availability",
+    "available_backends",
+    "select",
+    "override",
+]

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up bitmtp in ./.venv on a fresh machine: the pinned CPU torch first (a bare `torch`
+# requirement would pull a multi-GB CUDA build), then the package (editable) with its extras.
+#   bash scripts/setup.sh            # dev + hf extras (tests, benchmarks, transformers)
+#   EXTRAS=dev bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${EXTRAS:-dev,hf}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[${EXTRAS}]"
+python -c "import bitmtp, torch; print(f'bitmtp {bitmtp.__version__} on torch {torch.__version__}')"

@@ -1,0 +1,18 @@
+"""Triton kernels of bitmtp, installed as ``bitmtp.triton_kernels``.
+
+(Installed under bitmtp's namespace because Triton itself ships a top-level ``triton_kernels``.)
+This is the kernel layer: it imports only torch and triton, never ``bitmtp.ops``. Importing it
+requires triton; ``bitmtp.ops`` imports it lazily and reports when triton is missing.
+
+On a machine without a GPU, set ``TRITON_INTERPRET=1`` before the first import to run the kernels
+on CPU tensors through Triton's interpreter (slow; small shapes).
+"""
+
+from bitmtp.triton_kernels.w2a8 import (
+    WIDTH_BUCKETS,
+    KernelConfig,
+    config_for_width,
+    w2a8_matmul,
+)
+
+__all__ = ["WIDTH_BUCKETS", "KernelConfig", "config_for_width", "w2a8_matmul"]

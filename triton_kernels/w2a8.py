@@ -1,0 +1,237 @@
+"""Width-specialized W2A8 linear in Triton.
+
+Two kernels share one contract (``acc`` / ``y`` as in :mod:`bitmtp.ops.reference`):
+
+* ``_w2a8_decode_kernel`` — decode widths M ≤ 16. M is a ``tl.constexpr`` (one compiled kernel per
+  width, M1 in the BitMTP paper). A program owns BLOCK_N output rows; for every K tile it loads each
+  packed T2 word once, decodes its sixteen 2-bit codes once in registers, and applies them to all M
+  activation rows (a [M_PAD, BLOCK_N, BLOCK_K] multiply-reduce), so weight traffic is independent
+  of M.
+* ``_w2a8_tiled_kernel`` — prefill widths M ≥ 17: BLOCK_M×BLOCK_N tiles with ``tl.dot`` on int8
+  operands (int32 accumulate, tensor cores on GPUs).
+
+Both accumulate Σ c·x_q with unsigned codes c ∈ {0,1,2} and subtract Σ x_q per group (the "−Σx"
+fold, so the codes never need a signed decode), then fuse the epilogue
+``y = Σ_g acc_g · w_scale[n, g] / s_x[m] (+ bias)`` in float32. With ``acc_out`` given they also
+write the exact int32 per-group accumulators ``[M, N, n_groups]`` used by the bit-exactness tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch configuration for one width bucket."""
+
+    kind: str  # "decode" or "tiled"
+    block_n: int
+    block_kw: int  # K tile in 32-bit words (16 weights each)
+    block_m: int = 0  # tiled kernel only
+    num_warps: int = 4
+
+
+#: Width buckets of the issue: 1, 2–4, 5–8, 9–16 use the decode kernel; ≥ 17 the tiled one.
+#: The K tile shrinks as M grows so the [M_PAD, BLOCK_N, BLOCK_K] product stays ≈ 16K elements
+#: (≈ 128 int32 registers per thread at 4 warps).
+WIDTH_BUCKETS: tuple[tuple[int, int, KernelConfig], ...] = (
+    (1, 1, KernelConfig("decode", block_n=64, block_kw=16)),
+    (2, 4, KernelConfig("decode", block_n=64, block_kw=4)),
+    (5, 8, KernelConfig("decode", block_n=32, block_kw=4)),
+    (9, 16, KernelConfig("decode", block_n=32, block_kw=2)),
+    (17, 1 << 30, KernelConfig("tiled", block_n=64, block_kw=4, block_m=32)),
+)
+
+
+def config_for_width(m: int) -> KernelConfig:
+    """The kernel configuration for replay width ``m``."""
+    for lo, hi, cfg in WIDTH_BUCKETS:
+        if lo <= m <= hi:
+            return cfg
+    raise ValueError(f"m: width must be >= 1, got {m}")
+
+
+@triton.jit
+def _decode_codes(words, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+    """[BLOCK_N, BLOCK_KW] T2 words -> [BLOCK_N, BLOCK_KW*16] codes (k = 16j + i)."""
+    i = tl.arange(0, 16)
+    shifts = (i % 4) * 8 + (i // 4) * 2  # weight i = 4s + b sits at bit 8b + 2s
+    codes = (words[:, :, None] >> shifts[None, None, :]) & 3
+    return tl.reshape(codes, [BLOCK_N, BLOCK_KW * 16])
+
+
+@triton.jit
+def _store_out(ptrs, y, mask):
+    """Store float32 ``y`` in the output's dtype. bf16 is rounded to nearest-even by hand on the
+    bit pattern (the interpreter truncates fp32 -> bf16; GPUs round), so both agree with torch."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = y.to(tl.int32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536  # -65536 == 0xFFFF0000
+        tl.store(ptrs, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w2a8_decode_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, acc_ptr,
+    N, K, KW, G, NG, stride_sn,
+    M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WRITE_ACC: tl.constexpr, WRITE_OUT: tl.constexpr,
+):
+    BLOCK_K: tl.constexpr = BLOCK_KW * 16
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = tl.arange(0, M_PAD)
+    m_mask = offs_m < M
+    offs_j = tl.arange(0, BLOCK_KW)
+    offs_kl = tl.arange(0, BLOCK_K)
+    y = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for g in range(NG):
+        k_lo = g * G
+        k_hi = tl.minimum(k_lo + G, K)
+        acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.int32)
+        xsum = tl.zeros([M_PAD], dtype=tl.int32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            wj = k0 // 16 + offs_j
+            words = tl.load(
+                w_ptr + offs_n[:, None] * KW + wj[None, :],
+                mask=n_mask[:, None] & (wj[None, :] < KW),
+                other=0,
+            )
+            codes = _decode_codes(words, BLOCK_N, BLOCK_KW)  # decoded once, used for all M rows
+            offs_k = k0 + offs_kl
+            xk = tl.load(
+                xq_ptr + offs_m[:, None] * K + offs_k[None, :],
+                mask=m_mask[:, None] & (offs_k[None, :] < k_hi),
+                other=0,
+            ).to(tl.int32)
+            acc += tl.sum(codes[None, :, :] * xk[:, None, :], axis=2)
+            xsum += tl.sum(xk, axis=1)
+        acc = acc - xsum[:, None]
+        if WRITE_ACC:
+            tl.store(
+                acc_ptr + (offs_m[:, None] * N + offs_n[None, :]) * NG + g,
+                acc,
+                mask=m_mask[:, None] & n_mask[None, :],
+            )
+        if WRITE_OUT:
+            sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
+            y += acc.to(tl.float32) * sc[None, :]
+    if WRITE_OUT:
+        xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=1.0)
+        y = y / xs[:, None]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        _store_out(out_ptr + offs_m[:, None] * N + offs_n[None, :], y, m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _w2a8_tiled_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, acc_ptr,
+    M, N, K, KW, G, NG, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WRITE_ACC: tl.constexpr, WRITE_OUT: tl.constexpr,
+):
+    BLOCK_K: tl.constexpr = BLOCK_KW * 16
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    offs_j = tl.arange(0, BLOCK_KW)
+    offs_kl = tl.arange(0, BLOCK_K)
+    y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(NG):
+        k_lo = g * G
+        k_hi = tl.minimum(k_lo + G, K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        xsum = tl.zeros([BLOCK_M], dtype=tl.int32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            wj = k0 // 16 + offs_j
+            words = tl.load(
+                w_ptr + offs_n[:, None] * KW + wj[None, :],
+                mask=n_mask[:, None] & (wj[None, :] < KW),
+                other=0,
+            )
+            codes = _decode_codes(words, BLOCK_N, BLOCK_KW).to(tl.int8)  # [BLOCK_N, BLOCK_K]
+            offs_k = k0 + offs_kl
+            xk = tl.load(
+                xq_ptr + offs_m[:, None] * K + offs_k[None, :],
+                mask=m_mask[:, None] & (offs_k[None, :] < k_hi),
+                other=0,
+            )
+            acc = tl.dot(xk, tl.trans(codes), acc, out_dtype=tl.int32)
+            xsum += tl.sum(xk.to(tl.int32), axis=1)
+        acc = acc - xsum[:, None]
+        if WRITE_ACC:
+            tl.store(
+                acc_ptr + (offs_m[:, None] * N + offs_n[None, :]) * NG + g,
+                acc,
+                mask=m_mask[:, None] & n_mask[None, :],
+            )
+        if WRITE_OUT:
+            sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
+            y += acc.to(tl.float32) * sc[None, :]
+    if WRITE_OUT:
+        xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=1.0)
+        y = y / xs[:, None]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        _store_out(out_ptr + offs_m[:, None] * N + offs_n[None, :], y, m_mask[:, None] & n_mask[None, :])
+
+
+def w2a8_matmul(
+    x_q: torch.Tensor,
+    act_scale: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    k: int,
+    group_size: int,
+    *,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    acc_out: torch.Tensor | None = None,
+) -> None:
+    """Launch the W2A8 kernel for ``x_q[M, K]`` against T2 ``packed[N, ceil(K/16)]``.
+
+    Writes ``out[M, N]`` (float epilogue) and/or ``acc_out int32[M, N, n_groups]``. Inputs must be
+    contiguous, on one device, already validated (``bitmtp.ops`` does that); this layer only launches.
+    """
+    m, kk = x_q.shape
+    n, kw = packed.shape
+    ng = scales.shape[1]
+    stride_sn = 0 if scales.shape[0] == 1 else ng
+    cfg = config_for_width(m)
+    dummy = act_scale  # any valid pointer for arguments a constexpr switch leaves unused
+    args = (
+        x_q, act_scale, packed, scales,
+        bias if bias is not None else dummy,
+        out if out is not None else dummy,
+        acc_out if acc_out is not None else dummy,
+    )
+    flags = dict(HAS_BIAS=bias is not None, WRITE_ACC=acc_out is not None, WRITE_OUT=out is not None)
+    if cfg.kind == "decode":
+        grid = (triton.cdiv(n, cfg.block_n),)
+        _w2a8_decode_kernel[grid](
+            *args, n, kk, kw, group_size, ng, stride_sn,
+            M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+            num_warps=cfg.num_warps, **flags,
+        )
+    else:
+        grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+        _w2a8_tiled_kernel[grid](
+            *args, m, n, kk, kw, group_size, ng, stride_sn,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+            num_warps=cfg.num_warps, **flags,
+        )
+
+
+__all__ = ["KernelConfig", "WIDTH_BUCKETS", "config_for_width", "w2a8_matmul"]
