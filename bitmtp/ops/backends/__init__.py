@@ -17,3 +17,19 @@ def _triton():
 
 register_backend("torch", _torch)
 register_backend("triton", _triton)
+
+
+def _cpu():
+    from bitmtp.ops.backends.cpu_backend import CpuBackend
+
+    return CpuBackend()
+
+
+def _cuda():
+    from bitmtp.ops.backends.cuda_backend import CudaBackend
+
+    return CudaBackend()
+
+
+register_backend("cpu", _cpu)
+register_backend("cuda", _cuda)

@@ -1,0 +1,131 @@
+"""The ``cpu`` backend: the native W2A8 kernels of ``csrc/cpu`` (extension ``bitmtp._cpu_w2a8``).
+
+One call streams each packed weight row once and applies it to all M ≤ 16 tokens (larger M runs
+in chunks of 16): the single-pass multi-token GEMV that decode steps and CPU-offloaded layers need.
+The ISA path (AVX-512 VNNI, AVX2, scalar) is picked from CPUID; force one with
+``BITMTP_CPU_ISA=scalar|avx2|avx512_vnni`` or :func:`forced_isa` (tests run every path).
+Threads follow ``torch.get_num_threads()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from bitmtp.errors import BackendUnavailableError, BitMTPError, LayoutError, ShapeError
+
+ISA_NAMES = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
+ISA_ENV = "BITMTP_CPU_ISA"
+_forced: list[str] = []
+
+
+def _load_extension():
+    try:
+        ext = importlib.import_module("bitmtp._cpu_w2a8")
+    except ImportError as exc:
+        raise ImportError(
+            f"native CPU extension bitmtp._cpu_w2a8 is not built ({exc}); reinstall with a C++ compiler "
+            "(pip install -e . --no-build-isolation) to enable it"
+        ) from exc
+    return ext
+
+
+@contextmanager
+def forced_isa(name: str) -> Iterator[None]:
+    """Run the ``cpu`` backend on one ISA path inside the block (raises if the CPU lacks it)."""
+    if name not in ISA_NAMES:
+        raise BitMTPError(f"isa: expected one of {', '.join(ISA_NAMES)}, got {name!r}")
+    _forced.append(name)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def supported_isas() -> list[str]:
+    """ISA paths this CPU can run, slowest first."""
+    ext = _load_extension()
+    return [name for name, code in ISA_NAMES.items() if code <= ext.best_isa()]
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._ext = _load_extension()
+        self.features = dict(self._ext.cpu_features())
+
+    def availability(self, device: torch.device) -> tuple[bool, str]:
+        if device.type != "cpu":
+            return False, f"native CPU kernels run on CPU tensors, not {device.type}"
+        return True, f"native kernels, {self.features['best']} path, OpenMP={self.features['openmp']}"
+
+    def _isa(self) -> int:
+        name = _forced[-1] if _forced else os.environ.get(ISA_ENV, "").strip() or None
+        if name is None:
+            return -1
+        if name not in ISA_NAMES:
+            raise BitMTPError(f"{ISA_ENV}: expected one of {', '.join(ISA_NAMES)}, got {name!r}")
+        if ISA_NAMES[name] > self._ext.best_isa():
+            raise BackendUnavailableError(f"isa: this CPU cannot run the {name} path (best: {self.features['best']})")
+        return ISA_NAMES[name]
+
+    @staticmethod
+    def _check(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+        if t.device.type != "cpu":
+            raise BitMTPError(f"{name}: the cpu backend needs CPU tensors, got {t.device}")
+        if t.dtype != dtype:
+            raise BitMTPError(f"{name}: expected {dtype}, got {t.dtype}")
+        if not t.is_contiguous():
+            raise LayoutError(f"{name}: must be contiguous")
+        if t.data_ptr() % t.element_size():
+            raise LayoutError(f"{name}: data pointer {t.data_ptr():#x} is not aligned to {t.element_size()} bytes")
+
+    def _run(self, x_q, packed, k, group_size, scales=None, act_scale=None, bias=None, y=None, acc=None):
+        m = x_q.shape[0]
+        if m < 1:
+            raise ShapeError("x_q: M = 0 rows; W2A8 needs M >= 1 tokens")
+        n, kw = packed.shape
+        self._check("x_q", x_q, torch.int8)
+        self._check("weight", packed, torch.int32)
+        ng = -(-k // group_size)
+        for name, t, dt in (("scales", scales, torch.float32), ("act_scale", act_scale, torch.float32),
+                            ("bias", bias, torch.float32), ("out", y, torch.float32), ("out", acc, torch.int32)):
+            if t is not None:
+                self._check(name, t, dt)
+        try:
+            self._ext.run(
+                x_q.data_ptr(), m, k, packed.data_ptr(), n, kw,
+                scales.data_ptr() if scales is not None else 0,
+                scales.shape[0] if scales is not None else 1, ng, group_size,
+                act_scale.data_ptr() if act_scale is not None else 0,
+                bias.data_ptr() if bias is not None else 0,
+                y.data_ptr() if y is not None else 0,
+                acc.data_ptr() if acc is not None else 0,
+                self._isa(), torch.get_num_threads(),
+            )
+        except ValueError as exc:  # the extension's own argument checks
+            raise ShapeError(str(exc)) from exc
+
+    def w2a8_accumulate(self, x_q, packed, k, group_size, out=None):
+        if out is None:
+            out = torch.empty((x_q.shape[0], packed.shape[0], -(-k // group_size)), dtype=torch.int32)
+        self._run(x_q, packed, k, group_size, acc=out)
+        return out
+
+    def w2a8_linear_q(self, x_q, act_scale, packed, scales, k, group_size, bias, out_dtype, out=None):
+        m, n = x_q.shape[0], packed.shape[0]
+        direct = out is not None and out.dtype == torch.float32
+        y = out if direct else torch.empty((m, n), dtype=torch.float32)
+        b = None if bias is None else bias.to(torch.float32).contiguous()
+        self._run(x_q, packed, k, group_size, scales=scales, act_scale=act_scale, bias=b, y=y)
+        if direct:
+            return out
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y if out_dtype == torch.float32 else y.to(out_dtype)

@@ -1,0 +1,154 @@
+// pybind11 module bitmtp._cpu_w2a8: single-pass multi-token W2A8 linear for CPUs.
+//
+// Python passes raw data pointers (bitmtp/ops/backends/cpu_backend.py validates dtype, shape,
+// contiguity and alignment first), so this extension needs no torch headers and builds against
+// any torch. The ISA (AVX-512 VNNI, AVX2, scalar) is chosen at run time from CPUID; the module is
+// compiled for the baseline x86-64 target and only the ISA translation units carry target pragmas.
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "w2a8_cpu.h"
+
+namespace py = pybind11;
+using namespace bitmtp_cpu;
+
+namespace {
+
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+bool has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+int best_isa() { return has_avx512_vnni() ? kAvx512 : (has_avx2() ? kAvx2 : kScalar); }
+
+const char* isa_name(int isa) { return isa == kAvx512 ? "avx512_vnni" : (isa == kAvx2 ? "avx2" : "scalar"); }
+
+py::dict cpu_features() {
+  py::dict d;
+  d["avx2"] = has_avx2();
+  d["avx512_vnni"] = has_avx512_vnni();
+  d["best"] = isa_name(best_isa());
+#ifdef _OPENMP
+  d["openmp"] = true;
+  d["max_threads"] = omp_get_max_threads();
+#else
+  d["openmp"] = false;
+  d["max_threads"] = 1;
+#endif
+  return d;
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw std::invalid_argument(msg);
+}
+
+// Shared by w2a8_linear and w2a8_accumulate: y and/or acc. Tokens go in chunks of kMaxWidth; each
+// chunk streams the weights once (rows split across threads), applying every word to all tokens.
+void run(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, int64_t KW, uintptr_t scales_ptr,
+         int64_t scale_rows, int64_t NG, int64_t G, uintptr_t act_scale_ptr, uintptr_t bias_ptr, uintptr_t y_ptr,
+         uintptr_t acc_ptr, int isa, int threads) {
+  require(M >= 1, "x_q: M must be >= 1, got " + std::to_string(M));
+  require(K >= 1 && N >= 1, "weight: K and N must be >= 1");
+  require(KW == (K + 15) / 16, "weight: " + std::to_string(KW) + " words per row do not match K=" + std::to_string(K));
+  require(NG >= 1 && G >= 1 && (NG == 1 || G % 16 == 0) && NG == (K + G - 1) / G,
+          "group_size: G=" + std::to_string(G) + " with " + std::to_string(NG) + " groups does not fit K=" +
+              std::to_string(K));
+  require(y_ptr || acc_ptr, "out: nothing to write");
+  require(!y_ptr || (scales_ptr && act_scale_ptr), "scales/act_scale: required for the float output");
+  require(scale_rows == 1 || scale_rows == N, "scales: rows must be 1 or N");
+  require(x_ptr && w_ptr, "x_q/weight: null pointer");
+  if (isa < 0) isa = best_isa();
+  require(isa <= best_isa(), std::string("isa: ") + isa_name(isa) + " is not supported by this CPU (best: " +
+                                 isa_name(best_isa()) + ")");
+  require(isa >= kScalar && isa <= kAvx512, "isa: unknown value");
+
+  const int8_t* x = reinterpret_cast<const int8_t*>(x_ptr);
+  const int gw = NG == 1 ? static_cast<int>(KW) : static_cast<int>(G / 16);
+  // Activation rows are copied zero-padded so every SIMD step may load 64 bytes from any word
+  // offset without reading past the row: stride >= KW*16 + 48, a multiple of 64.
+  const int64_t stride = ((KW * 16 + 48 + 63) / 64) * 64;
+  std::vector<int8_t> xbuf(static_cast<size_t>(std::min<int64_t>(M, kMaxWidth) * stride + 64), 0);
+  std::vector<int32_t> xsum(static_cast<size_t>(kMaxWidth * NG), 0);
+  void (*rows)(const W2A8Args&, int, int) = isa == kAvx512 ? rows_avx512 : (isa == kAvx2 ? rows_avx2 : rows_scalar);
+  if (threads <= 0) threads = 1;
+
+  py::gil_scoped_release release;
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxWidth) {
+    const int mc = static_cast<int>(std::min<int64_t>(kMaxWidth, M - m0));
+    for (int m = 0; m < mc; ++m) {
+      const int8_t* src = x + (m0 + m) * K;
+      int8_t* dst = xbuf.data() + m * stride;
+      std::memcpy(dst, src, static_cast<size_t>(K));
+      std::memset(dst + K, 0, static_cast<size_t>(stride - K));
+      for (int64_t g = 0; g < NG; ++g) {
+        const int64_t lo = g * G, hi = std::min<int64_t>(lo + G, K);
+        int32_t s = 0;
+        for (int64_t k = lo; k < hi; ++k) s += src[k];
+        xsum[m * NG + g] = s;
+      }
+    }
+    W2A8Args a;
+    a.x = xbuf.data();
+    a.x_stride = stride;
+    a.M = mc;
+    a.xsum = xsum.data();
+    a.w = reinterpret_cast<const uint32_t*>(w_ptr);
+    a.KW = static_cast<int>(KW);
+    a.NG = static_cast<int>(NG);
+    a.GW = gw;
+    a.scales = reinterpret_cast<const float*>(scales_ptr);
+    a.scale_row_stride = scale_rows == 1 ? 0 : static_cast<int>(NG);
+    a.act_scale = act_scale_ptr ? reinterpret_cast<const float*>(act_scale_ptr) + m0 : nullptr;
+    a.bias = reinterpret_cast<const float*>(bias_ptr);
+    a.y = y_ptr ? reinterpret_cast<float*>(y_ptr) + m0 * N : nullptr;
+    a.y_stride = N;
+    a.acc = acc_ptr ? reinterpret_cast<int32_t*>(acc_ptr) + m0 * N * NG : nullptr;
+    a.acc_stride_m = N * NG;
+    // Rows in blocks of 16: enough work per block to hide the scheduling cost, and many blocks
+    // for an even split across threads.
+    const int64_t block = 16;
+    const int64_t nblocks = (N + block - 1) / block;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int n0 = static_cast<int>(b * block);
+      const int n1 = static_cast<int>(std::min<int64_t>(N, n0 + block));
+      rows(a, n0, n1);
+    }
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cpu_w2a8, m) {
+  m.doc() = "bitmtp W2A8 CPU kernels (single-pass multi-token GEMV; AVX-512 VNNI / AVX2 / scalar)";
+  m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the OpenMP thread count");
+  m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
+  m.def("run", &run, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"), py::arg("KW"),
+        py::arg("scales_ptr"), py::arg("scale_rows"), py::arg("NG"), py::arg("G"), py::arg("act_scale_ptr"),
+        py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("acc_ptr"), py::arg("isa"), py::arg("threads"),
+        "Run the kernel on raw pointers (validated by the Python wrapper). isa=-1 picks the best.");
+}
