@@ -30,6 +30,8 @@ PACKAGES = [
     "bitmtp.ops.backends",
     "bitmtp.triton_kernels",
     "bitmtp.wgsl_fallback",
+    "bitmtp.model",
+    "bitmtp.runtime",
     "bitmtp._csrc.cuda",
 ]
 

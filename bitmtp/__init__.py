@@ -16,6 +16,17 @@ from bitmtp.errors import (
 )
 from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumulate, w2a8_linear
 
+
+def __getattr__(name):
+    # load() pulls in the model and runtime layers; import them on first use so `import bitmtp`
+    # stays light for users of the ops alone.
+    if name in ("load", "BitMTPModel"):
+        from bitmtp import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'bitmtp' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -32,4 +43,6 @@ __all__ = [
     "w2a8_accumulate",
     "act_quant",
     "available_backends",
+    "load",
+    "BitMTPModel",
 ]

@@ -104,3 +104,24 @@ def dense_linear(
     b = validate.bias_vector(bias, w.shape[0])
     device = validate.same_device(x=x, weight=w, bias=b)
     return registry.select("dense_linear", device, backend)(x, w, b)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+              *, backend: str | None = None) -> torch.Tensor:
+    """Masked GQA attention of ``q[M, H, D]`` over KV rows ``[0, L)`` of ``k, v[KVH, S, D]``.
+
+    ``mask[M, L]`` (bool) says which KV rows each query row sees. On the ``cpu`` backend every row
+    is computed independently of the others and of L (see csrc/cpu/attention.cpp).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        validate.tensor(name, t)
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ShapeError(f"q/k/v: expected q[M, H, D] and k, v[KVH, S, D], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    m, h, d = q.shape
+    if k.shape[2] != d or h % k.shape[0]:
+        raise ShapeError(f"k: shape {tuple(k.shape)} does not fit q {tuple(q.shape)}")
+    if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != m or mask.shape[1] > k.shape[1]:
+        raise ShapeError(f"mask: expected bool [M={m}, L <= {k.shape[1]}], got {mask.dtype} {tuple(mask.shape)}")
+    device = validate.same_device(q=q, k=k, v=v, mask=mask)
+    return registry.select("attention", device, backend)(q, k, v, mask, scale)

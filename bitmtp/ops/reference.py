@@ -67,6 +67,22 @@ def w2a8_linear_reference(
     return w2a8_linear_q_reference(x_q, s, packed, scales, k, group_size, bias, out_dtype)
 
 
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """Masked multi-head attention with GQA: ``q[M, H, D]`` against KV rows ``[0, L)`` of
+    ``k, v[KVH, S, D]`` under ``mask[M, L]`` (True = visible); float32 math, output in q's dtype."""
+    m, h, d = q.shape
+    kvh, length = k.shape[0], mask.shape[1]
+    g = h // kvh
+    keys, values = k[:, :length].float(), v[:, :length].float()
+    qh = q.float().view(m, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * m, d)
+    scores = (torch.matmul(qh, keys.transpose(1, 2)) * scale).view(kvh, g, m, length)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(kvh, g * m, length)
+    out = torch.matmul(probs, values).view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d)
+    return out.to(q.dtype)
+
+
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The dense path (embeddings-side projections, LM head, non-ternary checkpoints)."""
     return F.linear(x.to(weight.dtype), weight, bias)
@@ -78,4 +94,5 @@ __all__ = [
     "w2a8_linear_q_reference",
     "w2a8_linear_reference",
     "dense_linear_reference",
+    "attention_reference",
 ]

@@ -16,6 +16,7 @@
 #include <omp.h>
 #endif
 
+#include "attention.h"
 #include "w2a8_cpu.h"
 
 namespace py = pybind11;
@@ -159,12 +160,28 @@ uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
   return s;
 }
 
+void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
+               int64_t KVH, int64_t D, int64_t S, int64_t L, double scale, int threads) {
+  require(M >= 1 && H >= 1 && KVH >= 1 && D >= 1 && L >= 1 && S >= L, "attention: bad shape");
+  require(H % KVH == 0, "attention: kv heads must divide heads");
+  require(q && k && v && mask && out, "attention: null pointer");
+  AttentionArgs a{reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(k),
+                  reinterpret_cast<const float*>(v), reinterpret_cast<const uint8_t*>(mask),
+                  reinterpret_cast<float*>(out), static_cast<int>(M), static_cast<int>(H), static_cast<int>(KVH),
+                  static_cast<int>(D), static_cast<int>(S), static_cast<int>(L), static_cast<float>(scale), threads};
+  py::gil_scoped_release release;
+  attention_rows(a);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu_w2a8, m) {
   m.doc() = "bitmtp W2A8 CPU kernels (single-pass multi-token GEMV; AVX-512 VNNI / AVX2 / scalar)";
   m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the OpenMP thread count");
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
+  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
+        py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
+        py::arg("threads"), "Row-deterministic masked attention on float32 buffers");
   m.def("stream_read", &stream_read, py::arg("ptr"), py::arg("nbytes"), py::arg("threads"),
         "Sum a buffer of uint64 with `threads` threads (a streaming-read bandwidth probe)");
   m.def("run", &run, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"), py::arg("KW"),

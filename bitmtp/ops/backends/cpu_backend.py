@@ -129,3 +129,22 @@ class CpuBackend:
             out.copy_(y)
             return out
         return y if out_dtype == torch.float32 else y.to(out_dtype)
+
+    def attention(self, q, k, v, mask, scale):
+        """Row-deterministic attention (csrc/cpu/attention.cpp): a row's output depends only on its
+        own query and the KV rows its mask allows, never on the step's width or segment length."""
+        if q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
+            from bitmtp.ops.reference import attention_reference
+
+            return attention_reference(q, k, v, mask, scale)  # the kernel is float32 only
+        m, h, d = q.shape
+        kvh, s_rows, _ = k.shape
+        q = q.contiguous()
+        mask_u8 = mask.contiguous().view(torch.uint8)
+        out = torch.empty_like(q)
+        for name, t in (("k", k), ("v", v)):
+            if not t.is_contiguous():
+                raise LayoutError(f"{name}: KV buffers must be contiguous")
+        self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
+                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads())
+        return out

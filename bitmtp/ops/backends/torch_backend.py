@@ -32,3 +32,6 @@ class TorchBackend:
 
     def dense_linear(self, x, weight, bias=None):
         return reference.dense_linear_reference(x, weight, bias)
+
+    def attention(self, q, k, v, mask, scale):
+        return reference.attention_reference(q, k, v, mask, scale)

@@ -1,0 +1,125 @@
+"""One decoder for the llama, qwen3 and bitnet families.
+
+The decoder computes *steps*: M rows (tokens at absolute positions) against one KV store, writing
+the rows' K/V in place at their positions and attending over a read window of the store under a
+boolean mask. It never allocates KV and never copies KV rows; the runtime decides widths,
+segments and masks. Every op is row-independent (per-token activation quantization, row-wise
+norms, per-row attention), so a row's result does not depend on the other rows of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bitmtp.model.args import ModelArgs
+from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables
+from bitmtp.ops import attention
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, q, k, v, o, q_norm=None, k_norm=None, sub_norm=None):
+        super().__init__()
+        self.args = args
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q, k, v, o
+        self.q_norm = None if q_norm is None else nn.Parameter(q_norm, requires_grad=False)
+        self.k_norm = None if k_norm is None else nn.Parameter(k_norm, requires_grad=False)
+        self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
+        self.scale = args.head_dim**-0.5
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs, gate, up, down, sub_norm=None):
+        super().__init__()
+        self.args = args
+        self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+        self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gate_proj(x)
+        h = torch.relu(g).square() if self.args.hidden_act == "relu2" else torch.nn.functional.silu(g)
+        h = h * self.up_proj(x)
+        if self.sub_norm is not None:
+            h = rms_norm(h, self.sub_norm, self.args.rms_norm_eps)
+        return self.down_proj(h)
+
+
+class Layer(nn.Module):
+    def __init__(self, args: ModelArgs, attn: Attention, mlp: MLP, in_norm: torch.Tensor, post_norm: torch.Tensor):
+        super().__init__()
+        self.attn, self.mlp = attn, mlp
+        self.in_norm = nn.Parameter(in_norm, requires_grad=False)
+        self.post_norm = nn.Parameter(post_norm, requires_grad=False)
+
+
+@dataclass
+class StepInputs:
+    """One step's rows: token ids ``[M]``, absolute positions ``[M]``, the attention mask
+    ``[M, L]`` over KV rows ``[0, L)`` (True = may attend) and the read length L."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    read_len: int
+
+
+class Decoder(nn.Module):
+    """Embeddings, layers, final norm and LM head of one checkpoint."""
+
+    def __init__(self, args: ModelArgs, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
+                 lm_head: DenseLinear, max_positions: int | None = None):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Parameter(embed, requires_grad=False)
+        self.layers = nn.ModuleList(layers)
+        self.norm = nn.Parameter(norm, requires_grad=False)
+        self.lm_head = lm_head
+        self.backend: str | None = None  # backend for attention (linear layers carry their own)
+        n_pos = max_positions or args.max_position_embeddings
+        cos, sin = rope_tables(args.head_dim, args.rope_theta, args.rope_scaling, n_pos)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def hidden_states(self, step: StepInputs, kv) -> torch.Tensor:
+        """Run all layers for the step's rows, writing their K/V into ``kv`` in place."""
+        a = self.args
+        x = self.embed[step.tokens]  # [M, hidden]
+        cos = self.rope_cos[step.positions].to(x.dtype)
+        sin = self.rope_sin[step.positions].to(x.dtype)
+        m = x.shape[0]
+        for i, layer in enumerate(self.layers):
+            at = layer.attn
+            h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
+            q = at.q_proj(h).view(m, a.num_heads, a.head_dim)
+            k = at.k_proj(h).view(m, a.num_kv_heads, a.head_dim)
+            v = at.v_proj(h).view(m, a.num_kv_heads, a.head_dim)
+            if at.q_norm is not None:
+                q = rms_norm(q, at.q_norm, a.rms_norm_eps)
+                k = rms_norm(k, at.k_norm, a.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            keys, values = kv.write(i, k, v, step.positions, step.read_len)
+            out = attention(q, keys, values, step.mask, at.scale, backend=self.backend).reshape(m, a.q_size)
+            if at.sub_norm is not None:
+                out = rms_norm(out, at.sub_norm, a.rms_norm_eps)
+            x = x + at.o_proj(out)
+            h = rms_norm(x, layer.post_norm, a.rms_norm_eps)
+            x = x + layer.mlp(h)
+        return rms_norm(x, self.norm, a.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def forward(self, step: StepInputs, kv) -> torch.Tensor:
+        """Logits ``[M, vocab]`` (float32) of the step's rows."""
+        return self.logits(self.hidden_states(step, kv))

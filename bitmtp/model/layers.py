@@ -1,0 +1,71 @@
+"""Small building blocks of the decoder: RMSNorm, RoPE tables, dense linear module."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from bitmtp.ops import dense_linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Row-wise RMSNorm exactly as transformers' Llama/Qwen3/BitNet RMSNorm computes it (float32
+    statistics, weight applied after casting back)."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies (float32), with llama3 scaling when configured."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None or scaling.get("rope_type") != "llama3":
+        return inv
+    factor = float(scaling["factor"])
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    low_wavelen = old_ctx / low
+    high_wavelen = old_ctx / high
+    wavelen = 2 * math.pi / inv
+    inv_l = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, inv_l)
+
+
+def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of shape ``[positions, head_dim]`` (halves duplicated, transformers' layout)."""
+    inv = rope_inv_freq(head_dim, theta, scaling)
+    t = torch.arange(positions, dtype=torch.int64).float()
+    freqs = torch.outer(t, inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x[M, heads, D]`` rotated by per-row ``cos/sin[M, D]`` (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+class DenseLinear(nn.Module):
+    """A dense projection (embedding-side, LM head, non-ternary checkpoints) through ``ops.dense_linear``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense_linear(x, self.weight, self.bias, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"

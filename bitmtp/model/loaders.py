@@ -1,0 +1,188 @@
+"""Build a :class:`Decoder` from a checkpoint: an HF safetensors folder, a live transformers model,
+or a GGUF file (SmolLM2 / Llama family, read through transformers' GGUF loader).
+
+Linear weights become :class:`TernaryLinear` when the checkpoint is ternary (BitNet packed uint8
++ ``weight_scale``) or when ``quantize="ternary"`` asks for absmean ternarization; otherwise they
+stay dense. Embeddings and the LM head always stay dense (tied when the config says so: one
+tensor, no copy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bitmtp.errors import BitMTPError, FormatError, ShapeError
+from bitmtp.formats.bitnet import bitnet_to_t2
+from bitmtp.formats.quantize import absmean_ternarize
+from bitmtp.formats.ternary import pack_t2
+from bitmtp.model.args import ModelArgs
+from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
+from bitmtp.model.layers import DenseLinear
+from bitmtp.ops import TernaryLinear
+
+QUANTIZE_MODES = (None, "ternary")
+#: Tensors some checkpoints carry that the decoder recomputes.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class _Tensors:
+    """Checkpoint tensors by name, tracking which were used (so extras can be reported)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
+        self.t = {k: v for k, v in tensors.items() if not k.endswith(IGNORED_SUFFIXES)}
+        self.source = source
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.t
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        if name not in self.t:
+            raise FormatError(f"{self.source}: missing tensor {name!r}")
+        x = self.t[name]
+        if shape is not None and tuple(x.shape) != tuple(shape):
+            raise ShapeError(f"{self.source}: tensor {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+        self.used.add(name)
+        return x
+
+    def check_all_used(self) -> None:
+        extra = sorted(set(self.t) - self.used)
+        if extra:
+            more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
+            raise FormatError(f"{self.source}: unexpected tensors {extra[:5]}{more}; is this the right architecture?")
+
+
+def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: str | None, dtype: torch.dtype,
+            backend: str | None, linear_class: str):
+    w = ts.get(prefix + ".weight")
+    b = None
+    if bias:
+        ternary = quantize is not None or w.dtype == torch.uint8
+        b = ts.get(prefix + ".bias", (n,)).to(torch.float32 if ternary else dtype)
+    if w.dtype == torch.uint8:  # BitNet packed: [ceil(N/4), K] + weight_scale
+        if tuple(w.shape) != (-(-n // 4), k):
+            raise ShapeError(f"{ts.source}: packed tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, "
+                             f"expected {(-(-n // 4), k)}")
+        scale = ts.get(prefix + ".weight_scale")
+        packed, scales = bitnet_to_t2(w, scale, out_features=n, linear_class=linear_class)
+        return TernaryLinear(k, n, packed, scales, bias=b, backend=backend)
+    if tuple(w.shape) != (n, k):
+        raise ShapeError(f"{ts.source}: tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, expected {(n, k)}")
+    if ts.has(prefix + ".weight_scale"):  # AutoBitLinear offline: ternary float weights times weight_scale
+        scale = ts.get(prefix + ".weight_scale")
+        packed = pack_t2(w.float())
+        from bitmtp.formats.bitnet import bitnet_scale_to_multiplier
+
+        return TernaryLinear(k, n, packed, bitnet_scale_to_multiplier(scale, "autobitlinear"), bias=b, backend=backend)
+    if quantize == "ternary":
+        q, scales = absmean_ternarize(w.float(), "tensor")
+        return TernaryLinear(k, n, pack_t2(q), scales, bias=b, backend=backend)
+    return DenseLinear(w.to(dtype), b, backend=backend)
+
+
+def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: str, quantize: str | None = None,
+                  dtype: torch.dtype = torch.float32, backend: str | None = None, linear_class: str = "bitlinear",
+                  max_positions: int | None = None) -> Decoder:
+    """Assemble a decoder from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``, …)."""
+    if quantize not in QUANTIZE_MODES:
+        raise BitMTPError(f"quantize: expected one of {QUANTIZE_MODES}, got {quantize!r}")
+    ts = _Tensors(tensors, source)
+    a = args
+    h = a.hidden_size
+
+    def vec(name: str, size: int) -> torch.Tensor:
+        return ts.get(name, (size,)).to(dtype)
+
+    def lin(prefix: str, n: int, k: int, bias: bool = False):
+        return _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
+                       linear_class=linear_class)
+
+    embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h)).to(dtype)
+    layers = []
+    for i in range(a.num_layers):
+        p = f"model.layers.{i}."
+        ab = a.attention_bias
+        attn = Attention(
+            a,
+            lin(p + "self_attn.q_proj", a.q_size, h, ab),
+            lin(p + "self_attn.k_proj", a.kv_size, h, ab),
+            lin(p + "self_attn.v_proj", a.kv_size, h, ab),
+            lin(p + "self_attn.o_proj", h, a.q_size, ab),
+            q_norm=vec(p + "self_attn.q_norm.weight", a.head_dim) if a.family == "qwen3" else None,
+            k_norm=vec(p + "self_attn.k_norm.weight", a.head_dim) if a.family == "qwen3" else None,
+            sub_norm=vec(p + "self_attn.attn_sub_norm.weight", a.q_size) if a.family == "bitnet" else None,
+        )
+        mlp = MLP(
+            a,
+            lin(p + "mlp.gate_proj", a.intermediate_size, h, a.mlp_bias),
+            lin(p + "mlp.up_proj", a.intermediate_size, h, a.mlp_bias),
+            lin(p + "mlp.down_proj", h, a.intermediate_size, a.mlp_bias),
+            sub_norm=vec(p + "mlp.ffn_sub_norm.weight", a.intermediate_size) if a.family == "bitnet" else None,
+        )
+        in_norm, post_norm = vec(p + "input_layernorm.weight", h), vec(p + "post_attention_layernorm.weight", h)
+        layers.append(Layer(a, attn, mlp, in_norm, post_norm))
+    norm = vec("model.norm.weight", h)
+    if a.tie_word_embeddings:
+        if ts.has("lm_head.weight"):
+            ts.get("lm_head.weight", (a.vocab_size, h))  # some tied checkpoints store it anyway
+        head = DenseLinear(embed, backend=backend)
+    else:
+        head = DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h)).to(dtype), backend=backend)
+    ts.check_all_used()
+    decoder = Decoder(a, embed, layers, norm, head, max_positions=max_positions)
+    decoder.backend = backend
+    return decoder
+
+
+def _linear_class(config: dict[str, Any]) -> str:
+    qc = config.get("quantization_config") or {}
+    return qc.get("linear_class", "bitlinear") if qc.get("quant_method") == "bitnet" else "bitlinear"
+
+
+def from_transformers(model: Any, **kwargs: Any) -> Decoder:
+    """Convert a live transformers ``*ForCausalLM`` (Llama, Qwen3, BitNet) to a bitmtp decoder.
+
+    Dense weights are converted once (a copy in ``dtype``; with the model's own dtype and device
+    torch may return the same storage). Ternary BitNet weights are repacked to T2.
+    """
+    config = model.config.to_dict()
+    args = ModelArgs.from_hf_config(config, source=type(model).__name__)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    kwargs.setdefault("linear_class", _linear_class(config))
+    return build_decoder(args, state, source=type(model).__name__, **kwargs)
+
+
+def read_safetensors_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``config.json`` and every ``*.safetensors`` tensor of an HF checkpoint folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise FormatError(f"{path}: no config.json (is this a Hugging Face checkpoint folder?)")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{cfg_path}: not valid JSON ({exc})") from exc
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FormatError(f"{path}: no *.safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise FormatError(f"{f}: cannot read safetensors file ({exc}); truncated or corrupt?") from exc
+    return config, tensors
+
+
+def from_safetensors_dir(path: str | Path, **kwargs: Any) -> Decoder:
+    path = Path(path)
+    config, tensors = read_safetensors_dir(path)
+    args = ModelArgs.from_hf_config(config, source=str(path / "config.json"))
+    kwargs.setdefault("linear_class", _linear_class(config))
+    return build_decoder(args, tensors, source=str(path), **kwargs)

@@ -1,0 +1,101 @@
+"""The graph pool: one static-buffer step runner per replay state.
+
+A runner owns static inputs (tokens, positions, n) and static outputs (per-row argmax token and
+its probability; logits only when asked for). On CUDA it is captured lazily into a
+``torch.cuda.CUDAGraph`` (warm-up on a side stream, one memory pool shared by all graphs) and
+replayed; elsewhere — or with ``BITMTP_EAGER=1`` — the same body runs eagerly. Either way the
+caller's protocol is identical: fill inputs, ``run()``, read outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.runtime.kv import KVStore
+from bitmtp.runtime.states import ReplayState
+
+#: mask_fn(state, positions [M], kv_index [L]) -> bool mask [M, L]
+MaskFn = Callable[[ReplayState, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def causal_mask(state: ReplayState, positions: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
+    """AR-causal: row i sees KV rows j ≤ position_i (prefill, ar and verify roles)."""
+    return kv_index[None, :] <= positions[:, None]
+
+
+def eager_forced() -> bool:
+    return os.environ.get("BITMTP_EAGER", "") == "1"
+
+
+class StepRunner:
+    def __init__(self, decoder: Decoder, kv: KVStore, state: ReplayState, mask_fn: MaskFn,
+                 *, keep_logits: bool = False, capture: bool = False, mempool=None):
+        dev = decoder.device
+        m = state.width
+        self.decoder, self.kv, self.state, self.mask_fn = decoder, kv, state, mask_fn
+        self.tokens = torch.zeros(m, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(m, dtype=torch.long, device=dev)
+        self.out_token = torch.zeros(m, dtype=torch.long, device=dev)
+        self.out_prob = torch.zeros(m, dtype=torch.float32, device=dev)
+        self.logits = torch.zeros(m, decoder.args.vocab_size, dtype=torch.float32, device=dev) if keep_logits else None
+        self.kv_index = torch.arange(state.segment, device=dev)
+        self.capture = capture
+        self.mempool = mempool
+        self.graph = None
+        self.replays = 0
+
+    @torch.no_grad()
+    def _body(self) -> None:
+        mask = self.mask_fn(self.state, self.positions, self.kv_index)
+        logits = self.decoder(StepInputs(self.tokens, self.positions, mask, self.state.segment), self.kv)
+        prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+        self.out_token.copy_(tok)
+        self.out_prob.copy_(prob)
+        if self.logits is not None:
+            self.logits.copy_(logits)
+
+    def run(self) -> None:
+        if not self.capture:
+            self._body()
+            return
+        if self.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: the step's KV writes are idempotent
+                    self._body()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=self.mempool):
+                self._body()
+        self.graph.replay()
+        self.replays += 1
+
+
+class GraphPool:
+    """Maps a :class:`ReplayState` to its runner, creating (and on CUDA capturing) it on first use."""
+
+    def __init__(self, decoder: Decoder, kv: KVStore, *, eager: bool | None = None, keep_logits: bool = False):
+        self.decoder, self.kv = decoder, kv
+        self.keep_logits = keep_logits
+        cuda = decoder.device.type == "cuda"
+        self.capture = cuda and not (eager if eager is not None else eager_forced())
+        self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.runners: dict[ReplayState, StepRunner] = {}
+        self.mask_fns: dict[str, MaskFn] = {"prefill": causal_mask, "ar": causal_mask, "verify": causal_mask}
+
+    def register_mask(self, role: str, fn: MaskFn) -> None:
+        self.mask_fns[role] = fn
+
+    def get(self, state: ReplayState) -> StepRunner:
+        runner = self.runners.get(state)
+        if runner is None:
+            capture = self.capture and state.role != "prefill"  # prefill runs once per prompt: eager
+            runner = StepRunner(self.decoder, self.kv, state, self.mask_fns[state.role],
+                                keep_logits=self.keep_logits, capture=capture, mempool=self.mempool)
+            self.runners[state] = runner
+        return runner

@@ -1,0 +1,68 @@
+"""The shared KV store: one buffer per layer for K and one for V, allocated once.
+
+Layout per layer: ``[kv_heads, capacity + M_max, head_dim]``. A step writes its rows in place at
+their absolute positions (``index_copy_`` with a device tensor of positions — no host sync, graph
+capturable) and reads rows ``[0, L)`` where L is the step's segment length. Rows a step wrote
+but the policy rejected are simply overwritten by the next step that owns those positions. No
+method of this class copies KV rows: there is no promotion, compaction or segment migration, so
+``rows_copied`` stays zero by construction (tests assert it, and that the buffers never move).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitmtp.errors import BitMTPError
+
+#: Smallest segment (read length); segments double up to the store's full length.
+MIN_SEGMENT = 256
+
+
+class KVStore:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, m_max: int,
+                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if capacity < 1:
+            raise BitMTPError(f"capacity: must be >= 1 token, got {capacity}")
+        if m_max < 1:
+            raise BitMTPError(f"m_max: must be >= 1, got {m_max}")
+        self.capacity = int(capacity)
+        self.m_max = int(m_max)
+        self.rows = self.capacity + self.m_max
+        shape = (num_kv_heads, self.rows, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows_copied = 0  # stays 0: nothing here copies rows (see module docstring)
+        self.segments = self._segments()
+
+    def _segments(self) -> list[int]:
+        segs, s = [], MIN_SEGMENT
+        while s < self.rows:
+            segs.append(s)
+            s *= 2
+        segs.append(self.rows)
+        return segs
+
+    def segment_for(self, end: int) -> int:
+        """Smallest segment length covering rows ``[0, end)``."""
+        if end > self.rows:
+            raise BitMTPError(f"kv: rows [0, {end}) exceed the store ({self.capacity} + {self.m_max} rows)")
+        for s in self.segments:
+            if s >= end:
+                return s
+        return self.rows
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def data_ptrs(self) -> list[int]:
+        return [t.data_ptr() for t in self.k + self.v]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+              read_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v [M, kv_heads, D]`` at rows ``positions`` of ``layer``; return the layer's whole
+        buffers (the step reads rows ``[0, read_len)`` of them: its mask has ``read_len`` columns)."""
+        kb, vb = self.k[layer], self.v[layer]
+        kb.index_copy_(1, positions, k.transpose(0, 1).to(kb.dtype))
+        vb.index_copy_(1, positions, v.transpose(0, 1).to(vb.dtype))
+        return kb, vb

@@ -1,0 +1,60 @@
+"""Attention op: every backend against the float64 reference; the cpu kernel's rows are bitwise
+independent of the step's width and of the segment length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bitmtp.errors import ShapeError
+from bitmtp.ops import attention
+from bitmtp.ops.registry import availability
+
+BACKENDS = [b for b in ("torch", "cpu") if availability(b, "cpu")[0]]
+
+
+def _inputs(g, m=5, h=6, kvh=2, d=24, s=300, length=200):
+    q = torch.randn(m, h, d, generator=g)
+    k = torch.randn(kvh, s, d, generator=g)
+    v = torch.randn(kvh, s, d, generator=g)
+    pos = torch.randint(0, length, (m,), generator=g)
+    mask = torch.arange(length)[None, :] <= pos[:, None]
+    mask[0, -1] = True  # a non-causal pattern too (draft rows see their block)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m,h,kvh,d", [(1, 4, 4, 16), (3, 6, 2, 24), (16, 9, 3, 64), (8, 20, 5, 128)])
+def test_matches_float64_reference(backend, m, h, kvh, d, rng):
+    q, k, v, mask = _inputs(rng, m, h, kvh, d)
+    out = attention(q, k, v, mask, d**-0.5, backend=backend)
+    g = h // kvh
+    ref = torch.empty(m, h, d, dtype=torch.float64)
+    for i in range(m):
+        for j in range(h):
+            idx = mask[i].nonzero()[:, 0]
+            s = (k[j // g, idx].double() @ q[i, j].double()) * d**-0.5
+            ref[i, j] = torch.softmax(s, 0) @ v[j // g, idx].double()
+    assert (out.double() - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
+def test_cpu_rows_independent_of_width_and_segment(rng):
+    q, k, v, mask = _inputs(rng, m=7, length=200)
+    together = attention(q, k, v, mask, 0.2, backend="cpu")
+    for i in range(7):
+        for length in (200, 256, 300):  # wider segments: extra columns masked off
+            wide = torch.zeros(1, length, dtype=torch.bool)
+            wide[0, :200] = mask[i]
+            alone = attention(q[i : i + 1], k, v, wide, 0.2, backend="cpu")
+            assert torch.equal(alone[0], together[i])
+
+
+def test_bad_shapes(rng):
+    q, k, v, mask = _inputs(rng)
+    with pytest.raises(ShapeError, match="mask"):
+        attention(q, k, v, mask.float(), 0.1)
+    with pytest.raises(ShapeError, match="mask"):
+        attention(q, k, v, torch.ones(5, 400, dtype=torch.bool), 0.1)
+    with pytest.raises(ShapeError, match="k"):
+        attention(q, k[:, :, :5], v[:, :, :5], mask, 0.1)

