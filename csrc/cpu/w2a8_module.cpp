@@ -17,6 +17,7 @@
 #endif
 
 #include "attention.h"
+#include "dense_cpu.h"
 #include "w2a8_cpu.h"
 
 namespace py = pybind11;
@@ -160,6 +161,34 @@ uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
   return s;
 }
 
+// Dense float32 linear: y[M][N] = x[M][K] . w[N][K]^T (+ bias), rows split across threads as one
+// contiguous range each (the same streaming scheme as the W2A8 kernel).
+void dense(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, uintptr_t bias_ptr, uintptr_t y_ptr,
+           int isa, int threads) {
+  require(M >= 1 && K >= 1 && N >= 1, "dense: M, K and N must be >= 1");
+  require(x_ptr && w_ptr && y_ptr, "dense: null pointer");
+  if (isa < 0) isa = best_isa();
+  require(isa <= best_isa(), std::string("isa: ") + isa_name(isa) + " is not supported by this CPU");
+  DenseArgs a{reinterpret_cast<const float*>(x_ptr), static_cast<int>(M), static_cast<int>(K),
+              reinterpret_cast<const float*>(w_ptr), reinterpret_cast<const float*>(bias_ptr),
+              reinterpret_cast<float*>(y_ptr), static_cast<int>(N)};
+  void (*rows)(const DenseArgs&, int, int) =
+      isa == kAvx512 ? dense_rows_avx512 : (isa == kAvx2 ? dense_rows_avx2 : dense_rows_scalar);
+  if (threads <= 0) threads = 1;
+  py::gil_scoped_release release;
+#pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
+    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
+    if (n0 < n1) rows(a, static_cast<int>(n0), static_cast<int>(n1));
+  }
+}
+
 void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
                int64_t KVH, int64_t D, int64_t S, int64_t L, double scale, int threads) {
   require(M >= 1 && H >= 1 && KVH >= 1 && D >= 1 && L >= 1 && S >= L, "attention: bad shape");
@@ -179,6 +208,9 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
   m.doc() = "bitmtp W2A8 CPU kernels (single-pass multi-token GEMV; AVX-512 VNNI / AVX2 / scalar)";
   m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the OpenMP thread count");
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
+  m.def("dense", &dense, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),
+        py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("isa"), py::arg("threads"),
+        "Dense float32 multi-token GEMV with a row-independent summation order");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
         py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
         py::arg("threads"), "Row-deterministic masked attention on float32 buffers");

@@ -148,3 +148,23 @@ class CpuBackend:
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
                             m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads())
         return out
+
+    def dense_linear(self, x, weight, bias=None):
+        """float32 multi-token GEMV (csrc/cpu/dense_*.cpp): each weight row streamed once for all
+        tokens, a fixed summation order per (row, token) — independent of the number of tokens.
+        Other dtypes go to the torch reference."""
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+            from bitmtp.ops.reference import dense_linear_reference
+
+            return dense_linear_reference(x, weight, bias)
+        if not weight.is_contiguous():
+            raise LayoutError("weight: dense weights must be contiguous")
+        lead = x.shape[:-1]
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k).contiguous()
+        n = weight.shape[0]
+        y = torch.empty((x2.shape[0], n), dtype=torch.float32)
+        b = None if bias is None else bias.contiguous()
+        self._ext.dense(x2.data_ptr(), x2.shape[0], k, weight.data_ptr(), n, b.data_ptr() if b is not None else 0,
+                        y.data_ptr(), self._isa(), torch.get_num_threads())
+        return y.reshape(*lead, n)

@@ -1,0 +1,43 @@
+// Dense float32 GEMV, AVX2+FMA path (see dense_block.inc). Called only after CPUID confirms it.
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+
+#include "dense_cpu.h"
+
+namespace bitmtp_cpu {
+namespace {
+
+struct DIsa {
+  using Vec = __m256;
+  static constexpr int kLanes = 8;
+  // 16 ymm: R*M accumulators + R weight vectors + 1 activation.
+  static constexpr int rows_for(int m) { return m <= 2 ? 4 : (m <= 4 ? 2 : 1); }
+  static inline Vec zero() { return _mm256_setzero_ps(); }
+  static inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline Vec load_pinned(const float* p) {
+    Vec v = _mm256_loadu_ps(p);
+    __asm__("" : "+x"(v));
+    return v;
+  }
+  static inline Vec load_tail(const float* p, int count) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx);
+    return _mm256_maskload_ps(p, mask);
+  }
+  static inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline float reduce(Vec v) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0x55));
+    return _mm_cvtss_f32(q);
+  }
+  static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+};
+
+#include "dense_block.inc"
+
+}  // namespace
+
+void dense_rows_avx2(const DenseArgs& a, int n0, int n1) { dense_blocked(a, n0, n1); }
+
+}  // namespace bitmtp_cpu

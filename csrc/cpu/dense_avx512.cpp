@@ -1,0 +1,42 @@
+// Dense float32 GEMV, AVX-512F path (see dense_block.inc). Called only after CPUID confirms it.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include <immintrin.h>
+
+#include "dense_cpu.h"
+
+namespace bitmtp_cpu {
+namespace {
+
+struct DIsa {
+  using Vec = __m512;
+  static constexpr int kLanes = 16;
+  static constexpr int rows_for(int m) { return m <= 2 ? 8 : (m <= 4 ? 4 : 2); }
+  static inline Vec zero() { return _mm512_setzero_ps(); }
+  static inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline Vec load_pinned(const float* p) {
+    Vec v = _mm512_loadu_ps(p);
+    __asm__("" : "+v"(v));  // one load shared by the R rows, not folded into every FMA
+    return v;
+  }
+  static inline Vec load_tail(const float* p, int count) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+  }
+  static inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline float reduce(Vec v) {
+    // Fixed pairwise order: 16 -> 8 -> 4 -> 2 -> 1.
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0x55));
+    return _mm_cvtss_f32(q);
+  }
+  static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
+};
+
+#include "dense_block.inc"
+
+}  // namespace
+
+void dense_rows_avx512(const DenseArgs& a, int n0, int n1) { dense_blocked(a, n0, n1); }
+
+}  // namespace bitmtp_cpu
