@@ -153,7 +153,8 @@ class CpuBackend:
         """float32 multi-token GEMV (csrc/cpu/dense_*.cpp): each weight row streamed once for all
         tokens, a fixed summation order per (row, token) — independent of the number of tokens.
         Other dtypes go to the torch reference."""
-        if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        f32 = torch.float32
+        if x.dtype != f32 or weight.dtype != f32 or (bias is not None and bias.dtype != f32):
             from bitmtp.ops.reference import dense_linear_reference
 
             return dense_linear_reference(x, weight, bias)
