@@ -15,15 +15,18 @@ import torch
 from torch import nn
 
 from bitmtp.model.args import ModelArgs
+from bitmtp.model.fuse import fuse_rows
 from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables
 from bitmtp.ops import attention
 
 
 class Attention(nn.Module):
+    """q/k/v run as one fused projection (``qkv_proj``, see model/fuse.py), then o_proj."""
+
     def __init__(self, args: ModelArgs, q, k, v, o, q_norm=None, k_norm=None, sub_norm=None):
         super().__init__()
         self.args = args
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q, k, v, o
+        self.qkv_proj, self.o_proj = fuse_rows([q, k, v]), o
         self.q_norm = None if q_norm is None else nn.Parameter(q_norm, requires_grad=False)
         self.k_norm = None if k_norm is None else nn.Parameter(k_norm, requires_grad=False)
         self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
@@ -31,16 +34,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """gate/up run as one fused projection (``gate_up_proj``), then the activation and down_proj."""
+
     def __init__(self, args: ModelArgs, gate, up, down, sub_norm=None):
         super().__init__()
         self.args = args
-        self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+        self.gate_up_proj, self.down_proj = fuse_rows([gate, up]), down
         self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gate_proj(x)
+        g, u = self.gate_up_proj(x).split(self.args.intermediate_size, dim=-1)
         h = torch.relu(g).square() if self.args.hidden_act == "relu2" else torch.nn.functional.silu(g)
-        h = h * self.up_proj(x)
+        h = h * u
         if self.sub_norm is not None:
             h = rms_norm(h, self.sub_norm, self.args.rms_norm_eps)
         return self.down_proj(h)
@@ -100,9 +105,10 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             at = layer.attn
             h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
-            q = at.q_proj(h).view(m, a.num_heads, a.head_dim)
-            k = at.k_proj(h).view(m, a.num_kv_heads, a.head_dim)
-            v = at.v_proj(h).view(m, a.num_kv_heads, a.head_dim)
+            q, k, v = at.qkv_proj(h).split((a.q_size, a.kv_size, a.kv_size), dim=-1)
+            q = q.reshape(m, a.num_heads, a.head_dim)
+            k = k.reshape(m, a.num_kv_heads, a.head_dim)
+            v = v.reshape(m, a.num_kv_heads, a.head_dim)
             if at.q_norm is not None:
                 q = rms_norm(q, at.q_norm, a.rms_norm_eps)
                 k = rms_norm(k, at.k_norm, a.rms_norm_eps)
