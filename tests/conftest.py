@@ -50,3 +50,14 @@ def triton_available() -> bool:
     from bitmtp.ops.registry import availability
 
     return availability("triton", "cpu")[0] or (torch.cuda.is_available() and availability("triton", "cuda")[0])
+
+
+@pytest.fixture
+def no_dynamo():
+    """transformers wraps BitNet helpers in torch.compile; run them eagerly (same math, no compiler)."""
+    import torch._dynamo
+
+    old = torch._dynamo.config.disable
+    torch._dynamo.config.disable = True
+    yield
+    torch._dynamo.config.disable = old

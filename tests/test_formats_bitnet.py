@@ -21,17 +21,7 @@ from bitmtp.formats import (
 from tests.conftest import random_ternary
 
 bitnet = pytest.importorskip("transformers.integrations.bitnet", reason="transformers (extra 'hf') not installed")
-
-
-@pytest.fixture(autouse=True)
-def _no_dynamo():
-    """transformers wraps BitNet helpers in torch.compile; run them eagerly (same math, no compiler)."""
-    import torch._dynamo
-
-    old = torch._dynamo.config.disable
-    torch._dynamo.config.disable = True
-    yield
-    torch._dynamo.config.disable = old
+pytestmark = pytest.mark.usefixtures("no_dynamo")  # transformers' BitNet helpers are torch.compile'd
 
 
 def _hf_pack(w: torch.Tensor) -> torch.Tensor:

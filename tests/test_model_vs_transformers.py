@@ -13,16 +13,7 @@ from bitmtp.runtime import KVStore
 from tests.hf_models import FAMILIES, save_bitnet_packed, tiny_model
 
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True)
-def _no_dynamo():
-    import torch._dynamo
-
-    old = torch._dynamo.config.disable
-    torch._dynamo.config.disable = True
-    yield
-    torch._dynamo.config.disable = old
+pytestmark = pytest.mark.usefixtures("no_dynamo")  # transformers' BitNet helpers are torch.compile'd
 
 
 def _full_logits(decoder, ids):

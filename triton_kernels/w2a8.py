@@ -78,6 +78,29 @@ def _store_out(ptrs, y, mask):
 
 
 @triton.jit
+def _finish_group(acc, y, acc_ptr, s_ptr, offs_m, offs_n, m_mask, n_mask, N, NG, g, stride_sn,
+                  WRITE_ACC: tl.constexpr, WRITE_OUT: tl.constexpr):
+    """Group g is summed (−Σx folded): store the exact accumulators and/or add acc·scale into y."""
+    if WRITE_ACC:
+        tl.store(acc_ptr + (offs_m[:, None] * N + offs_n[None, :]) * NG + g, acc,
+                 mask=m_mask[:, None] & n_mask[None, :])
+    if WRITE_OUT:
+        sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
+        y += acc.to(tl.float32) * sc[None, :]
+    return y
+
+
+@triton.jit
+def _epilogue(y, xs_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_mask, n_mask, N, HAS_BIAS: tl.constexpr):
+    """y / s_x (+ bias), stored in the output dtype."""
+    xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=1.0)
+    y = y / xs[:, None]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    _store_out(out_ptr + offs_m[:, None] * N + offs_n[None, :], y, m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
 def _w2a8_decode_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, acc_ptr,
     N, K, KW, G, NG, stride_sn,
@@ -114,22 +137,10 @@ def _w2a8_decode_kernel(
             ).to(tl.int32)
             acc += tl.sum(codes[None, :, :] * xk[:, None, :], axis=2)
             xsum += tl.sum(xk, axis=1)
-        acc = acc - xsum[:, None]
-        if WRITE_ACC:
-            tl.store(
-                acc_ptr + (offs_m[:, None] * N + offs_n[None, :]) * NG + g,
-                acc,
-                mask=m_mask[:, None] & n_mask[None, :],
-            )
-        if WRITE_OUT:
-            sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
-            y += acc.to(tl.float32) * sc[None, :]
+        y = _finish_group(acc - xsum[:, None], y, acc_ptr, s_ptr, offs_m, offs_n, m_mask, n_mask, N, NG, g,
+                          stride_sn, WRITE_ACC, WRITE_OUT)
     if WRITE_OUT:
-        xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=1.0)
-        y = y / xs[:, None]
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        _store_out(out_ptr + offs_m[:, None] * N + offs_n[None, :], y, m_mask[:, None] & n_mask[None, :])
+        _epilogue(y, xs_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_mask, n_mask, N, HAS_BIAS)
 
 
 @triton.jit
@@ -170,22 +181,10 @@ def _w2a8_tiled_kernel(
             )
             acc = tl.dot(xk, tl.trans(codes), acc, out_dtype=tl.int32)
             xsum += tl.sum(xk.to(tl.int32), axis=1)
-        acc = acc - xsum[:, None]
-        if WRITE_ACC:
-            tl.store(
-                acc_ptr + (offs_m[:, None] * N + offs_n[None, :]) * NG + g,
-                acc,
-                mask=m_mask[:, None] & n_mask[None, :],
-            )
-        if WRITE_OUT:
-            sc = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0)
-            y += acc.to(tl.float32) * sc[None, :]
+        y = _finish_group(acc - xsum[:, None], y, acc_ptr, s_ptr, offs_m, offs_n, m_mask, n_mask, N, NG, g,
+                          stride_sn, WRITE_ACC, WRITE_OUT)
     if WRITE_OUT:
-        xs = tl.load(xs_ptr + offs_m, mask=m_mask, other=1.0)
-        y = y / xs[:, None]
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        _store_out(out_ptr + offs_m[:, None] * N + offs_n[None, :], y, m_mask[:, None] & n_mask[None, :])
+        _epilogue(y, xs_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_mask, n_mask, N, HAS_BIAS)
 
 
 def w2a8_matmul(

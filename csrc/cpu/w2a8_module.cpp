@@ -64,6 +64,25 @@ py::dict cpu_features() {
   return d;
 }
 
+// One contiguous row range per thread (a multiple of 8 rows): each thread streams one long run of
+// memory that the kernels' software prefetch covers end to end. Handing out small blocks
+// dynamically instead cost a DRAM stall at every block start (W2A8 M = 1, 6912x2560: ~250 us vs
+// ~200 us); a fork-join stalls on a descheduled thread either way.
+template <typename Fn>
+void split_rows(int64_t N, int threads, Fn fn) {
+#pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
+    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
+    if (n0 < n1) fn(static_cast<int>(n0), static_cast<int>(n1));
+  }
+}
+
 void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument(msg);
 }
@@ -130,21 +149,7 @@ void run(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, int6
     a.y_stride = N;
     a.acc = acc_ptr ? reinterpret_cast<int32_t*>(acc_ptr) + m0 * N * NG : nullptr;
     a.acc_stride_m = N * NG;
-    // One contiguous row range per thread (a multiple of 8 rows): each thread streams one long run
-    // of memory that the kernel's software prefetch covers end to end. Handing out small blocks
-    // dynamically instead cost a DRAM stall at every block start (M = 1, 6912x2560: ~250 us vs
-    // ~200 us); a fork-join stalls on a descheduled thread either way.
-#pragma omp parallel num_threads(threads)
-    {
-#ifdef _OPENMP
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-      const int64_t t = 0, nt = 1;
-#endif
-      const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
-      const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
-      if (n0 < n1) rows(a, static_cast<int>(n0), static_cast<int>(n1));
-    }
+    split_rows(N, threads, [&](int n0, int n1) { rows(a, n0, n1); });
   }
 }
 
@@ -176,17 +181,7 @@ void dense(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, ui
       isa == kAvx512 ? dense_rows_avx512 : (isa == kAvx2 ? dense_rows_avx2 : dense_rows_scalar);
   if (threads <= 0) threads = 1;
   py::gil_scoped_release release;
-#pragma omp parallel num_threads(threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
-    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
-    if (n0 < n1) rows(a, static_cast<int>(n0), static_cast<int>(n1));
-  }
+  split_rows(N, threads, [&](int n0, int n1) { rows(a, n0, n1); });
 }
 
 void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
