@@ -32,6 +32,7 @@ PACKAGES = [
     "bitmtp.wgsl_fallback",
     "bitmtp.model",
     "bitmtp.runtime",
+    "bitmtp.decoding",
     "bitmtp._csrc.cuda",
 ]
 

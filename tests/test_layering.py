@@ -9,6 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {  # package prefix -> prefixes it must not import
     "bitmtp.formats": ("bitmtp.ops", "bitmtp.model", "bitmtp.runtime", "bitmtp.decoding", "bitmtp.api", "bitmtp.hf"),
     "bitmtp.ops": ("bitmtp.model", "bitmtp.runtime", "bitmtp.decoding", "bitmtp.api", "bitmtp.hf", "bitmtp.train"),
+    "bitmtp.model": ("bitmtp.runtime", "bitmtp.decoding", "bitmtp.api", "bitmtp.hf", "bitmtp.train"),
+    "bitmtp.runtime": ("bitmtp.api", "bitmtp.hf", "bitmtp.train"),
+    "bitmtp.decoding": ("bitmtp.api", "bitmtp.hf", "bitmtp.train"),
     "bitmtp.triton_kernels": ("bitmtp.ops", "bitmtp.formats", "bitmtp.model", "bitmtp.runtime", "bitmtp.api"),
     "bitmtp.wgsl_fallback": ("bitmtp.ops", "bitmtp.model", "bitmtp.runtime", "bitmtp.api"),
 }

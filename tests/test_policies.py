@@ -1,0 +1,80 @@
+"""Decoding policies against brute-force references (hypothesis), and the hybrid limits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bitmtp.decoding import (
+    confidence_commit,
+    confident_prefix,
+    hybrid_uses_verifier,
+    speculative_accept,
+    speculative_commit,
+)
+from bitmtp.errors import BitMTPError
+
+VOCAB = 4  # a small vocabulary makes draft/verifier agreements frequent
+
+
+@st.composite
+def iteration(draw):
+    d = draw(st.integers(2, 16))
+    draft = draw(st.lists(st.integers(0, VOCAB - 1), min_size=d, max_size=d))
+    verify = draw(st.lists(st.integers(0, VOCAB - 1), min_size=d, max_size=d))
+    probs = draw(st.lists(st.floats(0, 1), min_size=d, max_size=d))
+    tau = draw(st.floats(0, 1))
+    m = draw(st.integers(0, 18))
+    return draft, verify, probs, tau, m
+
+
+def brute_h(probs, tau):
+    return max([k for k in range(len(probs) + 1) if all(p >= tau for p in probs[:k])])
+
+
+def brute_a(draft, verify):
+    # the largest a such that every d_(i+1), i < a, equals v_i
+    return max(a for a in range(1, len(draft) + 1) if all(draft[i] == verify[i - 1] for i in range(1, a)))
+
+
+def ar_greedy_reference(draft, verify):
+    """What AR greedy would emit, given that verify[i] is the AR argmax after draft[:i+1] and draft[0]
+    is the AR argmax itself: follow the draft while AR agrees, then AR's own token."""
+    out = [draft[0]]
+    for i in range(1, len(draft)):
+        if verify[i - 1] != draft[i]:
+            out.append(verify[i - 1])
+            return out
+        out.append(draft[i])
+    out.append(verify[-1])
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(iteration())
+def test_policies_match_brute_force(it):
+    draft, verify, probs, tau, m = it
+    h = confident_prefix(probs, tau)
+    assert h == brute_h(probs, tau)
+    c = confidence_commit(draft, probs, tau)
+    assert list(c.tokens) == draft[: max(1, h)] and c.exact_rows == 0 and not c.verified
+    a = speculative_accept(draft, verify)
+    assert a == brute_a(draft, verify)
+    s = speculative_commit(draft, verify)
+    # lossless: speculative commits exactly the AR greedy continuation
+    assert list(s.tokens) == ar_greedy_reference(draft, verify)
+    assert s.exact_rows == a and s.verified and len(s.tokens) == a + 1
+    # hybrid limits: m > D behaves as speculative, m <= 1 as confidence
+    assert hybrid_uses_verifier(h, len(draft) + 1 + m)
+    assert not hybrid_uses_verifier(h, min(m, 1))
+    assert hybrid_uses_verifier(h, m) == (max(1, h) < m)
+
+
+def test_bad_input():
+    with pytest.raises(BitMTPError, match="draft"):
+        speculative_accept([], [])
+    with pytest.raises(BitMTPError, match="verify"):
+        speculative_accept([1, 2], [1])
+    with pytest.raises(BitMTPError, match="probs"):
+        confidence_commit([1, 2], [0.5], 0.9)
