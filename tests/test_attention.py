@@ -10,7 +10,8 @@ from bitmtp.errors import ShapeError
 from bitmtp.ops import attention
 from bitmtp.ops.registry import availability
 
-BACKENDS = [b for b in ("torch", "cpu") if availability(b, "cpu")[0]]
+BACKENDS = [b for b in ("torch", "cpu", "triton") if availability(b, "cpu")[0]]
+DETERMINISTIC = [b for b in ("cpu", "triton") if b in BACKENDS]
 
 
 def _inputs(g, m=5, h=6, kvh=2, d=24, s=300, length=200):
@@ -38,15 +39,15 @@ def test_matches_float64_reference(backend, m, h, kvh, d, rng):
     assert (out.double() - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
-def test_cpu_rows_independent_of_width_and_segment(rng):
+@pytest.mark.parametrize("backend", DETERMINISTIC)
+def test_rows_independent_of_width_and_segment(backend, rng):
     q, k, v, mask = _inputs(rng, m=7, length=200)
-    together = attention(q, k, v, mask, 0.2, backend="cpu")
+    together = attention(q, k, v, mask, 0.2, backend=backend)
     for i in range(7):
         for length in (200, 256, 300):  # wider segments: extra columns masked off
             wide = torch.zeros(1, length, dtype=torch.bool)
             wide[0, :200] = mask[i]
-            alone = attention(q[i : i + 1], k, v, wide, 0.2, backend="cpu")
+            alone = attention(q[i : i + 1], k, v, wide, 0.2, backend=backend)
             assert torch.equal(alone[0], together[i])
 
 

@@ -8,6 +8,7 @@ On a machine without a GPU, set ``TRITON_INTERPRET=1`` before the first import t
 on CPU tensors through Triton's interpreter (slow; small shapes).
 """
 
+from bitmtp.triton_kernels.attention import attention_rows
 from bitmtp.triton_kernels.w2a8 import (
     WIDTH_BUCKETS,
     KernelConfig,
@@ -15,4 +16,4 @@ from bitmtp.triton_kernels.w2a8 import (
     w2a8_matmul,
 )
 
-__all__ = ["WIDTH_BUCKETS", "KernelConfig", "config_for_width", "w2a8_matmul"]
+__all__ = ["WIDTH_BUCKETS", "KernelConfig", "config_for_width", "w2a8_matmul", "attention_rows"]

@@ -47,13 +47,26 @@ def kernel_specs():
                     yield f"tiled out={out_ty} {flags}", w2a8._w2a8_tiled_kernel, sig, const, cfg.num_warps
 
 
+def attention_specs():
+    """The attention kernel for the head sizes of the supported families, fp32/bf16 activations."""
+    from bitmtp.triton_kernels import attention
+
+    for ty in ("fp32", "bf16"):
+        for d in (64, 128):
+            sig = {"q_ptr": f"*{ty}", "k_ptr": f"*{ty}", "v_ptr": f"*{ty}", "mask_ptr": "*u8", "out_ptr": f"*{ty}",
+                   "H": "i32", "S": "i32", "L": "i32", "scale": "fp32", "GROUP": "i32",
+                   "D": "constexpr", "D_PAD": "constexpr", "BLOCK_L": "constexpr"}
+            const = {"D": d, "D_PAD": d, "BLOCK_L": attention.BLOCK_L}
+            yield f"attention D={d} {ty}", attention._attention_row_kernel, sig, const, 4
+
+
 def compile_all(ccs: list[int], verbose: bool = False) -> int:
     """Compile every spec for every compute capability; return the number of failures."""
     failures = 0
     for cc in ccs:
         target = GPUTarget("cuda", cc, 32)
         t0, count = time.time(), 0
-        for label, fn, sig, const, num_warps in kernel_specs():
+        for label, fn, sig, const, num_warps in [*kernel_specs(), *attention_specs()]:
             try:
                 src = ASTSource(fn=fn, signature=sig, constexprs=const)
                 compiled = triton.compile(src, target=target, options={"num_warps": num_warps})

@@ -44,3 +44,12 @@ class TritonBackend:
             out = torch.empty((x_q.shape[0], packed.shape[0]), dtype=out_dtype, device=x_q.device)
         self._kernels.w2a8_matmul(x_q, act_scale, packed, scales, k, group_size, bias=bias, out=out)
         return out
+
+    def attention(self, q, k, v, mask, scale):
+        """Row-deterministic attention (triton_kernels/attention.py): one program per (row, head),
+        fixed KV blocks, so a row's output never depends on the step's width or segment."""
+        if not (k.is_contiguous() and v.is_contiguous()):
+            from bitmtp.errors import LayoutError
+
+            raise LayoutError("k/v: KV buffers must be contiguous")
+        return self._kernels.attention_rows(q.contiguous(), k, v, mask.contiguous(), scale)
