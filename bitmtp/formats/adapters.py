@@ -1,0 +1,194 @@
+"""MTP adapter files: what makes a base model MTP-capable, stored apart from the base.
+
+An adapter is a folder with two files:
+
+* ``adapter_config.json`` — kind, block size D, rank, targets, discount γ, and the base model's
+  architecture and shape (so an adapter is never applied to a model it was not made for);
+* ``adapter.safetensors`` — the tensors, named by kind:
+
+  ``mask-block`` (a learned mask-token embedding + gated LoRA acting only on mask rows):
+    ``mask_embedding [hidden]``, and for each layer i and target t in ``targets``:
+    ``layers.{i}.{t}.lora_A [rank, in_t]`` and ``layers.{i}.{t}.lora_B [out_t, rank]``.
+
+  ``heads`` (Divine recurrent residual draft heads sharing the LM head):
+    for each head k < D − 1: ``heads.{k}.down [rank, 2·hidden]``, ``heads.{k}.up [hidden, rank]``,
+    ``heads.{k}.norm [hidden]``.
+
+Writes are atomic: both files go to a temporary folder beside the target, which is renamed into
+place; an existing adapter is replaced only with ``overwrite=True``. Nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bitmtp.errors import BitMTPError, FormatError, ShapeError
+
+CONFIG_FILE = "adapter_config.json"
+TENSOR_FILE = "adapter.safetensors"
+KINDS = ("mask-block", "heads")
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class BaseShape:
+    """The base model an adapter was made for."""
+
+    family: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, args: Any) -> BaseShape:
+        """From a :class:`bitmtp.model.ModelArgs` (or anything with the same fields)."""
+        return cls(args.family, args.hidden_size, args.intermediate_size, args.num_layers, args.num_heads,
+                   args.num_kv_heads, args.head_dim, args.vocab_size)
+
+    def target_shape(self, target: str) -> tuple[int, int]:
+        """(in_features, out_features) of a projection target."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, i), "up": (h, i),
+                "down": (i, h)}[target]
+
+
+@dataclass
+class AdapterConfig:
+    kind: str
+    block_size: int
+    rank: int
+    base: BaseShape
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))
+    discount_gamma: float = 0.8
+    lora_alpha: float | None = None
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base, dict):
+            self.base = BaseShape(**self.base)
+        if self.kind not in KINDS:
+            raise FormatError(f"kind: expected one of {KINDS}, got {self.kind!r}")
+        if not 2 <= int(self.block_size) <= 16:
+            raise FormatError(f"block_size: D must be in 2..16, got {self.block_size}")
+        if int(self.rank) < 1:
+            raise FormatError(f"rank: must be >= 1, got {self.rank}")
+        if self.kind == "mask-block":
+            bad = [t for t in self.targets if t not in TARGETS]
+            if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+                raise FormatError(f"targets: expected distinct names from {TARGETS}, got {self.targets}")
+        if not 0 < float(self.discount_gamma) <= 1:
+            raise FormatError(f"discount_gamma: must be in (0, 1], got {self.discount_gamma}")
+
+    @property
+    def num_heads(self) -> int:
+        """Draft heads of a ``heads`` adapter: one per drafted token after d_1."""
+        return self.block_size - 1
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        b = self.base
+        if self.kind == "mask-block":
+            shapes: dict[str, tuple[int, ...]] = {"mask_embedding": (b.hidden_size,)}
+            for i in range(b.num_layers):
+                for t in self.targets:
+                    fin, fout = b.target_shape(t)
+                    shapes[f"layers.{i}.{t}.lora_A"] = (self.rank, fin)
+                    shapes[f"layers.{i}.{t}.lora_B"] = (fout, self.rank)
+            return shapes
+        shapes = {}
+        for k in range(self.num_heads):
+            shapes[f"heads.{k}.down"] = (self.rank, 2 * b.hidden_size)
+            shapes[f"heads.{k}.up"] = (b.hidden_size, self.rank)
+            shapes[f"heads.{k}.norm"] = (b.hidden_size,)
+        return shapes
+
+    def check_base(self, args: Any) -> None:
+        """Raise naming the first field where ``args`` differs from the adapter's base."""
+        mine, theirs = asdict(self.base), asdict(BaseShape.of(args))
+        for key, val in mine.items():
+            if theirs[key] != val:
+                raise FormatError(f"adapter base.{key}: made for {val!r}, the model has {theirs[key]!r}")
+
+
+def check_tensors(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: str = "adapter") -> None:
+    expected = config.expected_shapes()
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise FormatError(f"{source}: missing tensor {missing[0]!r}{more}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise FormatError(f"{source}: unexpected tensor {extra[0]!r} for a {config.kind} adapter")
+    for name, shape in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ShapeError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape} "
+                             f"(block_size={config.block_size}, rank={config.rank})")
+        if not t.is_floating_point():
+            raise FormatError(f"{source}: tensor {name!r} must be floating point, got {t.dtype}")
+
+
+def save_adapter(path: str | Path, config: AdapterConfig, tensors: dict[str, torch.Tensor], *,
+                 overwrite: bool = False) -> Path:
+    """Write an adapter folder atomically (temporary folder, then rename)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    check_tensors(config, tensors, source="tensors")
+    if path.exists() and not overwrite:
+        raise BitMTPError(f"{path}: already exists; pass overwrite=True to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSOR_FILE))
+        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2))
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            os.replace(path, old / "adapter")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_adapter(path: str | Path) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
+    """Read and validate an adapter folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_path, tensor_path = path / CONFIG_FILE, path / TENSOR_FILE
+    if not cfg_path.is_file() or not tensor_path.is_file():
+        raise FormatError(f"{path}: not an adapter folder (needs {CONFIG_FILE} and {TENSOR_FILE})")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{cfg_path}: not valid JSON ({exc})") from exc
+    if raw.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+        raise FormatError(f"{cfg_path}: format version {raw['version']} is newer than this bitmtp reads")
+    try:
+        config = AdapterConfig(**raw)
+    except TypeError as exc:
+        raise FormatError(f"{cfg_path}: bad or missing field ({exc})") from exc
+    try:
+        tensors = load_file(str(tensor_path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise FormatError(f"{tensor_path}: cannot read safetensors file ({exc}); truncated or corrupt?") from exc
+    check_tensors(config, tensors, source=str(tensor_path))
+    return config, tensors
