@@ -35,7 +35,7 @@ class BitMTPModel:
             raise BitMTPError("prompt: this model has no tokenizer; pass input_ids instead")
         if isinstance(prompt, list):
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
+            if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
         return [int(i) for i in self.tokenizer(prompt)["input_ids"]]

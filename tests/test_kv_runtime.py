@@ -28,7 +28,7 @@ def test_random_writes_commits_and_segments_keep_kv_exact(family, quantize, rng)
 
     committed = torch.randint(3, 97, (int(torch.randint(5, 40, (1,), generator=rng)),), generator=rng).tolist()
     eng.reset()
-    tok, _ = eng.prefill(committed)
+    tok = eng.prefill(committed)
     while eng.n < 560:  # crosses the 256 and 512 segment boundaries
         if torch.rand(1, generator=rng).item() < 0.5:
             # a rejected draft: rows [n, n+w) are written with junk tokens, then left to be overwritten
@@ -37,7 +37,7 @@ def test_random_writes_commits_and_segments_keep_kv_exact(family, quantize, rng)
             eng._step("verify", junk, eng.n)
         else:
             committed.append(tok)
-            tok, _ = eng.ar_step(tok)
+            tok = eng.ar_step(tok)
     n = eng.n
     assert n == len(committed)
     assert kv.data_ptrs() == ptrs and kv.rows_copied == 0

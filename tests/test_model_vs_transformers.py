@@ -21,7 +21,7 @@ def _full_logits(decoder, ids):
     kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, 256, 16)
     pos = torch.arange(len(ids))
     mask = torch.arange(256)[None, :] <= pos[:, None]
-    return decoder(StepInputs(torch.tensor(ids), pos, mask, 256), kv)
+    return decoder(StepInputs(torch.tensor(ids), pos, mask), kv)
 
 
 @pytest.mark.parametrize("family,rope", [(f, "default") for f in FAMILIES] + [("llama", "llama3")])

@@ -61,13 +61,12 @@ class Layer(nn.Module):
 
 @dataclass
 class StepInputs:
-    """One step's rows: token ids ``[M]``, absolute positions ``[M]``, the attention mask
-    ``[M, L]`` over KV rows ``[0, L)`` (True = may attend) and the read length L."""
+    """One step's rows: token ids ``[M]``, absolute positions ``[M]`` and the attention mask
+    ``[M, L]`` over KV rows ``[0, L)`` (True = may attend; L is the segment's read length)."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
-    read_len: int
 
 
 class Decoder(nn.Module):
@@ -114,7 +113,7 @@ class Decoder(nn.Module):
                 k = rms_norm(k, at.k_norm, a.rms_norm_eps)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
-            keys, values = kv.write(i, k, v, step.positions, step.read_len)
+            keys, values = kv.write(i, k, v, step.positions)
             out = attention(q, keys, values, step.mask, at.scale, backend=self.backend).reshape(m, a.q_size)
             if at.sub_norm is not None:
                 out = rms_norm(out, at.sub_norm, a.rms_norm_eps)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
-from bitmtp.formats.bitnet import bitnet_to_t2
+from bitmtp.formats.bitnet import bitnet_scale_to_multiplier, bitnet_to_t2
 from bitmtp.formats.quantize import absmean_ternarize
 from bitmtp.formats.ternary import pack_t2
 from bitmtp.model.args import ModelArgs
@@ -75,8 +75,6 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
     if ts.has(prefix + ".weight_scale"):  # AutoBitLinear offline: ternary float weights times weight_scale
         scale = ts.get(prefix + ".weight_scale")
         packed = pack_t2(w.float())
-        from bitmtp.formats.bitnet import bitnet_scale_to_multiplier
-
         return TernaryLinear(k, n, packed, bitnet_scale_to_multiplier(scale, "autobitlinear"), bias=b, backend=backend)
     if quantize == "ternary":
         q, scales = absmean_ternarize(w.float(), "tensor")

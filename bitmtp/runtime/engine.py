@@ -72,18 +72,22 @@ class Engine:
         """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied)."""
         self.n = 0
 
-    def _step(self, role: str, tokens: torch.Tensor, start: int):
-        m = tokens.numel()
+    def _step(self, role: str, tokens: torch.Tensor | int, start: int):
+        """Fill the static inputs of the state's runner in place (an int fills a width-1 step without
+        building a host tensor) and run it."""
+        m = 1 if isinstance(tokens, int) else tokens.numel()
         state = ReplayState(m, self.kv.segment_for(start + m), role)
         runner = self.pool.get(state)
-        runner.tokens.copy_(tokens, non_blocking=True)
-        runner.positions.copy_(torch.arange(start, start + m), non_blocking=True)
+        if isinstance(tokens, int):
+            runner.tokens.fill_(tokens)
+        else:
+            runner.tokens.copy_(tokens, non_blocking=True)
+        torch.arange(start, start + m, out=runner.positions)
         runner.run()
         return runner
 
-    def prefill(self, ids: Iterable[int]) -> tuple[int, float]:
-        """Materialize the KV of ``ids`` from position ``self.n`` on; return the argmax after the last
-        one and its probability."""
+    def prefill(self, ids: Iterable[int]) -> int:
+        """Materialize the KV of ``ids`` from position ``self.n`` on; return the argmax after the last one."""
         ids_t = torch.as_tensor(list(ids), dtype=torch.long)
         if ids_t.numel() == 0:
             raise BitMTPError("input_ids: the prompt is empty")
@@ -97,17 +101,16 @@ class Engine:
             runner = self._step("prefill", chunk, self.n)
             self.n += chunk.numel()
         self.syncs += 1
-        return int(runner.out_token[-1]), float(runner.out_prob[-1])
+        return int(runner.out_token[-1])  # the one device→host read of the prefill
 
-    def ar_step(self, token: int) -> tuple[int, float]:
+    def ar_step(self, token: int) -> int:
         """Feed one committed token at position ``n`` (its KV is written, n += 1); return the next argmax."""
         if self.n >= self.capacity:
             raise BitMTPError(f"capacity: the KV store is full ({self.capacity} tokens)")
-        runner = self._step("ar", torch.tensor([token], dtype=torch.long), self.n)
+        runner = self._step("ar", int(token), self.n)
         self.n += 1
-        out = runner.out_token.item()  # the one device→host sync of this step
         self.syncs += 1
-        return int(out), float(runner.out_prob[0])
+        return int(runner.out_token[0])  # the one device→host sync of this step
 
     def generate_ar(self, input_ids: Iterable[int], max_new_tokens: int, eos_token_id: Iterable[int] = (),
                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
@@ -118,7 +121,7 @@ class Engine:
         self.reset()
         ids = list(input_ids)
         t0 = time.perf_counter()
-        tok, _ = self.prefill(ids)
+        tok = self.prefill(ids)
         t1 = time.perf_counter()
         out = [tok]
         if on_token:
@@ -128,7 +131,7 @@ class Engine:
             if self.n >= self.capacity:
                 reason = "capacity"
                 break
-            tok, _ = self.ar_step(tok)
+            tok = self.ar_step(tok)
             out.append(tok)
             if on_token:
                 on_token(tok)

@@ -51,7 +51,7 @@ class StepRunner:
     @torch.no_grad()
     def _body(self) -> None:
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
-        logits = self.decoder(StepInputs(self.tokens, self.positions, mask, self.state.segment), self.kv)
+        logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
         prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
         self.out_token.copy_(tok)
         self.out_prob.copy_(prob)

@@ -58,10 +58,10 @@ class KVStore:
     def data_ptrs(self) -> list[int]:
         return [t.data_ptr() for t in self.k + self.v]
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-              read_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v [M, kv_heads, D]`` at rows ``positions`` of ``layer``; return the layer's whole
-        buffers (the step reads rows ``[0, read_len)`` of them: its mask has ``read_len`` columns)."""
+        buffers (the step reads rows ``[0, L)`` of them, L being its mask's column count)."""
         kb, vb = self.k[layer], self.v[layer]
         kb.index_copy_(1, positions, k.transpose(0, 1).to(kb.dtype))
         vb.index_copy_(1, positions, v.transpose(0, 1).to(vb.dtype))

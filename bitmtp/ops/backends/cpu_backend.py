@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from bitmtp.errors import BackendUnavailableError, BitMTPError, LayoutError, ShapeError
+from bitmtp.ops import reference
 
 ISA_NAMES = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 ISA_ENV = "BITMTP_CPU_ISA"
@@ -118,33 +119,29 @@ class CpuBackend:
         return out
 
     def w2a8_linear_q(self, x_q, act_scale, packed, scales, k, group_size, bias, out_dtype, out=None):
-        m, n = x_q.shape[0], packed.shape[0]
+        # The kernel writes float32: straight into `out` when it is float32, else via a buffer.
         direct = out is not None and out.dtype == torch.float32
-        y = out if direct else torch.empty((m, n), dtype=torch.float32)
+        y = out if direct else torch.empty((x_q.shape[0], packed.shape[0]), dtype=torch.float32)
         b = None if bias is None else bias.to(torch.float32).contiguous()
         self._run(x_q, packed, k, group_size, scales=scales, act_scale=act_scale, bias=b, y=y)
-        if direct:
-            return out
-        if out is not None:
+        if out is None:
+            return y if out_dtype == torch.float32 else y.to(out_dtype)
+        if not direct:
             out.copy_(y)
-            return out
-        return y if out_dtype == torch.float32 else y.to(out_dtype)
+        return out
 
     def attention(self, q, k, v, mask, scale):
         """Row-deterministic attention (csrc/cpu/attention.cpp): a row's output depends only on its
         own query and the KV rows its mask allows, never on the step's width or segment length."""
         if q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
-            from bitmtp.ops.reference import attention_reference
-
-            return attention_reference(q, k, v, mask, scale)  # the kernel is float32 only
+            return reference.attention_reference(q, k, v, mask, scale)  # the kernel is float32 only
         m, h, d = q.shape
         kvh, s_rows, _ = k.shape
         q = q.contiguous()
         mask_u8 = mask.contiguous().view(torch.uint8)
         out = torch.empty_like(q)
-        for name, t in (("k", k), ("v", v)):
-            if not t.is_contiguous():
-                raise LayoutError(f"{name}: KV buffers must be contiguous")
+        self._check("k", k, torch.float32)
+        self._check("v", v, torch.float32)
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
                             m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads())
         return out
@@ -155,11 +152,8 @@ class CpuBackend:
         Other dtypes go to the torch reference."""
         f32 = torch.float32
         if x.dtype != f32 or weight.dtype != f32 or (bias is not None and bias.dtype != f32):
-            from bitmtp.ops.reference import dense_linear_reference
-
-            return dense_linear_reference(x, weight, bias)
-        if not weight.is_contiguous():
-            raise LayoutError("weight: dense weights must be contiguous")
+            return reference.dense_linear_reference(x, weight, bias)
+        self._check("weight", weight, f32)
         lead = x.shape[:-1]
         k = x.shape[-1]
         x2 = x.reshape(-1, k).contiguous()
