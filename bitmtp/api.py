@@ -1,19 +1,29 @@
-"""Public entry points: :func:`load` (and, through the returned model, AR generation)."""
+"""Public entry points: :func:`load` and :func:`generate`."""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bitmtp.decoding.drafters import Drafter, drafter_for
+from bitmtp.decoding.policies import POLICIES
 from bitmtp.errors import BitMTPError, FormatError
+from bitmtp.formats.adapters import AdapterConfig, load_adapter
+from bitmtp.model.adapters import build_adapter
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.loaders import from_safetensors_dir, from_transformers
-from bitmtp.runtime.engine import Engine, GenerationResult
+from bitmtp.runtime.decode import DecodeStats, GenerationResult
+from bitmtp.runtime.engine import Engine
+
+#: the default block size when neither the call nor the adapter names one
+DEFAULT_BLOCK_SIZE = 8
 
 
 @dataclass
@@ -24,10 +34,37 @@ class BitMTPModel:
     tokenizer: Any
     source: str
     engine: Engine
+    drafter: Drafter | None = None
+    adapter_config: AdapterConfig | None = None
 
     @property
     def args(self) -> ModelArgs:
         return self.decoder.args
+
+    def load_adapter(self, adapter: str | Path | tuple[AdapterConfig, dict[str, torch.Tensor]] | None) -> None:
+        """Attach an MTP adapter (a folder written by ``bitmtp.formats.adapters.save_adapter``, or a
+        ``(config, tensors)`` pair); ``None`` detaches. The base model is untouched either way."""
+        if adapter is None:
+            self.drafter, self.adapter_config = None, None
+            return
+        config, tensors = load_adapter(adapter) if isinstance(adapter, (str, Path)) else adapter
+        module = build_adapter(config, tensors, self.args, dtype=self.decoder.dtype, device=self.decoder.device)
+        self.drafter, self.adapter_config = drafter_for(self.decoder, module), config
+
+    def check_ids(self, input_ids: Sequence[int]) -> list[int]:
+        ids = [int(i) for i in input_ids]
+        vocab = self.args.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise BitMTPError(f"input_ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if not ids:
+            raise BitMTPError("input_ids: the prompt is empty")
+        return ids
+
+    def eos_ids(self, eos_token_id: int | Sequence[int] | None) -> list[int]:
+        if eos_token_id is None:
+            return list(self.args.eos_token_id)
+        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
 
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of a string, or of chat messages through the tokenizer's chat template."""
@@ -43,15 +80,7 @@ class BitMTPModel:
     def generate_ar(self, input_ids: list[int], max_new_tokens: int = 128,
                     eos_token_id: int | list[int] | None = None) -> GenerationResult:
         """Greedy AR decoding on bitmtp's runtime (the baseline the MTP policies are measured against)."""
-        if eos_token_id is None:
-            eos = list(self.args.eos_token_id)
-        else:
-            eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        vocab = self.args.vocab_size
-        bad = [i for i in input_ids if not 0 <= int(i) < vocab]
-        if bad:
-            raise BitMTPError(f"input_ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return self.engine.generate_ar(input_ids, max_new_tokens, eos)
+        return self.engine.generate_ar(self.check_ids(input_ids), max_new_tokens, self.eos_ids(eos_token_id))
 
 
 def _gguf_via_transformers(path: Path):
@@ -69,8 +98,8 @@ def _gguf_via_transformers(path: Path):
 
 
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
-         dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 16,
-         tokenizer: Any = None) -> BitMTPModel:
+         dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
+         tokenizer: Any = None, adapter: str | Path | None = None) -> BitMTPModel:
     """Load a model for bitmtp.
 
     Args:
@@ -82,8 +111,9 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         capacity: maximum tokens (prompt + generated) of the KV store.
         dtype: dense compute dtype (default float32).
         device: ``"cpu"`` or ``"cuda"``.
-        m_max: widest replay step.
+        m_max: widest replay step: 2D − 1 for block size D (the default, 31, covers D ≤ 16).
         tokenizer: override the tokenizer (e.g. for a live model object).
+        adapter: an MTP adapter folder (``mask-block`` or ``heads``) to draft with.
     """
     dtype = dtype or torch.float32
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)
@@ -113,4 +143,121 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         raise BitMTPError(f"source: expected a path or a transformers model, got {type(source).__name__}")
     decoder = decoder.to(device)
     engine = Engine(decoder, capacity=capacity, m_max=m_max)
-    return BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine)
+    model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine)
+    if adapter is not None:
+        model.load_adapter(adapter)
+    return model
+
+
+@dataclass
+class GenerateOutput:
+    """What :func:`generate` returns: the generated text (when the model has a tokenizer), its token
+    ids (prompt excluded), why it stopped and the decoding stats."""
+
+    text: str | None
+    token_ids: list[int]
+    stop_reason: str
+    stats: DecodeStats
+    prompt_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.stats.tokens_per_second
+
+
+def _check_policy_args(model: BitMTPModel, policy: str, block_size: int | None, tau: float,
+                       min_prefix: int | None, drafter: Drafter | None) -> tuple[int, int]:
+    if policy not in POLICIES:
+        raise BitMTPError(f"policy: expected one of {POLICIES}, got {policy!r}")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 0 < tau <= 1):
+        raise BitMTPError(f"tau: the confidence threshold must be in (0, 1], got {tau!r}")
+    default = model.adapter_config.block_size if model.adapter_config else DEFAULT_BLOCK_SIZE
+    d = default if block_size is None else block_size
+    if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
+        raise BitMTPError(f"block_size: D must be an integer in 2..16, got {block_size!r}")
+    m = max(2, d // 2) if min_prefix is None else min_prefix
+    if isinstance(m, bool) or not isinstance(m, int) or m > d:
+        raise BitMTPError(f"min_prefix: m must be an integer <= block_size ({d}), got {min_prefix!r}")
+    if policy != "ar":
+        if drafter is None:
+            raise BitMTPError(f"policy: {policy!r} drafts tokens and needs an MTP adapter; load one with "
+                              "bitmtp.load(..., adapter=PATH) or model.load_adapter(PATH), or use policy='ar'")
+        if d > drafter.max_block:
+            raise BitMTPError(f"block_size: the loaded {drafter.kind} adapter drafts at most D={drafter.max_block}, "
+                              f"got {d}")
+    return d, m
+
+
+def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
+             input_ids: Sequence[int] | None = None, max_new_tokens: int = 128, policy: str = "hybrid",
+             block_size: int | None = None, tau: float = 0.9, min_prefix: int | None = None,
+             eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
+             drafter: Drafter | None = None) -> GenerateOutput | Iterator[str]:
+    """Greedy multi-token generation.
+
+    Args:
+        model: from :func:`load`, with an adapter unless ``policy="ar"``.
+        prompt: text, or chat messages (``[{"role": ..., "content": ...}]``) which go through the
+            tokenizer's chat template. Give either ``prompt`` or ``input_ids``.
+        input_ids: token ids of the prompt.
+        max_new_tokens: most tokens to generate.
+        policy: ``"ar"`` (one token per step, the baseline), ``"confidence"`` (commit the confident
+            prefix, unverified), ``"speculative"`` (verify every block: exactly AR greedy's output) or
+            ``"hybrid"`` (confidence when at least ``min_prefix`` tokens are confident, else verify).
+        block_size: D, tokens drafted per iteration (2..16; default: the adapter's).
+        tau: confidence threshold τ in (0, 1].
+        min_prefix: hybrid's m (default max(2, D // 2)); m ≤ 1 is confidence-only, m > D speculative-only.
+        eos_token_id: stop token(s) (default: the model's).
+        stream: return an iterator of text pieces as they are committed instead of the result.
+        drafter: draft with this drafter instead of the loaded adapter's (e.g. an ``OracleDrafter``).
+
+    Returns:
+        a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` an iterator of text.
+    """
+    if not isinstance(model, BitMTPModel):
+        raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
+    if (prompt is None) == (input_ids is None):
+        raise BitMTPError("prompt/input_ids: give exactly one of them")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    drafter = drafter if drafter is not None else model.drafter
+    d, m = _check_policy_args(model, policy, block_size, tau, min_prefix, drafter)
+    ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
+    if len(ids) > model.engine.capacity:
+        raise BitMTPError(f"input_ids: prompt of {len(ids)} tokens exceeds capacity {model.engine.capacity}")
+    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=model.eos_ids(eos_token_id),
+                                 policy=policy, block_size=d, tau=float(tau), min_prefix=m, drafter=drafter)
+    if stream:
+        if model.tokenizer is None:
+            raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
+        return _stream_text(model, chunks)
+    res = Engine.run(chunks)
+    return _output(model, res)
+
+
+def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:
+    text = model.tokenizer.decode(res.tokens, skip_special_tokens=True) if model.tokenizer is not None else None
+    return GenerateOutput(text, res.tokens, res.stop_reason, res.stats, res.prompt_tokens, res.prefill_seconds,
+                          res.decode_seconds)
+
+
+def _stream_text(model: BitMTPModel, chunks: Iterator[list[int]]) -> Iterator[str]:
+    """Text as it is committed. Decodes the whole output each time and yields the new suffix, holding
+    back a trailing replacement character (a multi-byte character split across tokens)."""
+    tokens: list[int] = []
+    sent = 0
+    for chunk in chunks:
+        if not chunk:
+            continue
+        tokens.extend(chunk)
+        text = model.tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            continue
+        if len(text) > sent:
+            yield text[sent:]
+            sent = len(text)
+    text = model.tokenizer.decode(tokens, skip_special_tokens=True)
+    if len(text) > sent:
+        yield text[sent:]

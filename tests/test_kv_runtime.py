@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 @pytest.mark.parametrize("family,quantize", [("llama", None), ("bitnet", "ternary"), ("qwen3", None)])
 def test_random_writes_commits_and_segments_keep_kv_exact(family, quantize, rng):
     hf = tiny_model(family, seed=11, max_position_embeddings=1024)
-    model = bitmtp.load(hf, capacity=600, quantize=quantize)
+    model = bitmtp.load(hf, capacity=600, quantize=quantize, m_max=16)
     eng = model.engine
     kv = eng.kv
     assert kv.segments == [256, 512, 616]
@@ -61,7 +61,7 @@ def test_one_sync_per_ar_step_and_stop_reasons():
     model = bitmtp.load(hf, capacity=64)
     res = model.generate_ar([5, 6, 7], max_new_tokens=10, eos_token_id=[])
     assert len(res.tokens) == 10 and res.stop_reason == "max_new_tokens"
-    assert res.stats["syncs"] == 1 + 9  # prefill + one per AR step
+    assert res.stats.syncs == 1 + 9  # prefill + one per AR step
     res = model.generate_ar(list(range(3, 60)), max_new_tokens=100, eos_token_id=[])
     assert res.stop_reason == "capacity" and 57 + len(res.tokens) - 1 == 64
     eos = res.tokens[2]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bitmtp.errors import BitMTPError
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.fuse import fuse_rows
 from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables
@@ -42,13 +43,19 @@ class MLP(nn.Module):
         self.gate_up_proj, self.down_proj = fuse_rows([gate, up]), down
         self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g, u = self.gate_up_proj(x).split(self.args.intermediate_size, dim=-1)
+    def forward(self, x: torch.Tensor, adapt=None) -> torch.Tensor:
+        """``adapt(group, inputs, outputs)``, when given, may add a delta to a projection's outputs
+        (the decoder's gated LoRA on mask rows)."""
+        gu = self.gate_up_proj(x)
+        if adapt is not None:
+            gu = adapt("gate_up", x, gu)
+        g, u = gu.split(self.args.intermediate_size, dim=-1)
         h = torch.relu(g).square() if self.args.hidden_act == "relu2" else torch.nn.functional.silu(g)
         h = h * u
         if self.sub_norm is not None:
             h = rms_norm(h, self.sub_norm, self.args.rms_norm_eps)
-        return self.down_proj(h)
+        y = self.down_proj(h)
+        return y if adapt is None else adapt("down", h, y)
 
 
 class Layer(nn.Module):
@@ -62,11 +69,17 @@ class Layer(nn.Module):
 @dataclass
 class StepInputs:
     """One step's rows: token ids ``[M]``, absolute positions ``[M]`` and the attention mask
-    ``[M, L]`` over KV rows ``[0, L)`` (True = may attend; L is the segment's read length)."""
+    ``[M, L]`` over KV rows ``[0, L)`` (True = may attend; L is the segment's read length).
+
+    ``mask_rows``: how many trailing rows are mask rows of a mask-block draft step (a static count:
+    it is part of the replay state). Their input is the adapter's mask embedding (their token ids
+    are ignored) and only they get the gated LoRA deltas.
+    """
 
     tokens: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
+    mask_rows: int = 0
 
 
 class Decoder(nn.Module):
@@ -81,6 +94,7 @@ class Decoder(nn.Module):
         self.norm = nn.Parameter(norm, requires_grad=False)
         self.lm_head = lm_head
         self.backend: str | None = None  # backend for attention (linear layers carry their own)
+        self.mask_block = None  # a model.adapters.MaskBlock when a mask-block adapter is attached
         n_pos = max_positions or args.max_position_embeddings
         cos, sin = rope_tables(args.head_dim, args.rope_theta, args.rope_scaling, n_pos)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -97,14 +111,25 @@ class Decoder(nn.Module):
     def hidden_states(self, step: StepInputs, kv) -> torch.Tensor:
         """Run all layers for the step's rows, writing their K/V into ``kv`` in place."""
         a = self.args
-        x = self.embed[step.tokens]  # [M, hidden]
+        m = step.tokens.shape[0]
+        r = step.mask_rows
+        if r:
+            if self.mask_block is None:
+                raise BitMTPError("mask_rows: this step has mask rows but no mask-block adapter is attached")
+            p = m - r
+            x = torch.cat([self.embed[step.tokens[:p]], self.mask_block.mask_embedding.to(self.dtype).expand(r, -1)])
+        else:
+            x = self.embed[step.tokens]  # [M, hidden]
         cos = self.rope_cos[step.positions].to(x.dtype)
         sin = self.rope_sin[step.positions].to(x.dtype)
-        m = x.shape[0]
         for i, layer in enumerate(self.layers):
             at = layer.attn
+            adapt = self._gated_lora(i, m - r) if r else None
             h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
-            q, k, v = at.qkv_proj(h).split((a.q_size, a.kv_size, a.kv_size), dim=-1)
+            qkv = at.qkv_proj(h)
+            if adapt is not None:
+                qkv = adapt("qkv", h, qkv)
+            q, k, v = qkv.split((a.q_size, a.kv_size, a.kv_size), dim=-1)
             q = q.reshape(m, a.num_heads, a.head_dim)
             k = k.reshape(m, a.num_kv_heads, a.head_dim)
             v = v.reshape(m, a.num_kv_heads, a.head_dim)
@@ -117,10 +142,24 @@ class Decoder(nn.Module):
             out = attention(q, keys, values, step.mask, at.scale, backend=self.backend).reshape(m, a.q_size)
             if at.sub_norm is not None:
                 out = rms_norm(out, at.sub_norm, a.rms_norm_eps)
-            x = x + at.o_proj(out)
+            o = at.o_proj(out)
+            x = x + (o if adapt is None else adapt("o", out, o))
             h = rms_norm(x, layer.post_norm, a.rms_norm_eps)
-            x = x + layer.mlp(h)
+            x = x + layer.mlp(h, adapt)
         return rms_norm(x, self.norm, a.rms_norm_eps)
+
+    def _gated_lora(self, layer: int, first_mask_row: int):
+        """The gate of the gated LoRA: add the mask block's delta to rows ``[first_mask_row, M)`` only
+        (rows before it — the pending rows — keep the base model's exact outputs)."""
+        block = self.mask_block
+
+        def adapt(group: str, inputs: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+            delta = block.delta(layer, group, inputs[first_mask_row:])
+            if delta is not None:
+                outputs[first_mask_row:] += delta.to(outputs.dtype)
+            return outputs
+
+        return adapt
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,7 +1,8 @@
 """Runtime layer: the in-place KV store, replay states, the graph pool and the decode engine."""
 
-from bitmtp.runtime.engine import Engine, GenerationResult
+from bitmtp.runtime.decode import DecodeStats, GenerationResult
+from bitmtp.runtime.engine import Engine
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
 
-__all__ = ["Engine", "GenerationResult", "KVStore", "ReplayState"]
+__all__ = ["DecodeStats", "Engine", "GenerationResult", "KVStore", "ReplayState"]

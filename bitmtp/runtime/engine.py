@@ -1,40 +1,22 @@
-"""The decode engine: prefill in fixed-width chunks, then AR decoding (role ``ar``, width 1)
+"""The decode engine: prefill in fixed-width chunks, then AR or MTP decoding (``runtime/decode.py``)
 through the graph pool, over one in-place KV store.
 
-Per AR step the host writes the static inputs (token, position), replays the step, and reads
-one token back: exactly one device→host synchronization per generated token.
+Every device→host transfer of the decode loop goes through :meth:`Engine.read`, which counts it:
+one per AR step, one per MTP iteration.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder
+from bitmtp.runtime.decode import GenerationResult, decode
 from bitmtp.runtime.graphs import GraphPool
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
-
-
-@dataclass
-class GenerationResult:
-    """Generated token ids (prompt excluded), why generation stopped, and timing."""
-
-    tokens: list[int]
-    stop_reason: str  # "eos" | "max_new_tokens" | "capacity"
-    prompt_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode throughput: generated tokens after the first, over decode time."""
-        return max(len(self.tokens) - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
 class Engine:
@@ -63,6 +45,9 @@ class Engine:
         self.prefill_chunk = int(prefill_chunk)
         self.n = 0  # committed tokens whose KV rows [0, n) are materialized (host mirror)
         self.syncs = 0  # device→host reads (tests count them)
+        # static helpers of the decode loop, allocated once (no allocation in the loop)
+        self.arange = torch.arange(max(m_max, prefill_chunk) + 1, device=decoder.device)
+        self._staging = torch.zeros(4 * (m_max + 1), dtype=torch.float64, device=decoder.device)
 
     @property
     def capacity(self) -> int:
@@ -100,8 +85,8 @@ class Engine:
             chunk = ids_t[lo : lo + self.prefill_chunk]
             runner = self._step("prefill", chunk, self.n)
             self.n += chunk.numel()
-        self.syncs += 1
-        return int(runner.out_token[-1])  # the one device→host read of the prefill
+        (last,) = self.read(runner.out_token[-1:])  # the one device→host read of the prefill
+        return last[0]
 
     def ar_step(self, token: int) -> int:
         """Feed one committed token at position ``n`` (its KV is written, n += 1); return the next argmax."""
@@ -109,34 +94,51 @@ class Engine:
             raise BitMTPError(f"capacity: the KV store is full ({self.capacity} tokens)")
         runner = self._step("ar", int(token), self.n)
         self.n += 1
+        (tok,) = self.read(runner.out_token[:1])  # the one device→host sync of this step
+        return tok[0]
+
+    def read(self, *tensors: torch.Tensor) -> list[list]:
+        """Bring small device tensors to the host in ONE transfer (the instrumented sync point).
+
+        The tensors are gathered into a float64 staging buffer on the device (token ids < 2^53 are
+        exact in float64) and read with a single ``tolist``; integer tensors come back as ints.
+        """
+        if len(tensors) == 1:
+            self.syncs += 1
+            return [tensors[0].tolist()]
+        sizes = [t.numel() for t in tensors]
+        lo = 0
+        for t, k in zip(tensors, sizes, strict=True):
+            self._staging[lo : lo + k].copy_(t.reshape(-1))
+            lo += k
+        flat = self._staging[:lo].tolist()
         self.syncs += 1
-        return int(runner.out_token[0])  # the one device→host sync of this step
+        out, lo = [], 0
+        for t, k in zip(tensors, sizes, strict=True):
+            part = flat[lo : lo + k]
+            out.append([int(v) for v in part] if not t.is_floating_point() else part)
+            lo += k
+        return out
+
+    def decode(self, input_ids: Iterable[int], **kwargs) -> Iterator[list[int]]:
+        """The decode loop as a generator of committed token chunks (see ``runtime/decode.py``);
+        its return value (``StopIteration.value``) is the :class:`GenerationResult`."""
+        return decode(self, list(input_ids), **kwargs)
 
     def generate_ar(self, input_ids: Iterable[int], max_new_tokens: int, eos_token_id: Iterable[int] = (),
                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
         """Greedy AR generation from a fresh sequence."""
-        if max_new_tokens < 1:
-            raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
-        eos = set(int(e) for e in eos_token_id)
-        self.reset()
-        ids = list(input_ids)
-        t0 = time.perf_counter()
-        tok = self.prefill(ids)
-        t1 = time.perf_counter()
-        out = [tok]
-        if on_token:
-            on_token(tok)
-        reason = "eos" if tok in eos else "max_new_tokens"
-        while tok not in eos and len(out) < max_new_tokens:
-            if self.n >= self.capacity:
-                reason = "capacity"
-                break
-            tok = self.ar_step(tok)
-            out.append(tok)
+        return self.run(self.decode(input_ids, max_new_tokens=max_new_tokens, eos=list(eos_token_id), policy="ar"),
+                        on_token)
+
+    @staticmethod
+    def run(chunks: Iterator[list[int]], on_token: Callable[[int], None] | None = None) -> GenerationResult:
+        """Drain a :meth:`decode` generator (calling ``on_token`` per committed token); return its result."""
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration as stop:
+                return stop.value
             if on_token:
-                on_token(tok)
-            if tok in eos:
-                reason = "eos"
-        t2 = time.perf_counter()
-        return GenerationResult(out, reason, len(ids), t1 - t0, t2 - t1,
-                                stats={"steps": len(out) - 1, "syncs": self.syncs})
+                for t in chunk:
+                    on_token(t)

@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
+from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
 
 #: mask_fn(state, positions [M], kv_index [L]) -> bool mask [M, L]
 MaskFn = Callable[[ReplayState, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DraftBody(Protocol):
+    """What the graph pool needs of a drafter: the body of a draft step (``bitmtp.decoding.drafters``)."""
+
+    def draft(self, runner: StepRunner) -> None:
+        """Run the draft step of ``runner.state`` (p pending rows, block D) from its static inputs and
+        write d_1..d_D and their probabilities into ``runner.out_token[-D:]`` / ``runner.out_prob[-D:]``."""
 
 
 def causal_mask(state: ReplayState, positions: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
@@ -32,11 +42,13 @@ def eager_forced() -> bool:
 
 
 class StepRunner:
-    def __init__(self, decoder: Decoder, kv: KVStore, state: ReplayState, mask_fn: MaskFn,
-                 *, keep_logits: bool = False, capture: bool = False, mempool=None):
+    def __init__(self, decoder: Decoder, kv: KVStore, state: ReplayState, mask_fn: MaskFn | None,
+                 *, keep_logits: bool = False, capture: bool = False, mempool=None,
+                 drafter: DraftBody | None = None):
         dev = decoder.device
         m = state.width
         self.decoder, self.kv, self.state, self.mask_fn = decoder, kv, state, mask_fn
+        self.drafter = drafter
         self.tokens = torch.zeros(m, dtype=torch.long, device=dev)
         self.positions = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_token = torch.zeros(m, dtype=torch.long, device=dev)
@@ -50,6 +62,9 @@ class StepRunner:
 
     @torch.no_grad()
     def _body(self) -> None:
+        if self.drafter is not None:
+            self.drafter.draft(self)
+            return
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
         logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
         prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
@@ -87,15 +102,28 @@ class GraphPool:
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
         self.runners: dict[ReplayState, StepRunner] = {}
         self.mask_fns: dict[str, MaskFn] = {"prefill": causal_mask, "ar": causal_mask, "verify": causal_mask}
+        self.drafter: DraftBody | None = None
 
     def register_mask(self, role: str, fn: MaskFn) -> None:
         self.mask_fns[role] = fn
+
+    def set_drafter(self, drafter: DraftBody | None) -> None:
+        """Use ``drafter`` for draft states; runners (and graphs) of another drafter are dropped."""
+        if drafter is not self.drafter:
+            self.runners = {s: r for s, r in self.runners.items() if s.role != "draft"}
+            self.drafter = drafter
 
     def get(self, state: ReplayState) -> StepRunner:
         runner = self.runners.get(state)
         if runner is None:
             capture = self.capture and state.role != "prefill"  # prefill runs once per prompt: eager
-            runner = StepRunner(self.decoder, self.kv, state, self.mask_fns[state.role],
-                                keep_logits=self.keep_logits, capture=capture, mempool=self.mempool)
+            if state.role == "draft":
+                if self.drafter is None:
+                    raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
+                runner = StepRunner(self.decoder, self.kv, state, None, capture=capture, mempool=self.mempool,
+                                    drafter=self.drafter)
+            else:
+                runner = StepRunner(self.decoder, self.kv, state, self.mask_fns[state.role],
+                                    keep_logits=self.keep_logits, capture=capture, mempool=self.mempool)
             self.runners[state] = runner
         return runner

@@ -1,4 +1,8 @@
-"""Replay states: (width M, segment σ, role r) — the key of a captured or eager step."""
+"""Replay states: (width M, segment σ, role r[, block D]) — the key of a captured or eager step.
+
+A draft step of block size D over p pending rows has width ``p + D − 1`` (``block`` = D, so the
+runner knows which rows are pending and which are mask rows); every other role has ``block`` = 0.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,17 @@ class ReplayState:
     width: int
     segment: int
     role: str
+    block: int = 0
+
+    @property
+    def pending(self) -> int:
+        """p: the pending rows of a draft step (width − (D − 1))."""
+        return self.width - (self.block - 1) if self.role == "draft" else self.width
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role: expected one of {ROLES}, got {self.role!r}")
         if self.width < 1 or self.segment < 1:
             raise ValueError(f"width/segment must be positive, got {self.width}/{self.segment}")
+        if self.role == "draft" and not (2 <= self.block <= 16 and self.width >= self.block):
+            raise ValueError(f"draft state: block must be in 2..16 and width >= block, got {self.width}/{self.block}")

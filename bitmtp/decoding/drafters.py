@@ -1,0 +1,155 @@
+"""Drafters: what a draft step computes (DESIGN.md, "One iteration").
+
+A draft step of block size D runs over the pending suffix P (p rows at positions n..n+p−1, ending
+with the last committed token) and yields ``d_1..d_D`` with their probabilities:
+
+* ``d_1`` is always the argmax of the last pending row — exactly the AR prediction, because the
+  pending rows run AR-causally on the base model's exact path;
+* ``d_2..d_D`` come from the drafter.
+
+Every drafter writes P's KV rows exactly (they are the next committed rows), and writes its
+results into ``runner.out_token[-D:]`` / ``runner.out_prob[-D:]`` of the step's static buffers, so
+a draft step replays as one CUDA graph. The runner's static inputs have ``p + D − 1`` rows (the
+replay state's width); drafters without mask rows use the first p.
+
+* :class:`MaskBlockDrafter` — mask-conditioned block-causal drafting: D − 1 mask rows (the adapter's
+  mask embedding, gated LoRA) attend to history + P and bidirectionally within the block.
+* :class:`HeadsDrafter` — the Divine recurrent residual draft heads over the last pending row's
+  hidden state, logits through the shared LM head.
+* :class:`OracleDrafter` — drafts a known continuation (computed beforehand). A test and benchmark
+  device: with ``speculative`` it shows what the machinery delivers when every draft is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bitmtp.errors import BitMTPError
+from bitmtp.model.adapters import DraftHeads, MaskBlock
+from bitmtp.model.decoder import Decoder, StepInputs
+
+
+def _argmax_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    prob, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    return tok, prob
+
+
+class Drafter:
+    """Base of the drafters: a name, the largest block size it supports, and the draft body."""
+
+    kind = "drafter"
+
+    def __init__(self, decoder: Decoder, max_block: int):
+        self.decoder = decoder
+        self.max_block = int(max_block)
+
+    def check_block(self, block_size: int) -> None:
+        if block_size > self.max_block:
+            raise BitMTPError(f"block_size: the {self.kind} drafter supports D <= {self.max_block}, got {block_size}")
+
+    def _pending_hidden(self, runner) -> tuple[torch.Tensor, int, int]:
+        """Run the p pending rows AR-causally (writing their exact KV); return the final hidden states
+        of all pending rows, p and D."""
+        st = runner.state
+        p, d = st.pending, st.block
+        pos = runner.positions[:p]
+        mask = runner.kv_index[None, :] <= pos[:, None]
+        hidden = self.decoder.hidden_states(StepInputs(runner.tokens[:p], pos, mask), runner.kv)
+        return hidden, p, d
+
+    def _write_first(self, runner, last_hidden: torch.Tensor, d: int) -> torch.Tensor:
+        """d_1 from the last pending row's hidden state; returns d_1 as a 1-element device tensor."""
+        tok, prob = _argmax_prob(self.decoder.logits(last_hidden))
+        runner.out_token[-d : -d + 1].copy_(tok)
+        runner.out_prob[-d : -d + 1].copy_(prob)
+        return tok
+
+    def draft(self, runner) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class MaskBlockDrafter(Drafter):
+    """Mask-conditioned block-causal drafting with a ``mask-block`` adapter."""
+
+    kind = "mask-block"
+
+    def __init__(self, decoder: Decoder, block: MaskBlock):
+        super().__init__(decoder, block.block_size)
+        self.block = block
+
+    def draft(self, runner) -> None:
+        st = runner.state
+        p, d = st.pending, st.block
+        pos = runner.positions
+        # Pending rows attend causally (row i sees KV rows ≤ its position); the D − 1 mask rows see
+        # the history, P and the whole block (bidirectional inside it): every row ≤ the last position.
+        reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])
+        mask = runner.kv_index[None, :] <= reach[:, None]
+        dec = self.decoder
+        prev, dec.mask_block = dec.mask_block, self.block
+        try:
+            hidden = dec.hidden_states(StepInputs(runner.tokens, pos, mask, mask_rows=d - 1), runner.kv)
+        finally:
+            dec.mask_block = prev
+        # LM head only over the rows that draft (the last pending row and the mask rows): the other
+        # pending rows' logits are never read, and the LM head is the largest matrix of the step.
+        tok, prob = _argmax_prob(dec.logits(hidden[p - 1 :]))
+        runner.out_token[-d:].copy_(tok)
+        runner.out_prob[-d:].copy_(prob)
+
+
+class HeadsDrafter(Drafter):
+    """Recurrent residual draft heads: ``s_0`` is the last pending row's final hidden state,
+    ``s_k = head_k(s_(k−1), E(d_k))`` and ``d_(k+1) = argmax LMHead(s_k)``."""
+
+    kind = "heads"
+
+    def __init__(self, decoder: Decoder, heads: DraftHeads):
+        super().__init__(decoder, heads.block_size)
+        self.heads = heads
+
+    def draft(self, runner) -> None:
+        hidden, p, d = self._pending_hidden(runner)
+        state = hidden[p - 1 : p]
+        tok = self._write_first(runner, state, d)
+        for k in range(d - 1):
+            state = self.heads.step(k, state, self.decoder.embed[tok])
+            tok, prob = _argmax_prob(self.decoder.logits(state))
+            at = runner.out_token.shape[0] - d + 1 + k
+            runner.out_token[at : at + 1].copy_(tok)
+            runner.out_prob[at : at + 1].copy_(prob)
+
+
+class OracleDrafter(Drafter):
+    """Drafts ``sequence[position]`` for d_2..d_D with probability 1 (d_1 is still the model's own
+    AR prediction). ``sequence`` is the whole token sequence by position — prompt then the AR
+    continuation, computed beforehand; positions past its end draft token 0."""
+
+    kind = "oracle"
+
+    def __init__(self, decoder: Decoder, sequence: Sequence[int], max_block: int = 16):
+        super().__init__(decoder, max_block)
+        seq = torch.as_tensor(list(sequence), dtype=torch.long)
+        if seq.numel() == 0:
+            raise BitMTPError("sequence: the oracle needs at least one token")
+        self.sequence = torch.cat([seq, torch.zeros(max_block + 1, dtype=torch.long)]).to(decoder.device)
+        self.offsets = torch.arange(2, max_block + 1, device=decoder.device)
+
+    def draft(self, runner) -> None:
+        hidden, p, d = self._pending_hidden(runner)
+        self._write_first(runner, hidden[p - 1 : p], d)
+        # d_k sits at position (last pending position) + k
+        idx = (runner.positions[p - 1] + self.offsets[: d - 1]).clamp_(max=self.sequence.numel() - 1)
+        runner.out_token[-(d - 1) :].copy_(self.sequence[idx])
+        runner.out_prob[-(d - 1) :].fill_(1.0)
+
+
+def drafter_for(decoder: Decoder, module: MaskBlock | DraftHeads) -> Drafter:
+    """The drafter of an adapter module (see ``bitmtp.model.adapters.build_adapter``)."""
+    if isinstance(module, MaskBlock):
+        return MaskBlockDrafter(decoder, module)
+    if isinstance(module, DraftHeads):
+        return HeadsDrafter(decoder, module)
+    raise BitMTPError(f"adapter: no drafter for {type(module).__name__}")

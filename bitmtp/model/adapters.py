@@ -1,0 +1,130 @@
+"""The modules behind MTP adapters: the mask block (mask embedding + gated LoRA) and draft heads.
+
+An adapter file (``bitmtp/formats/adapters.py``) holds tensors; this module turns them into the
+modules the decoder and the drafters run.
+
+* :class:`MaskBlock` — a learned mask-token embedding and gated LoRA deltas. "Gated" means the
+  delta is applied only to mask rows: the decoder adds it to the trailing ``mask_rows`` rows of a
+  draft step and nowhere else, so the base model's next-token path (every pending row, every AR
+  and verify step) is untouched and verification stays exact. The LoRA factors of the targets
+  that the decoder runs as one fused projection (q/k/v → ``qkv``, gate/up → ``gate_up``) are
+  fused the same way — ``A`` stacked, ``B`` block-diagonal — so a fused projection gets its whole
+  delta from two small matmuls.
+* :class:`DraftHeads` — the recurrent residual draft heads of the Divine design,
+  ``s_k = RMSNorm(W_up · W_down · [s_(k−1) ‖ E(y_(t+k))] + s_(k−1))``, whose logits go through
+  the base model's LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from bitmtp.errors import BitMTPError
+from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+from bitmtp.model.layers import rms_norm
+
+#: fused projection group -> the adapter targets it holds, in the decoder's output order
+GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+
+
+class MaskBlock(nn.Module):
+    """Mask embedding + gated LoRA of a ``mask-block`` adapter, fused per projection group."""
+
+    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor], *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        super().__init__()
+        if config.kind != "mask-block":
+            raise BitMTPError(f"adapter kind: MaskBlock needs a mask-block adapter, got {config.kind!r}")
+        self.config = config
+        self.block_size = config.block_size
+        base = config.base
+        self.scaling = (config.lora_alpha / config.rank) if config.lora_alpha else 1.0
+        self.mask_embedding = nn.Parameter(tensors["mask_embedding"].to(device, dtype), requires_grad=False)
+        self.a: dict[tuple[int, str], torch.Tensor] = {}
+        self.b: dict[tuple[int, str], torch.Tensor] = {}
+        r = config.rank
+        for i in range(base.num_layers):
+            for group, members in GROUPS.items():
+                present = [t for t in members if t in config.targets]
+                if not present:
+                    continue
+                outs = [base.target_shape(t)[1] for t in members]
+                a = torch.cat([tensors[f"layers.{i}.{t}.lora_A"] for t in present]).to(device, dtype)
+                b = torch.zeros(sum(outs), r * len(present), dtype=dtype, device=device)
+                for j, t in enumerate(present):
+                    lo = sum(outs[: members.index(t)])
+                    b[lo : lo + outs[members.index(t)], j * r : (j + 1) * r] = tensors[f"layers.{i}.{t}.lora_B"]
+                self.a[(i, group)], self.b[(i, group)] = a, b
+
+    def delta(self, layer: int, group: str, x: torch.Tensor) -> torch.Tensor | None:
+        """The LoRA delta of ``group`` in ``layer`` for mask rows ``x [R, in]`` (None: not a target)."""
+        a = self.a.get((layer, group))
+        if a is None:
+            return None
+        out = (x.to(a.dtype) @ a.T) @ self.b[(layer, group)].T
+        return out * self.scaling if self.scaling != 1.0 else out
+
+
+class DraftHeads(nn.Module):
+    """Recurrent residual draft heads (one per drafted token after d_1), sharing the LM head."""
+
+    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor], *, eps: float = 1e-6,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        super().__init__()
+        if config.kind != "heads":
+            raise BitMTPError(f"adapter kind: DraftHeads needs a heads adapter, got {config.kind!r}")
+        self.config = config
+        self.block_size = config.block_size
+        k = config.num_heads
+        stack = lambda name: torch.stack([tensors[f"heads.{j}.{name}"] for j in range(k)]).to(device, dtype)  # noqa: E731
+        self.down = nn.Parameter(stack("down"), requires_grad=False)  # [K, r, 2·hidden]
+        self.up = nn.Parameter(stack("up"), requires_grad=False)  # [K, hidden, r]
+        self.norm = nn.Parameter(stack("norm"), requires_grad=False)  # [K, hidden]
+        self.eps = eps
+
+    def step(self, k: int, state: torch.Tensor, token_embedding: torch.Tensor) -> torch.Tensor:
+        """Head k: ``s_k`` from ``s_(k−1)`` and the embedding of the token it follows (``[..., hidden]``)."""
+        z = torch.cat([state, token_embedding.to(state.dtype)], dim=-1)
+        return rms_norm((z @ self.down[k].T) @ self.up[k].T + state, self.norm[k], self.eps)
+
+
+def build_adapter(config: AdapterConfig, tensors: dict[str, torch.Tensor], args: Any, *,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> MaskBlock | DraftHeads:
+    """Check that the adapter fits the model (``args``: its ModelArgs) and build its module."""
+    config.check_base(args)
+    check_tensors(config, tensors)
+    if config.kind == "mask-block":
+        return MaskBlock(config, tensors, dtype=dtype, device=device)
+    return DraftHeads(config, tensors, eps=args.rms_norm_eps, dtype=dtype, device=device)
+
+
+def init_adapter_tensors(config: AdapterConfig, *, seed: int = 0, zero_init_b: bool = True,
+                         b_std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Fresh adapter tensors: the starting point of training, or a random adapter for tests.
+
+    LoRA ``A`` and the heads' down projections are Kaiming-like (std 1/√in); LoRA ``B`` and the heads'
+    up projections are zero (the adapter starts as a no-op delta, as LoRA does) unless
+    ``zero_init_b=False``, which draws them with std ``b_std`` — a random adapter whose drafts
+    differ from the base model's, the hard case for lossless verification.
+    """
+    g = torch.Generator().manual_seed(seed)
+    base: BaseShape = config.base
+    out: dict[str, torch.Tensor] = {}
+
+    def normal(shape, std):
+        return torch.randn(shape, generator=g) * std
+
+    for name, shape in config.expected_shapes().items():
+        if name == "mask_embedding":
+            out[name] = normal(shape, 1.0 / math.sqrt(base.hidden_size) * 4)
+        elif name.endswith(".norm"):
+            out[name] = torch.ones(shape)
+        elif name.endswith((".lora_A", ".down")):
+            out[name] = normal(shape, 1.0 / math.sqrt(shape[1]))
+        else:  # lora_B, up
+            out[name] = torch.zeros(shape) if zero_init_b else normal(shape, b_std)
+    return out

@@ -1,0 +1,267 @@
+"""The decode loop: AR, confidence, speculative and hybrid iterations over one engine.
+
+One iteration (DESIGN.md, "One iteration"), block size D, pending suffix P (p tokens whose KV is
+not materialized yet; it always ends with the last committed token):
+
+1. **draft** (width p + D − 1): P's KV rows are written exactly (n += p); d_1..d_D with probabilities.
+2. **hoisted verify prep**: the verify step's inputs (d_1..d_D and their positions) are written on
+   the device right after the draft step, before the host reads anything.
+3. **one read**: the host reads d, their probabilities and — when the previous iteration verified —
+   that verify step's outputs, all in one device→host transfer (``Engine.read``).
+4. **decide** with the policy functions of ``bitmtp.decoding.policies``:
+   * confidence: commit d_1..d_max(1,h); they become P (their KV came from mask rows, so it is recomputed);
+   * speculative: run the verify step; its outputs are part of this iteration's read; commit
+     d_1..d_a and v_a, rows of d_1..d_a stay (n += a), P = [v_a];
+   * hybrid: confidence when max(1, h) ≥ m, else verify. A hybrid verify is *resolved on the device*
+     (``verify_prep.resolve_verify``): the next draft step starts from [v_a] without the host
+     having read v, and the host learns a from the next iteration's read. So every iteration costs
+     exactly one device→host read; only a verify that cannot be followed by another draft (the end
+     of the KV store) is read at once ("flush", at most one per generation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from bitmtp.decoding.policies import (
+    confidence_commit,
+    confident_prefix,
+    hybrid_uses_verifier,
+    speculative_commit,
+)
+from bitmtp.errors import BitMTPError
+from bitmtp.runtime.states import ReplayState
+from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
+
+
+@dataclass
+class DecodeStats:
+    """What a generation did.
+
+    ``committed``: tokens committed by each iteration (the prefill's first token is not an
+    iteration). ``verifier_calls``: iterations that ran a verify step. ``widths``: how many steps ran
+    at each width. ``syncs``: device→host reads, prefill included. ``draft_steps``: draft steps run
+    (an iteration whose draft was overtaken by a stop found in the previous verify commits nothing
+    and is not counted in ``committed``). ``flushes``: verify results read outside an iteration's read.
+    """
+
+    policy: str
+    block_size: int
+    committed: list[int] = field(default_factory=list)
+    verifier_calls: int = 0
+    widths: Counter = field(default_factory=Counter)
+    syncs: int = 0
+    draft_steps: int = 0
+    flushes: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+
+    @property
+    def iterations(self) -> int:
+        return len(self.committed)
+
+    @property
+    def mean_committed(self) -> float:
+        """Mean committed tokens per iteration."""
+        return sum(self.committed) / len(self.committed) if self.committed else float("nan")
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        """Committed tokens per iteration → how many iterations committed that many."""
+        return dict(sorted(Counter(self.committed).items()))
+
+    @property
+    def verifier_rate(self) -> float:
+        """Fraction of iterations that ran the verifier."""
+        return self.verifier_calls / len(self.committed) if self.committed else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: tokens committed by iterations over the decode time."""
+        return sum(self.committed) / self.seconds if self.seconds > 0 else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"policy": self.policy, "block_size": self.block_size, "iterations": self.iterations,
+                "mean_committed": self.mean_committed, "histogram": self.histogram,
+                "verifier_calls": self.verifier_calls, "verifier_rate": self.verifier_rate,
+                "widths": dict(sorted(self.widths.items())), "syncs": self.syncs, "draft_steps": self.draft_steps,
+                "flushes": self.flushes, "tokens_per_second": self.tokens_per_second}
+
+    def __getitem__(self, key: str):
+        return self.as_dict()[key]
+
+
+@dataclass
+class GenerationResult:
+    """Generated token ids (prompt excluded), why generation stopped, timing and stats."""
+
+    tokens: list[int]
+    stop_reason: str  # "eos" | "max_new_tokens" | "capacity"
+    prompt_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    stats: DecodeStats
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode throughput: generated tokens after the first, over decode time."""
+        return max(len(self.tokens) - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+class _Output:
+    """Committed tokens with the stop rules applied (EOS inclusive, max_new_tokens, capacity)."""
+
+    def __init__(self, max_new_tokens: int, eos: set[int], limit: int):
+        self.tokens: list[int] = []
+        self.max_new, self.eos, self.limit = max_new_tokens, eos, limit
+        self.reason: str | None = None
+
+    def add(self, tokens: Sequence[int]) -> list[int]:
+        taken = []
+        for t in tokens:
+            if self.reason is not None:
+                break
+            self.tokens.append(int(t))
+            taken.append(int(t))
+            if int(t) in self.eos:
+                self.reason = "eos"
+            elif len(self.tokens) >= self.max_new:
+                self.reason = "max_new_tokens"
+            elif len(self.tokens) >= self.limit:
+                self.reason = "capacity"
+        return taken
+
+
+def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (), policy: str = "ar",
+           block_size: int = 8, tau: float = 0.9, min_prefix: int = 2, drafter=None
+           ) -> Iterator[list[int]]:
+    """Generate greedily; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
+
+    Arguments are validated by the caller (``bitmtp.api.generate``), except what only the engine knows.
+    """
+    if max_new_tokens < 1:
+        raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
+    d = int(block_size)
+    if policy != "ar":
+        if 2 * d - 1 > engine.kv.m_max:
+            raise BitMTPError(f"block_size: D={d} needs steps of width 2D-1={2 * d - 1}, but the engine's "
+                              f"m_max is {engine.kv.m_max}; load the model with m_max >= {2 * d - 1}")
+        if drafter is None:
+            raise BitMTPError(f"policy: {policy!r} needs a drafter (an MTP adapter); none is loaded")
+        drafter.check_block(d)
+    stats = DecodeStats(policy, d if policy != "ar" else 1)
+    syncs0 = engine.syncs
+    engine.reset()
+    ids = list(input_ids)
+    t0 = time.perf_counter()
+    first = engine.prefill(ids)
+    t1 = time.perf_counter()
+    # committed tokens may reach capacity + 1: the last one needs no KV row
+    out = _Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids))
+    yield out.add([first])
+
+    if policy == "ar":
+        tok = first
+        while out.reason is None:
+            tok = engine.ar_step(tok)
+            stats.committed.append(1)
+            stats.widths[1] += 1
+            yield out.add([tok])
+    elif out.reason is None:
+        yield from _mtp_loop(engine, out, stats, first, policy, d, tau, min_prefix, drafter)
+    t2 = time.perf_counter()
+    stats.syncs = engine.syncs - syncs0
+    stats.seconds = t2 - t1
+    stats.tokens = len(out.tokens)
+    return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats)
+
+
+def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str, d: int, tau: float,
+              min_prefix: int, drafter) -> Iterator[list[int]]:
+    pool, kv = engine.pool, engine.kv
+    pool.set_drafter(drafter)
+    arange = engine.arange
+    cap = engine.capacity
+    n = engine.n  # materialized rows (exact when nothing is pending)
+    pending_tokens = [first]  # P, when the host knows it
+    deferred = None  # (d, verify runner, n after its draft) of a hybrid verify resolved on the device
+    next_draft = None  # the draft runner that resolve_verify prepared
+
+    while True:
+        # -- draft step ----------------------------------------------------------------------
+        if deferred is None:
+            p = len(pending_tokens)
+            if n + p > cap:
+                out.reason = out.reason or "capacity"
+                break
+            runner = pool.get(ReplayState(p + d - 1, kv.segment_for(n + p + d - 1), "draft", d))
+            runner.tokens[:p].copy_(torch.as_tensor(pending_tokens))
+            torch.add(arange[: p + d - 1], n, out=runner.positions)
+            n_hi = n + p  # materialized after the draft
+        else:
+            p, runner = 1, next_draft
+            n_hi = deferred[2] + d + 1  # a ≤ D accepted rows, then v_a's row
+        runner.run()
+        stats.draft_steps += 1
+        stats.widths[runner.state.width] += 1
+        # -- hoisted verify prep: on the device, before the host reads anything -------------------
+        verify = None
+        if policy != "confidence":
+            verify = pool.get(ReplayState(d, kv.segment_for(n_hi + d), "verify"))
+            prepare_verify(runner, verify, arange)
+        # -- the iteration's one read ------------------------------------------------------------
+        if policy == "speculative":
+            verify.run()
+            draft, probs, ver = engine.read(runner.out_token[-d:], runner.out_prob[-d:], verify.out_token)
+        else:
+            extra = (deferred[1].out_token,) if deferred is not None else ()
+            draft, probs, *rest = engine.read(runner.out_token[-d:], runner.out_prob[-d:], *extra)
+        if deferred is not None:
+            # the previous iteration's verify, resolved on the device, is now seen by the host
+            commit = speculative_commit(deferred[0], rest[0])
+            n = deferred[2] + commit.exact_rows
+            stats.committed.append(len(commit.tokens))
+            yield out.add(commit.tokens)
+            deferred = None
+            if out.reason is not None:
+                break  # this iteration's draft (from [v_a]) is not needed
+            n_hi = n + 1
+        n = n_hi  # P's rows are materialized
+        engine.n = n
+        # -- decide -------------------------------------------------------------------------------
+        if policy == "speculative":
+            commit = speculative_commit(draft, ver)
+            stats.verifier_calls += 1
+            stats.widths[d] += 1
+        else:
+            h = confident_prefix(probs, tau)
+            if policy == "confidence" or not hybrid_uses_verifier(h, min_prefix):
+                commit = confidence_commit(draft, probs, tau)
+            else:
+                verify.run()
+                stats.verifier_calls += 1
+                stats.widths[d] += 1
+                if n + d + 1 <= cap:
+                    # resolve on the device; the host reads the outcome with the next draft
+                    next_draft = pool.get(ReplayState(d, kv.segment_for(n + 2 * d), "draft", d))
+                    resolve_verify(verify, next_draft, arange)
+                    deferred = (draft, verify, n)
+                    continue
+                (ver,) = engine.read(verify.out_token)  # the end of the store: read at once
+                stats.flushes += 1
+                commit = speculative_commit(draft, ver)
+        stats.committed.append(len(commit.tokens))
+        yield out.add(commit.tokens)
+        n += commit.exact_rows
+        engine.n = n
+        pending_tokens = list(commit.tokens[commit.exact_rows :])
+        if out.reason is not None:
+            break
+    if deferred is not None:  # pragma: no cover - the loop never leaves a verify unresolved
+        raise RuntimeError("decode: a verify step was left unresolved")
+    engine.n = n
