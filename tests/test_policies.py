@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bitmtp.decoding import (
+    ar_commit,
     confidence_commit,
     confident_prefix,
+    hybrid_commit,
     hybrid_uses_verifier,
     speculative_accept,
     speculative_commit,
@@ -69,6 +71,17 @@ def test_policies_match_brute_force(it):
     assert hybrid_uses_verifier(h, len(draft) + 1 + m)
     assert not hybrid_uses_verifier(h, min(m, 1))
     assert hybrid_uses_verifier(h, m) == (max(1, h) < m)
+    # hybrid_commit against a brute-force hybrid: verify exactly when fewer than m tokens are confident
+    brute = s if max(1, brute_h(probs, tau)) < m else c
+    assert hybrid_commit(draft, probs, tau, m, verify) == brute
+    assert hybrid_commit(draft, probs, tau, len(draft) + 1, verify) == s
+    assert hybrid_commit(draft, probs, tau, 1, None) == c
+
+
+@given(st.integers(0, 10**6))
+def test_ar_commit(tok):
+    c = ar_commit(tok)
+    assert c.tokens == (tok,) and not c.verified
 
 
 def test_bad_input():
@@ -78,3 +91,5 @@ def test_bad_input():
         speculative_accept([1, 2], [1])
     with pytest.raises(BitMTPError, match="probs"):
         confidence_commit([1, 2], [0.5], 0.9)
+    with pytest.raises(BitMTPError, match="verify"):
+        hybrid_commit([1, 2], [0.1, 0.1], 0.9, 2, None)

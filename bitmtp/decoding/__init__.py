@@ -1,10 +1,13 @@
-"""Decoding layer: policies (pure functions) that decide what an MTP iteration commits."""
+"""Decoding layer: policies (pure functions) that decide what an MTP iteration commits, and the
+drafters (``bitmtp.decoding.drafters``) that produce the drafts."""
 
 from bitmtp.decoding.policies import (
     POLICIES,
     Commit,
+    ar_commit,
     confidence_commit,
     confident_prefix,
+    hybrid_commit,
     hybrid_uses_verifier,
     speculative_accept,
     speculative_commit,
@@ -18,4 +21,6 @@ __all__ = [
     "speculative_accept",
     "speculative_commit",
     "hybrid_uses_verifier",
+    "hybrid_commit",
+    "ar_commit",
 ]

@@ -94,3 +94,23 @@ def hybrid_uses_verifier(h: int, min_prefix: int) -> bool:
     prefix can reach m) exactly speculative-only.
     """
     return max(1, h) < min_prefix
+
+
+def ar_commit(next_token: int) -> Commit:
+    """AR: one step of width 1 commits its argmax; the fed token's row was AR-causal, so it stays."""
+    return Commit((int(next_token),), exact_rows=0, verified=False)
+
+
+def hybrid_commit(draft: Sequence[int], probs: Sequence[float], tau: float, min_prefix: int,
+                  verify: Sequence[int] | None) -> Commit:
+    """Hybrid: the confidence commit when ``max(1, h) ≥ m``, otherwise the speculative commit.
+
+    ``verify`` (the verifier's argmaxes) is only consulted — and must only be given — when the
+    verifier runs; pass ``None`` when the caller has not run it yet and check
+    :func:`hybrid_uses_verifier` first.
+    """
+    if not hybrid_uses_verifier(confident_prefix(probs, tau), min_prefix):
+        return confidence_commit(draft, probs, tau)
+    if verify is None:
+        raise BitMTPError("verify: hybrid needs the verifier's tokens when the confident prefix is shorter than m")
+    return speculative_commit(draft, verify)

@@ -53,6 +53,7 @@ class DecodeStats:
     policy: str
     block_size: int
     committed: list[int] = field(default_factory=list)
+    verified: list[bool] = field(default_factory=list)  # per iteration: did a verify step decide it
     verifier_calls: int = 0
     widths: Counter = field(default_factory=Counter)
     syncs: int = 0
@@ -170,6 +171,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         while out.reason is None:
             tok = engine.ar_step(tok)
             stats.committed.append(1)
+            stats.verified.append(False)
             stats.widths[1] += 1
             yield out.add([tok])
     elif out.reason is None:
@@ -225,8 +227,10 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str,
             # the previous iteration's verify, resolved on the device, is now seen by the host
             commit = speculative_commit(deferred[0], rest[0])
             n = deferred[2] + commit.exact_rows
-            stats.committed.append(len(commit.tokens))
-            yield out.add(commit.tokens)
+            taken = out.add(commit.tokens)
+            stats.committed.append(len(taken))
+            stats.verified.append(True)
+            yield taken
             deferred = None
             if out.reason is not None:
                 break  # this iteration's draft (from [v_a]) is not needed
@@ -255,8 +259,10 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str,
                 (ver,) = engine.read(verify.out_token)  # the end of the store: read at once
                 stats.flushes += 1
                 commit = speculative_commit(draft, ver)
-        stats.committed.append(len(commit.tokens))
-        yield out.add(commit.tokens)
+        taken = out.add(commit.tokens)
+        stats.committed.append(len(taken))
+        stats.verified.append(commit.verified)
+        yield taken
         n += commit.exact_rows
         engine.n = n
         pending_tokens = list(commit.tokens[commit.exact_rows :])

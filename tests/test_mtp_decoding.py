@@ -1,0 +1,338 @@
+"""MTP decoding end to end on a tiny random model (ternary W2A8 linears) with random adapters.
+
+Rules stated per test: speculative decoding is lossless (token for token equal to AR greedy on
+the same model and backend); hybrid with m > D is speculative and with m ≤ 1 confidence; the KV
+rows [0, n) after generation equal a fresh prefill of the committed text, bit for bit; an oracle
+drafter commits ≥ D tokens per iteration; every iteration costs exactly one device→host read.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.decoding.drafters import OracleDrafter
+from bitmtp.errors import BitMTPError
+from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
+from bitmtp.model.adapters import DraftHeads, MaskBlock, init_adapter_tensors
+from bitmtp.model.layers import rms_norm
+from bitmtp.runtime import Engine
+from tests.hf_models import tiny_model
+
+pytest.importorskip("transformers")
+
+N_PROMPTS, NEW = 20, 128
+BLOCKS = (2, 4, 8, 16)
+KINDS = ("mask-block", "heads")
+INIT_RANGE = 0.3  # peakier than the default 0.02: draft probabilities straddle TAU, so both hybrid branches run
+TAU = 0.3
+
+
+def random_adapter(args, kind: str, block_size: int = 16, rank: int = 4, seed: int = 1, targets=None):
+    extra = {"targets": targets} if targets else {}
+    cfg = AdapterConfig(kind=kind, block_size=block_size, rank=rank, base=BaseShape.of(args), **extra)
+    return cfg, init_adapter_tensors(cfg, seed=seed, zero_init_b=False, b_std=0.2)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=512, quantize="ternary")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(3, 95, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(N_PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(model, prompts):
+    return [bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, policy="ar", eos_token_id=[]).token_ids
+            for p in prompts]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("block", BLOCKS)
+def test_speculative_equals_ar_greedy(model, prompts, ar_outputs, kind, block):
+    """Lossless: 20 prompts × 128 new tokens, token for token."""
+    model.load_adapter(random_adapter(model.args, kind))
+    for prompt, ref in zip(prompts, ar_outputs, strict=True):
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=NEW, policy="speculative", block_size=block,
+                              eos_token_id=[])
+        assert out.token_ids == ref, f"prompt {prompt}"
+        assert out.stats.verifier_rate == 1.0 and sum(out.stats.committed) == NEW - 1
+
+
+def _noisy_oracle(model, prompt, ref, seed, noise=0.3):
+    """An oracle drafter whose known continuation is corrupted at random positions: drafts are
+    accepted for a random number of tokens, so every acceptance length a = 1..D occurs."""
+    seq = torch.tensor(prompt + ref)
+    g = torch.Generator().manual_seed(seed)
+    flip = torch.rand(seq.shape, generator=g) < noise
+    seq[flip] = torch.randint(3, 95, (int(flip.sum()),), generator=g)
+    return OracleDrafter(model.decoder, seq.tolist())
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_partial_acceptance_stays_lossless(model, prompts, ar_outputs, block):
+    seen = set()
+    for i, (prompt, ref) in enumerate(zip(prompts[:8], ar_outputs[:8], strict=True)):
+        drafter = _noisy_oracle(model, prompt, ref, seed=i)
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=NEW, policy="speculative", block_size=block,
+                              eos_token_id=[], drafter=drafter)
+        assert out.token_ids == ref
+        seen.update(out.stats.committed)
+    assert len(seen) >= min(block, 3)  # several acceptance lengths were exercised
+
+
+@pytest.mark.parametrize("block", (2, 4, 8, 16))
+def test_oracle_commits_at_least_block_per_iteration(model, prompts, ar_outputs, block):
+    """The machinery delivers what acceptance allows: a perfect drafter commits D + 1 per iteration
+    (D accepted drafts and the verifier's token), except where max_new_tokens cuts the last one."""
+    for prompt, ref in zip(prompts[:5], ar_outputs[:5], strict=True):
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=NEW, policy="speculative", block_size=block,
+                              eos_token_id=[], drafter=OracleDrafter(model.decoder, prompt + ref))
+        assert out.token_ids == ref
+        full = out.stats.committed[:-1]  # the last iteration may be cut by max_new_tokens
+        assert full and all(c == block + 1 for c in full)
+        assert sum(full) / len(full) >= block
+
+
+def _decode(model, prompt, **kw):
+    return Engine.run(model.engine.decode(prompt, max_new_tokens=NEW, eos=[], **kw))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("block", (4, 8))
+def test_hybrid_limits(model, prompts, kind, block):
+    """hybrid with m > D is speculative; with m ≤ 1 it is confidence (same tokens, same iterations).
+
+    Through the engine: the public generate() rejects min_prefix > block_size as a user error."""
+    model.load_adapter(random_adapter(model.args, kind, seed=7))
+    common = dict(block_size=block, tau=TAU, drafter=model.drafter)
+    for prompt in prompts[:4]:
+        spec = _decode(model, prompt, policy="speculative", **common)
+        hyb = _decode(model, prompt, policy="hybrid", min_prefix=block + 1, **common)
+        assert hyb.tokens == spec.tokens and hyb.stats.committed == spec.stats.committed
+        conf = _decode(model, prompt, policy="confidence", **common)
+        for m in (1, 0):
+            hyb = _decode(model, prompt, policy="hybrid", min_prefix=m, **common)
+            assert hyb.tokens == conf.tokens and hyb.stats.committed == conf.stats.committed
+            assert hyb.stats.verifier_calls == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hybrid_verified_iterations_are_ar_exact(model, prompts, kind):
+    """Both branches run (0 < verifier rate < 1), and every verify-decided iteration commits exactly
+    what AR greedy emits after the text committed before it."""
+    model.load_adapter(random_adapter(model.args, kind, seed=5))
+    branches = set()
+    for prompt in prompts[:3]:
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=48, policy="hybrid", block_size=4, tau=TAU,
+                              min_prefix=2, eos_token_id=[])
+        branches.update(out.stats.verified)
+        at = 1  # the prefill commits the first token
+        for count, verified in zip(out.stats.committed, out.stats.verified, strict=True):
+            got = out.token_ids[at : at + count]
+            if verified:
+                ar = model.generate_ar(prompt + out.token_ids[:at], max_new_tokens=len(got), eos_token_id=[])
+                assert ar.tokens == got
+            at += count
+    assert branches == {True, False}
+
+
+@pytest.mark.parametrize("policy", ("confidence", "speculative", "hybrid"))
+@pytest.mark.parametrize("kind", KINDS)
+def test_kv_rows_equal_fresh_prefill(model, prompts, policy, kind):
+    """Invariant 2, bit for bit (integer-exact linears, row-deterministic attention on the cpu backend;
+    close to rounding on the torch reference)."""
+    from bitmtp.ops.registry import availability
+
+    model.load_adapter(random_adapter(model.args, kind, seed=9))
+    prompt = prompts[2]
+    out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=100, policy=policy, block_size=8, tau=TAU,
+                          eos_token_id=[])
+    eng = model.engine
+    n = eng.n
+    text = prompt + out.token_ids
+    assert len(prompt) < n <= len(text)
+    fresh = Engine(model.decoder, capacity=512, m_max=31, prefill_chunk=29)
+    fresh.prefill(text[:n])
+    exact = availability("cpu", "cpu")[0]
+    for ours, ref in zip(eng.kv.k + eng.kv.v, fresh.kv.k + fresh.kv.v, strict=True):
+        if exact:
+            assert torch.equal(ours[:, :n], ref[:, :n])
+        else:
+            torch.testing.assert_close(ours[:, :n], ref[:, :n], rtol=1e-4, atol=1e-5)
+    assert eng.kv.rows_copied == 0
+
+
+_SYNC_METHODS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy", "cpu")
+
+
+@pytest.mark.parametrize("policy", ("ar", "confidence", "speculative", "hybrid"))
+def test_one_device_to_host_read_per_iteration(model, prompts, policy, monkeypatch):
+    """Instrumented hook: every Tensor method that moves a value to the host is counted while the
+    loop runs. Each iteration reads exactly once (+1 for the prefill, and for hybrid at most one
+    flush at the end of the KV store), and nothing else in the loop touches a device value."""
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=2))
+    calls = []
+    for name in _SYNC_METHODS:
+        orig = getattr(torch.Tensor, name)
+
+        def hooked(self, *a, _orig=orig, _name=name, **k):
+            calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, hooked)
+    out = bitmtp.generate(model, input_ids=prompts[0], max_new_tokens=60, policy=policy, block_size=4, tau=TAU,
+                          eos_token_id=[])
+    monkeypatch.undo()
+    s = out.stats
+    steps = s.iterations if policy == "ar" else s.draft_steps
+    assert s.syncs == 1 + steps + s.flushes and s.flushes <= 1
+    assert len(calls) == s.syncs, calls
+    if policy == "hybrid":
+        assert 0 < s.verifier_calls < s.iterations  # both branches ran
+
+
+def test_capacity_and_eos_stops(model):
+    model.load_adapter(random_adapter(model.args, "mask-block"))
+    prompt = [3 + i % 90 for i in range(477)]
+    for policy in ("speculative", "hybrid", "confidence"):
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=200, policy=policy, block_size=8,
+                              tau=TAU, eos_token_id=[])
+        assert out.stop_reason == "capacity" and 477 + len(out.token_ids) == 512 + 1
+        eos = out.token_ids[5]
+        out2 = bitmtp.generate(model, input_ids=prompt, max_new_tokens=200, policy=policy,
+                               block_size=8, tau=TAU, eos_token_id=eos)
+        assert out2.stop_reason == "eos" and out2.token_ids[-1] == eos and eos not in out2.token_ids[:-1]
+        assert out2.token_ids == out.token_ids[: len(out2.token_ids)]
+
+
+def test_max_new_tokens_one_and_short(model, prompts, ar_outputs):
+    model.load_adapter(random_adapter(model.args, "heads"))
+    for k in (1, 2, 5):
+        out = bitmtp.generate(model, input_ids=prompts[0], max_new_tokens=k, policy="speculative", block_size=8,
+                              eos_token_id=[])
+        assert out.token_ids == ar_outputs[0][:k]
+
+
+class LetterTokenizer:
+    """A test double: token i decodes to one letter; ids 90..96 decode to a two-token character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def test_stream_yields_the_committed_text(prompts):
+    model = bitmtp.load(tiny_model("llama", seed=3), capacity=256, quantize="ternary", tokenizer=LetterTokenizer())
+    model.load_adapter(random_adapter(model.args, "mask-block"))
+    full = bitmtp.generate(model, input_ids=prompts[1], max_new_tokens=40, policy="hybrid", block_size=4, tau=TAU,
+                           eos_token_id=[])
+    pieces = list(bitmtp.generate(model, input_ids=prompts[1], max_new_tokens=40, policy="hybrid", block_size=4,
+                                  tau=TAU, eos_token_id=[], stream=True))
+    assert "".join(pieces) == full.text == LetterTokenizer().decode(full.token_ids)
+    assert len(pieces) > 5  # streamed as committed, not in one piece
+
+
+def test_adapter_folder_round_trip(model, prompts, tmp_path):
+    cfg, tensors = random_adapter(model.args, "heads", block_size=6)
+    path = save_adapter(tmp_path / "heads", cfg, tensors)
+    model.load_adapter((cfg, tensors))
+    a = bitmtp.generate(model, input_ids=prompts[3], max_new_tokens=30, policy="confidence", tau=TAU, eos_token_id=[])
+    loaded = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=512, quantize="ternary",
+                    adapter=path)
+    b = bitmtp.generate(loaded, input_ids=prompts[3], max_new_tokens=30, policy="confidence", tau=TAU,
+                        eos_token_id=[])
+    assert a.token_ids == b.token_ids and a.stats.block_size == 6  # the adapter's D is the default
+
+
+def test_fused_gated_lora_matches_per_target_reference(model, rng):
+    """The fused q/k/v and gate/up LoRA deltas equal per-target x·Aᵀ·Bᵀ (float64 reference,
+    rtol 1e-5), with zeros for targets the adapter does not have."""
+    cfg, tensors = random_adapter(model.args, "mask-block", targets=["q", "v", "up", "down"], rank=3)
+    block = MaskBlock(cfg, tensors)
+    a = model.args
+    x = torch.randn(5, a.hidden_size, generator=rng)
+    for layer in range(a.num_layers):
+        ref = []
+        for t, width in (("q", a.q_size), ("k", a.kv_size), ("v", a.kv_size)):
+            if t in cfg.targets:
+                ref.append(x.double() @ tensors[f"layers.{layer}.{t}.lora_A"].double().T
+                           @ tensors[f"layers.{layer}.{t}.lora_B"].double().T)
+            else:
+                ref.append(torch.zeros(5, width, dtype=torch.float64))
+        torch.testing.assert_close(block.delta(layer, "qkv", x).double(), torch.cat(ref, 1), rtol=1e-5, atol=1e-6)
+        assert block.delta(layer, "o", x) is None
+        gu = block.delta(layer, "gate_up", x).double()
+        assert torch.all(gu[:, : a.intermediate_size] == 0)
+        a_up, b_up = tensors[f"layers.{layer}.up.lora_A"].double(), tensors[f"layers.{layer}.up.lora_B"].double()
+        up = x.double() @ a_up.T @ b_up.T
+        torch.testing.assert_close(gu[:, a.intermediate_size :], up, rtol=1e-5, atol=1e-6)
+
+
+def test_draft_head_step_matches_formula(model, rng):
+    """s_k = RMSNorm(W_up·W_down·[s ‖ e] + s) against a float64 reference (rtol 1e-5)."""
+    cfg, tensors = random_adapter(model.args, "heads", block_size=4)
+    heads = DraftHeads(cfg, tensors, eps=1e-6)
+    h = model.args.hidden_size
+    s, e = torch.randn(2, h, generator=rng), torch.randn(2, h, generator=rng)
+    for k in range(3):
+        z = torch.cat([s, e], -1).double()
+        pre = z @ tensors[f"heads.{k}.down"].double().T @ tensors[f"heads.{k}.up"].double().T + s.double()
+        ref = rms_norm(pre, tensors[f"heads.{k}.norm"].double(), 1e-6)
+        torch.testing.assert_close(heads.step(k, s, e).double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_mask_rows_change_drafts_but_not_pending_rows(model, prompts, ar_outputs):
+    """The gate: a zero-B adapter and a random one draft differently (LoRA acts on mask rows), while
+    d_1 — the pending row's prediction — is the AR token for both."""
+    cfg, zero = AdapterConfig("mask-block", 8, 4, BaseShape.of(model.args)), None
+    zero = init_adapter_tensors(cfg, seed=1)
+    drafts = []
+    for tensors in (zero, init_adapter_tensors(cfg, seed=1, zero_init_b=False, b_std=0.5)):
+        model.load_adapter((cfg, tensors))
+        out = bitmtp.generate(model, input_ids=prompts[4], max_new_tokens=9, policy="confidence", tau=1e-9,
+                              eos_token_id=[])
+        assert out.token_ids[:2] == ar_outputs[4][:2]  # prefill token and d_1 of the first iteration
+        drafts.append(out.token_ids)
+    assert drafts[0] != drafts[1]
+
+
+def test_bad_input(model, prompts):
+    p = prompts[0]
+    model.load_adapter(None)
+    with pytest.raises(BitMTPError, match="adapter"):
+        bitmtp.generate(model, input_ids=p, policy="hybrid")  # a policy that needs an adapter, none loaded
+    model.load_adapter(random_adapter(model.args, "mask-block", block_size=8))
+    for tau in (0, -0.1, 1.5, float("nan")):
+        with pytest.raises(BitMTPError, match="tau"):
+            bitmtp.generate(model, input_ids=p, tau=tau)
+    for block in (1, 17, 0, 2.5):
+        with pytest.raises(BitMTPError, match="block_size"):
+            bitmtp.generate(model, input_ids=p, block_size=block)
+    with pytest.raises(BitMTPError, match="block_size"):
+        bitmtp.generate(model, input_ids=p, block_size=12)  # more than the adapter drafts
+    with pytest.raises(BitMTPError, match="min_prefix"):
+        bitmtp.generate(model, input_ids=p, block_size=4, min_prefix=5)
+    with pytest.raises(BitMTPError, match="policy"):
+        bitmtp.generate(model, input_ids=p, policy="beam")
+    with pytest.raises(BitMTPError, match="prompt/input_ids"):
+        bitmtp.generate(model)
+    with pytest.raises(BitMTPError, match="max_new_tokens"):
+        bitmtp.generate(model, input_ids=p, max_new_tokens=0)
+    with pytest.raises(BitMTPError, match="input_ids"):
+        bitmtp.generate(model, input_ids=[3, 1000])
+    with pytest.raises(BitMTPError, match="stream"):
+        bitmtp.generate(model, input_ids=p, stream=True)  # no tokenizer to stream text with
+    # an adapter made for another base model
+    other = bitmtp.load(tiny_model("llama", seed=3, hidden_size=32), capacity=64)
+    with pytest.raises(BitMTPError, match="hidden_size"):
+        model.load_adapter(random_adapter(other.args, "heads"))
+    small = bitmtp.load(tiny_model("llama", seed=3), capacity=64, m_max=7)
+    small.load_adapter(random_adapter(small.args, "heads", block_size=8))
+    with pytest.raises(BitMTPError, match="m_max"):
+        bitmtp.generate(small, input_ids=p, policy="speculative", block_size=8)
