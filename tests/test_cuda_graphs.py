@@ -33,3 +33,34 @@ def test_graph_replay_equals_eager(family, quantize, monkeypatch):
     n = graphed.engine.n
     for a, b in zip(graphed.engine.kv.k + graphed.engine.kv.v, eager.engine.kv.k + eager.engine.kv.v, strict=True):
         assert torch.equal(a[:, :n], b[:, :n])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["mask-block", "heads"])
+def test_mtp_graph_replay_equals_eager_and_ar(kind, monkeypatch):
+    """Draft, verify and the on-device verify resolution under CUDA graphs: speculative equals AR
+    greedy, and hybrid (both branches) commits exactly what it commits eagerly."""
+    from tests.test_mtp_decoding import INIT_RANGE, TAU, random_adapter
+
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    ids = list(range(3, 40))
+    outs = {}
+    for mode in ("eager", "graphs"):
+        if mode == "eager":
+            monkeypatch.setenv("BITMTP_EAGER", "1")
+        else:
+            monkeypatch.delenv("BITMTP_EAGER", raising=False)
+        model = bitmtp.load(hf, capacity=256, device="cuda", quantize="ternary")
+        model.load_adapter(random_adapter(model.args, kind))
+        ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, policy="ar", eos_token_id=[])
+        spec = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, policy="speculative", block_size=4,
+                               eos_token_id=[])
+        hyb = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, policy="hybrid", block_size=4, tau=TAU,
+                              eos_token_id=[])
+        assert spec.token_ids == ar.token_ids
+        assert spec.stats.syncs == 1 + spec.stats.draft_steps
+        outs[mode] = (hyb.token_ids, hyb.stats.committed)
+        if mode == "graphs":
+            drafts = [r for r in model.engine.pool.runners.values() if r.state.role == "draft"]
+            assert drafts and all(r.graph is not None for r in drafts)
+    assert outs["graphs"] == outs["eager"]
