@@ -10,7 +10,7 @@ namespace {
 struct DIsa {
   using Vec = __m512;
   static constexpr int kLanes = 16;
-  static constexpr int rows_for(int m) { return m <= 2 ? 8 : (m <= 4 ? 4 : 2); }
+  static constexpr int rows_for(int m) { return m <= 2 ? 8 : (m <= 4 ? 4 : 3); }
   static inline Vec zero() { return _mm512_setzero_ps(); }
   static inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static inline Vec load_pinned(const float* p) {
