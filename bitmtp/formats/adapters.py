@@ -76,6 +76,11 @@ class AdapterConfig:
     discount_gamma: float = 0.8
     lora_alpha: float | None = None
     version: int = FORMAT_VERSION
+    #: weight fingerprint of the base model (``bitmtp.model.adapters.base_fingerprint``): lets
+    #: ``bitmtp.load`` attach a shipped adapter only to the exact model it was trained on
+    fingerprint: str | None = None
+    #: provenance written by the trainer: data, steps, tokens, minutes, machine, losses
+    training: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.base, dict):

@@ -128,3 +128,22 @@ def init_adapter_tensors(config: AdapterConfig, *, seed: int = 0, zero_init_b: b
         else:  # lora_B, up
             out[name] = torch.zeros(shape) if zero_init_b else normal(shape, b_std)
     return out
+
+
+def base_fingerprint(decoder: Any) -> str:
+    """A short hash of a decoder's shape and a sample of its weights (embedding rows, LM head rows,
+    the first layer's fused q/k/v), stable across loads of the same checkpoint."""
+    import hashlib
+
+    h = hashlib.sha256()
+    a = decoder.args
+    h.update(repr((a.family, a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads,
+                   a.head_dim, a.vocab_size)).encode())
+    samples = [decoder.embed[:8], decoder.lm_head.weight[:8]]
+    first = decoder.layers[0].attn.qkv_proj
+    if hasattr(first, "weight"):
+        samples.append(first.weight.reshape(-1)[:4096])
+    for t in samples:
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes() if t.is_floating_point()
+                 else t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,119 @@
+"""Training data from local files only: text or code files, folders of them, or JSONL.
+
+* A text/code file is one document.
+* A ``.jsonl`` file holds one document per line: ``{"text": ...}`` or ``{"messages": [...]}`` (chat,
+  rendered with the tokenizer's chat template).
+* A folder is searched recursively for files with a known text extension (:data:`TEXT_SUFFIXES`).
+* ``"stdlib"`` names the corpus every machine has: Python's standard-library sources.
+
+Documents are tokenized, joined with the end-of-sequence token, and cut into windows of
+``seq_len`` tokens. Files that are not UTF-8 are skipped with one warning naming them. Nothing is
+ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sysconfig
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+
+log = logging.getLogger("bitmtp.train")
+
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".cpp", ".hpp", ".js", ".ts", ".java", ".go", ".rs",
+                 ".sh", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".json", ".jsonl", ".html", ".css", ".tex")
+STDLIB = "stdlib"
+
+
+def stdlib_path() -> Path:
+    """Python's standard-library source folder (present on every machine with Python)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def iter_files(sources: Iterable[str | Path]) -> Iterator[Path]:
+    """Files named by ``sources`` (files, folders searched recursively, or ``"stdlib"``), sorted."""
+    for src in sources:
+        path = stdlib_path() if str(src) == STDLIB else Path(src)
+        if not path.exists():
+            raise BitMTPError(f"data: {path} does not exist")
+        if path.is_file():
+            yield path
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+                       and "site-packages" not in p.parts)
+        yield from files
+
+
+def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None,
+                   skipped: list[Path] | None = None) -> Iterator[str]:
+    """Document texts of the sources; non-UTF-8 files are skipped (and appended to ``skipped``)."""
+    for path in iter_files(sources):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            if skipped is not None:
+                skipped.append(path)
+            continue
+        if path.suffix.lower() == ".jsonl":
+            yield from _jsonl_documents(path, text, tokenizer)
+        elif text.strip():
+            yield text
+
+
+def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str]:
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BitMTPError(f"data: {path}:{lineno} is not valid JSON ({exc.msg})") from exc
+        if isinstance(rec, dict) and isinstance(rec.get("text"), str):
+            yield rec["text"]
+        elif isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+            if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+                raise BitMTPError(f"data: {path}:{lineno} has chat messages but the model has no chat template")
+            yield tokenizer.apply_chat_template(rec["messages"], tokenize=False)
+        else:
+            raise BitMTPError(f"data: {path}:{lineno} needs a 'text' string or a 'messages' list")
+
+
+def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *, max_context: int,
+                  eos_token_id: int | None = None, max_tokens: int | None = None) -> list[list[int]]:
+    """Tokenize the corpus and cut it into windows of ``seq_len`` tokens.
+
+    Raises :class:`BitMTPError` for an empty corpus, for ``seq_len`` beyond the model's context, or
+    when the corpus yields not even one full window.
+    """
+    if seq_len > max_context:
+        raise BitMTPError(f"seq_len: {seq_len} tokens is longer than the model's context ({max_context})")
+    if seq_len < 8:
+        raise BitMTPError(f"seq_len: must be >= 8, got {seq_len}")
+    if tokenizer is None:
+        raise BitMTPError("data: training on text needs the model's tokenizer")
+    skipped: list[Path] = []
+    stream: list[int] = []
+    windows: list[list[int]] = []
+    docs = 0
+    for doc in iter_documents(sources, tokenizer, skipped):
+        docs += 1
+        stream.extend(tokenizer(doc)["input_ids"])
+        if eos_token_id is not None:
+            stream.append(int(eos_token_id))
+        while len(stream) >= seq_len:
+            windows.append(stream[:seq_len])
+            del stream[:seq_len]
+        if max_tokens is not None and len(windows) * seq_len >= max_tokens:
+            break
+    if skipped:
+        names = ", ".join(str(p) for p in skipped[:5]) + (f" (+{len(skipped) - 5} more)" if len(skipped) > 5 else "")
+        log.warning("data: skipped %d file(s) that are not UTF-8: %s", len(skipped), names)
+    if docs == 0:
+        raise BitMTPError("data: the corpus is empty (no readable text in the given files)")
+    if not windows:
+        raise BitMTPError(f"data: the corpus has fewer than seq_len={seq_len} tokens")
+    return windows

@@ -1,0 +1,253 @@
+"""Training MTP adapters on a frozen base: ``mask-block`` (gated LoRA, default) and ``heads``.
+
+Objective (DESIGN.md "Training"): sequences get blocks of D − 1 mask rows after sampled anchors
+(``bitmtp.train.masks``); the loss is Σ_k γ^k · CE at block position k, averaged over blocks. The
+NTP term of the joint objective is constant here — the base is frozen and the gated LoRA never
+touches sequence rows — so it is not computed (it matters for the ``full`` fine-tune, which this
+module does not implement yet).
+
+Self-distillation (``self_distill=True``): block targets are the base model's own greedy
+predictions under teacher forcing (the argmax of its sequence rows) instead of the corpus tokens,
+so drafts learn what verification accepts.
+
+Checkpoints (trainable tensors, optimizer, step, RNG, data order) are written atomically every
+``checkpoint_every`` steps to ``<out>.ckpt``; ``resume=True`` continues from there. The adapter
+folder is written once at the end (atomically) with the provenance in its config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bitmtp.errors import BitMTPError
+from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
+from bitmtp.model.adapters import base_fingerprint, init_adapter_tensors
+from bitmtp.model.decoder import Decoder
+from bitmtp.train.forward import HeadsParams, MaskBlockParams, TrainView
+from bitmtp.train.masks import packed_layout, sample_anchors
+
+MODES = ("mask-block", "heads")
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters and run control of :func:`train`."""
+
+    out: str
+    mode: str = "mask-block"
+    block_size: int = 8
+    rank: int = 8
+    lora_alpha: float | None = None
+    targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"])
+    seq_len: int = 256
+    batch_size: int = 1
+    anchors: int = 16
+    gamma: float = 0.8
+    lr: float = 2e-3
+    warmup: int = 20
+    max_steps: int = 200
+    time_budget: float | None = None  # seconds; stops (and saves) when exceeded
+    seed: int = 0
+    self_distill: bool = True
+    checkpoint_every: int = 50
+    resume: bool = False
+    overwrite: bool = False
+    save_dtype: str = "float16"
+    data_description: str = ""
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise BitMTPError(f"mode: expected one of {MODES} (the 'full' fine-tune is not implemented yet), "
+                              f"got {self.mode!r}")
+        if not 2 <= self.block_size <= 16:
+            raise BitMTPError(f"block_size: D must be in 2..16, got {self.block_size}")
+        if self.max_steps < 1:
+            raise BitMTPError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if not 0 < self.gamma <= 1:
+            raise BitMTPError(f"gamma: must be in (0, 1], got {self.gamma}")
+        if Path(self.out).exists() and not self.overwrite and not self.resume:
+            raise BitMTPError(f"out: {self.out} already exists; pass overwrite=True (--overwrite) to replace it")
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    steps: int
+    tokens: int
+    seconds: float
+    losses: list[float]
+    accuracy: list[float]  # per block position k = 1..D-1, over the last steps
+
+
+def _checkpoint_path(out: str | Path) -> Path:
+    return Path(str(out) + ".ckpt")
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "state.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path / "state.pt")
+
+
+def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
+                    block_size: int, gamma: float, self_distill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss and per-position top-1 accuracy ``[D−1]`` of one batch ``tokens [B, T]`` (shared anchors)."""
+    bsz, t_len = tokens.shape
+    lay = packed_layout(t_len, anchors, block_size, device=tokens.device)
+    w = block_size - 1
+    emb = view.embed[tokens]
+    mask_rows = params.mask_embedding.to(emb.dtype).expand(bsz, len(anchors) * w, -1)
+    x = torch.cat([emb, mask_rows], dim=1)
+    hidden = view.hidden(x, lay.positions, lay.mask[None], lora=params, gate_from=t_len)
+    logits = view.logits(hidden[:, t_len:])  # [B, A·w, V]
+    if self_distill:
+        with torch.no_grad():  # the base's greedy prediction of each sequence position
+            greedy = view.logits(hidden[:, :t_len].detach()).argmax(-1)  # row i predicts position i + 1
+        targets = greedy[:, lay.block_targets - 1]
+    else:
+        targets = tokens[:, lay.block_targets]
+    return _weighted_ce(logits, targets, lay.block_k, block_size, gamma)
+
+
+def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
+               gamma: float, self_distill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads: s_0 = the base's hidden state at the anchor, teacher-forced chain over the true tokens."""
+    bsz, t_len = tokens.shape
+    with torch.no_grad():
+        causal = torch.ones(t_len, t_len, dtype=torch.bool, device=tokens.device).tril()
+        hidden = view.hidden(view.embed[tokens], torch.arange(t_len, device=tokens.device), causal[None])
+        greedy = view.logits(hidden).argmax(-1) if self_distill else None
+    anc = torch.tensor(anchors, device=tokens.device)
+    state = hidden[:, anc]  # [B, A, H]
+    logits, targets, ks = [], [], []
+    for k in range(block_size - 1):
+        state = params.step(k, state, view.embed[tokens[:, anc + k + 1]])
+        logits.append(view.logits(state))
+        tgt_pos = anc + k + 2
+        targets.append(greedy[:, tgt_pos - 1] if self_distill else tokens[:, tgt_pos])
+        ks.append(torch.full_like(anc, k + 1))
+    # order as block rows: anchor-major, then k
+    logits_t = torch.stack(logits, 2).flatten(1, 2)
+    targets_t = torch.stack(targets, 2).flatten(1, 2)
+    k_t = torch.stack(ks, 1).flatten()
+    return _weighted_ce(logits_t, targets_t, k_t, block_size, gamma)
+
+
+def _weighted_ce(logits, targets, block_k, block_size, gamma):
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+    weight = gamma ** block_k.to(ce.dtype)  # λ_k = γ^k
+    n_blocks = targets.shape[0] * (targets.shape[1] // (block_size - 1))
+    loss = (ce * weight[None]).sum() / n_blocks
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == targets).float()
+        acc = torch.stack([hit[:, block_k == k].mean() for k in range(1, block_size)])
+    return loss, acc
+
+
+def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
+    """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``)."""
+    cfg.validate()
+    if not windows:
+        raise BitMTPError("data: no training windows")
+    if any(len(w) != len(windows[0]) for w in windows):
+        raise BitMTPError("data: training windows must all have the same length")
+    if len(windows[0]) < cfg.block_size + 2:
+        raise BitMTPError(f"seq_len: windows of {len(windows[0])} tokens are too short for D={cfg.block_size}")
+    device = decoder.device
+    use_cuda = device.type == "cuda"
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    view = TrainView(decoder, torch.float32)
+    kind = cfg.mode
+    config = AdapterConfig(kind=kind, block_size=cfg.block_size, rank=cfg.rank, base=BaseShape.of(decoder.args),
+                           targets=list(cfg.targets), discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha,
+                           fingerprint=base_fingerprint(decoder))
+    init = init_adapter_tensors(config, seed=cfg.seed)
+    if kind == "mask-block":
+        # start the mask embedding at the mean token embedding: a neutral "some token" input
+        init["mask_embedding"] = decoder.embed.detach().float().mean(0).cpu()
+        params = MaskBlockParams(config, init).to(device)
+        loss_fn = mask_block_loss
+    else:
+        params = HeadsParams(config, init, eps=decoder.args.rms_norm_eps).to(device)
+        loss_fn = heads_loss
+    opt = torch.optim.AdamW(params.parameters(), lr=cfg.lr, weight_decay=0.0)
+    order = torch.randperm(len(windows), generator=gen).tolist()
+    step, seen_tokens, elapsed, losses, accs = 0, 0, 0.0, [], []
+    ckpt = _checkpoint_path(cfg.out)
+    if cfg.resume and (ckpt / "state.pt").is_file():
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        params.load_state_dict(state["params"])
+        opt.load_state_dict(state["opt"])
+        step, seen_tokens, elapsed = state["step"], state["tokens"], state["seconds"]
+        losses, order = state["losses"], state["order"]
+        gen.set_state(state["gen"])
+    t_start = time.perf_counter() - elapsed
+
+    def lr_at(s):  # linear warm-up, cosine decay to 10 %
+        if s < cfg.warmup:
+            return cfg.lr * (s + 1) / cfg.warmup
+        frac = (s - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.max_steps, initial=step, desc=f"train {kind} D={cfg.block_size}", unit="step")
+    try:
+        while step < cfg.max_steps:
+            if cfg.time_budget is not None and time.perf_counter() - t_start > cfg.time_budget:
+                break
+            idx = [order[(step * cfg.batch_size + b) % len(order)] for b in range(cfg.batch_size)]
+            tokens = torch.tensor([windows[i] for i in idx], dtype=torch.long, device=device)
+            anchors = sample_anchors(tokens.shape[1], cfg.block_size, cfg.anchors, gen)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda):
+                loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params.parameters(), 1.0)
+            opt.step()
+            step += 1
+            seen_tokens += tokens.numel()
+            losses.append(float(loss.detach()))
+            accs.append(acc.cpu())
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", acc1=f"{float(acc[0]):.2f}")
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                _save_checkpoint(ckpt, {"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
+                                        "tokens": seen_tokens, "seconds": time.perf_counter() - t_start,
+                                        "losses": losses, "order": order, "gen": gen.get_state(),
+                                        "config": asdict(cfg)})
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t_start
+    recent = torch.stack(accs[-20:]).mean(0).tolist() if accs else []
+    config.training = {
+        "mode": kind, "data": cfg.data_description, "steps": step, "tokens": seen_tokens,
+        "minutes": round(seconds / 60, 2), "seq_len": len(windows[0]), "batch_size": cfg.batch_size,
+        "anchors": cfg.anchors, "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}, threads "
+                   f"{torch.get_num_threads()}" + (f", {torch.cuda.get_device_name()}" if use_cuda else ""),
+        "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4) if losses else None,
+        "block_accuracy": [round(a, 3) for a in recent],
+    }
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.save_dtype]
+    tensors = {k: v.to(dtype) for k, v in params.tensors().items()}
+    path = save_adapter(cfg.out, config, tensors, overwrite=cfg.overwrite or cfg.resume)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return TrainResult(path, step, seen_tokens, seconds, losses, recent)

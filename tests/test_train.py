@@ -1,0 +1,188 @@
+"""Training: packed layout vs brute force, the training forward vs the inference engine, the gate,
+loss falls on a fixed seed, save → load → identical drafts, checkpoints and resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.formats.adapters import load_adapter
+from bitmtp.model.decoder import StepInputs
+from bitmtp.runtime import Engine, ReplayState
+from bitmtp.train import TrainConfig, packed_layout, packed_layout_reference, token_windows, train
+from bitmtp.train.forward import MaskBlockParams, TrainView
+from tests.hf_models import tiny_model
+from tests.test_mtp_decoding import INIT_RANGE, random_adapter
+
+pytest.importorskip("transformers")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_packed_mask_equals_brute_force(data):
+    d = data.draw(st.integers(2, 8))
+    t = data.draw(st.integers(d + 1, 30))
+    anchors = sorted(data.draw(st.sets(st.integers(0, t - d - 1), max_size=5)))
+    lay = packed_layout(t, anchors, d)
+    assert torch.equal(lay.mask, packed_layout_reference(t, anchors, d))
+    w = d - 1
+    for a, anc in enumerate(anchors):
+        rows = slice(t + a * w, t + (a + 1) * w)
+        assert lay.positions[rows].tolist() == [anc + 1 + j for j in range(w)]
+        assert lay.block_targets[a * w : (a + 1) * w].tolist() == [anc + 2 + j for j in range(w)]
+        assert lay.block_k[a * w : (a + 1) * w].tolist() == list(range(1, d))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256, quantize="ternary")
+
+
+def _windows(n=40, length=48, seed=0, period=7):
+    """A periodic corpus: every token determines the ones after it."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, 90, (period,), generator=g).tolist()
+    seq = base * (2 + (n + length) // period)
+    return [seq[i : i + length] for i in range(n)]
+
+
+@pytest.mark.parametrize("family,quantize", [("llama", "ternary"), ("qwen3", None), ("bitnet", None)])
+def test_training_forward_matches_the_engine(family, quantize):
+    """Sequence rows: the training view's logits equal the engine's prefill logits (float32; ternary
+    layers fake-quantize activations as the kernels do: rtol/atol 1e-3). Block rows: equal the
+    mask-block drafter's logits for a block after the last token."""
+    m = bitmtp.load(tiny_model(family, seed=5, initializer_range=INIT_RANGE), capacity=128, quantize=quantize)
+    cfg, tensors = random_adapter(m.args, "mask-block", block_size=4)
+    m.load_adapter((cfg, tensors))
+    ids = torch.randint(3, 90, (20,), generator=torch.Generator().manual_seed(1))
+    view = TrainView(m.decoder)
+    lay = packed_layout(20, [20 - 4 - 1], 4)
+    params = MaskBlockParams(cfg, tensors)
+    x = torch.cat([view.embed[ids][None], params.mask_embedding.expand(1, 3, -1)], 1)
+    with torch.no_grad():
+        logits = view.logits(view.hidden(x, lay.positions, lay.mask[None], lora=params, gate_from=20))[0]
+    eng = Engine(m.decoder, capacity=128, m_max=31, keep_logits=True)
+    r = eng._step("prefill", ids, 0)
+    torch.testing.assert_close(logits[:20], r.logits, rtol=1e-3, atol=1e-3)
+    # the same block at inference: pending rows = the sequence up to the anchor, then 3 mask rows
+    anchor = lay.anchors[0]
+    eng.reset()
+    eng.prefill(ids[:anchor].tolist())
+    eng.pool.set_drafter(m.drafter)
+    dr = eng.pool.get(ReplayState(1 + 3, eng.kv.segment_for(anchor + 4), "draft", 4))
+    dr.tokens[:1] = ids[anchor]
+    torch.arange(anchor, anchor + 4, out=dr.positions)
+    mask = dr.kv_index[None, :] <= torch.where(torch.arange(4) < 1, dr.positions, dr.positions[-1])[:, None]
+    m.decoder.mask_block = m.drafter.block
+    with torch.no_grad():
+        ref = m.decoder(StepInputs(dr.tokens, dr.positions, mask, mask_rows=3), eng.kv)
+    m.decoder.mask_block = None
+    torch.testing.assert_close(logits[20:], ref[1:], rtol=1e-3, atol=1e-3)
+
+
+def test_gated_lora_leaves_sequence_rows_bit_identical(model):
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=6)
+    view = TrainView(model.decoder)
+    ids = torch.randint(3, 90, (1, 30), generator=torch.Generator().manual_seed(2))
+    lay = packed_layout(30, [3, 11, 20], 6)
+    params = MaskBlockParams(cfg, tensors)
+    x = torch.cat([view.embed[ids], params.mask_embedding.expand(1, 15, -1)], 1)
+    with torch.no_grad():
+        with_lora = view.logits(view.hidden(x, lay.positions, lay.mask[None], lora=params, gate_from=30))
+        without = view.logits(view.hidden(x, lay.positions, lay.mask[None]))
+    assert torch.equal(with_lora[:, :30], without[:, :30])
+    assert not torch.allclose(with_lora[:, 30:], without[:, 30:])
+
+
+@pytest.mark.parametrize("mode", ["mask-block", "heads"])
+def test_loss_falls_and_save_load_gives_identical_drafts(model, tmp_path, mode):
+    windows = _windows()  # a periodic corpus: the tokens 2..D ahead are learnable from the context
+    cfg = TrainConfig(out=str(tmp_path / "ad"), mode=mode, block_size=4, rank=4, max_steps=60, lr=1e-2, anchors=8,
+                      self_distill=False, seed=3, save_dtype="float32", data_description="synthetic")
+    res = train(model.decoder, windows, cfg, progress=False)
+    first, last = sum(res.losses[:5]) / 5, sum(res.losses[-5:]) / 5
+    assert last < 0.7 * first
+    config, tensors = load_adapter(res.path)
+    assert config.training["steps"] == 60 and config.training["data"] == "synthetic" and config.fingerprint
+    # the trained tensors drive the inference drafter: drafts equal those of the in-memory tensors
+    prompt = windows[3][:12]
+    outs = []
+    for adapter in (res.path, (config, tensors)):
+        model.load_adapter(adapter)
+        outs.append(bitmtp.generate(model, input_ids=prompt, max_new_tokens=24, policy="confidence", tau=1e-9,
+                                    eos_token_id=[]).token_ids)
+    assert outs[0] == outs[1]
+    # on its training data (teacher forcing) the drafter now predicts the block far better than chance
+    assert min(res.accuracy) > 0.3
+
+
+def test_checkpoint_and_resume_continue_the_same_run(model, tmp_path):
+    w = _windows()
+    full = train(model.decoder, w, TrainConfig(out=str(tmp_path / "a"), max_steps=12, checkpoint_every=6, rank=2,
+                                               block_size=3, anchors=4, seed=1, save_dtype="float32"),
+                 progress=False)
+    # an interrupted run: stop after 6 steps (time budget 0 after the checkpoint is simulated by max_steps)
+    cfg = TrainConfig(out=str(tmp_path / "b"), max_steps=6, checkpoint_every=6, rank=2, block_size=3, anchors=4,
+                      seed=1, save_dtype="float32")
+    from bitmtp.train import trainer
+
+    orig = trainer.save_adapter
+    trainer.save_adapter = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())  # dies before the end
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(model.decoder, w, cfg, progress=False)
+    finally:
+        trainer.save_adapter = orig
+    assert (tmp_path / "b.ckpt" / "state.pt").is_file() and not (tmp_path / "b").exists()
+    cfg.max_steps, cfg.resume = 12, True
+    resumed = train(model.decoder, w, cfg, progress=False)
+    assert resumed.steps == 12 and not (tmp_path / "b.ckpt").exists()
+    assert resumed.losses == pytest.approx(full.losses, rel=1e-4)
+    ta, tb = load_adapter(full.path)[1], load_adapter(resumed.path)[1]
+    for k in ta:
+        torch.testing.assert_close(ta[k], tb[k], rtol=1e-4, atol=1e-6)
+
+
+class CharTokenizer:
+    """A test double: one token per character (ids 3..96)."""
+
+    def __call__(self, text):
+        return {"input_ids": [3 + ord(c) % 94 for c in text]}
+
+    def apply_chat_template(self, messages, tokenize=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+
+def test_data_sources_and_bad_input(model, tmp_path):
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n" * 20)
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00 not utf-8 \xff")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "hello world " * 10}) + "\n"
+                                      + json.dumps({"messages": [{"role": "user", "content": "hi " * 20}]}) + "\n")
+    w = token_windows([tmp_path], CharTokenizer(), 32, max_context=128, eos_token_id=2)
+    assert w and all(len(x) == 32 for x in w)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BitMTPError, match="empty"):
+        token_windows([tmp_path / "empty"], CharTokenizer(), 32, max_context=128)
+    with pytest.raises(BitMTPError, match="context"):
+        token_windows([tmp_path], CharTokenizer(), 4096, max_context=128)
+    with pytest.raises(BitMTPError, match="does not exist"):
+        token_windows([tmp_path / "nope"], CharTokenizer(), 32, max_context=128)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(BitMTPError, match="exists"):
+        train(model.decoder, _windows(), TrainConfig(out=str(tmp_path / "out")), progress=False)
+    with pytest.raises(BitMTPError, match="mode"):
+        train(model.decoder, _windows(), TrainConfig(out=str(tmp_path / "x"), mode="full"), progress=False)
+
+
+def test_non_utf8_files_are_skipped_with_a_warning(tmp_path, caplog):
+    (tmp_path / "a.txt").write_text("some text " * 20)
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad \xff")
+    with caplog.at_level("WARNING", logger="bitmtp.train"):
+        token_windows([tmp_path], CharTokenizer(), 16, max_context=128)
+    assert "b.txt" in caplog.text and "not UTF-8" in caplog.text
