@@ -33,6 +33,7 @@ PACKAGES = [
     "bitmtp.model",
     "bitmtp.runtime",
     "bitmtp.decoding",
+    "bitmtp.train",
     "bitmtp._csrc.cuda",
 ]
 
@@ -89,7 +90,9 @@ class OptionalBuildExt(build_ext):
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"bitmtp.wgsl_fallback": ["*.wgsl"], "bitmtp._csrc.cuda": ["*.cu", "*.cuh"]},
+    package_data={"bitmtp.wgsl_fallback": ["*.wgsl"], "bitmtp._csrc.cuda": ["*.cu", "*.cuh"],
+                  # shipped MTP adapters (bitmtp/adapters/<name>/adapter_config.json + adapter.safetensors)
+                  "bitmtp": ["adapters/*/*.json", "adapters/*/*.safetensors"]},
     ext_modules=_cpu_extension(),
     cmdclass={"build_ext": OptionalBuildExt},
 )

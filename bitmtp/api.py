@@ -99,7 +99,7 @@ def _gguf_via_transformers(path: Path):
 
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
          dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
-         tokenizer: Any = None, adapter: str | Path | None = None) -> BitMTPModel:
+         tokenizer: Any = None, adapter: str | Path | None = "auto") -> BitMTPModel:
     """Load a model for bitmtp.
 
     Args:
@@ -113,7 +113,9 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         device: ``"cpu"`` or ``"cuda"``.
         m_max: widest replay step: 2D − 1 for block size D (the default, 31, covers D ≤ 16).
         tokenizer: override the tokenizer (e.g. for a live model object).
-        adapter: an MTP adapter folder (``mask-block`` or ``heads``) to draft with.
+        adapter: an MTP adapter folder (``mask-block`` or ``heads``) to draft with; ``"auto"`` (the
+            default) attaches a shipped adapter when one was trained on exactly this model (same shape
+            and weight fingerprint, see ``bitmtp.shipped``); ``None`` attaches none.
     """
     dtype = dtype or torch.float32
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)
@@ -144,6 +146,11 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
     decoder = decoder.to(device)
     engine = Engine(decoder, capacity=capacity, m_max=m_max)
     model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine)
+    if adapter == "auto":
+        from bitmtp.model.adapters import base_fingerprint
+        from bitmtp.shipped import find_shipped
+
+        adapter = find_shipped(decoder.args, base_fingerprint(decoder))
     if adapter is not None:
         model.load_adapter(adapter)
     return model

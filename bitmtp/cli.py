@@ -112,7 +112,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    policy = args.policy or ("hybrid" if args.adapter else "ar")
     shown = False  # text on stdout (an error message then starts on a new line)
 
     def write(piece: str) -> None:
@@ -122,15 +121,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         shown = True
 
     try:
-        if policy != "ar" and args.adapter is None:
-            raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR, "
-                              "or use --policy ar")
         if args.input_ids is not None and args.prompt is not None:
             raise BitMTPError("give either a prompt or --input-ids, not both")
         input_ids = _parse_ids(args.input_ids) if args.input_ids is not None else None
         source = args.model or default_model_path()
         model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
-                            adapter=args.adapter)
+                            adapter=None if args.no_adapter else (args.adapter or "auto"))
+        policy = args.policy or ("hybrid" if model.drafter is not None else "ar")
+        if policy != "ar" and model.drafter is None:
+            raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR "
+                              "(no shipped adapter matches this model), or use --policy ar")
         prompt = None
         if input_ids is None:
             if model.tokenizer is None:
@@ -194,14 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
                           "without a tokenizer, which then prints token ids, not text")
     gen.add_argument("--adapter", metavar="DIR",
                      help="MTP adapter folder (adapter_config.json + adapter.safetensors, kind mask-block or "
-                          "heads) made for this model; needed by every policy but ar")
+                          "heads) made for this model; needed by every policy but ar. Default: the shipped "
+                          "adapter trained on this exact model, if there is one")
+    gen.add_argument("--no-adapter", action="store_true", help="do not attach a shipped adapter")
     gen.add_argument("--policy", choices=["ar", "confidence", "speculative", "hybrid"],
                      help="decoding policy. ar: one token per step, the baseline. confidence: commit the longest "
                           "drafted prefix whose probabilities are all >= --tau (at least one token), unverified. "
                           "speculative: "
                           "verify every drafted block with the base model, so the output is exactly ar's. "
                           "hybrid: confidence when at least --min-prefix drafted tokens are confident, else "
-                          "verify. Default: hybrid when --adapter is given, else ar")
+                          "verify. Default: hybrid when an adapter is attached (--adapter or shipped), else ar")
     gen.add_argument("--block-size", type=int, metavar="D",
                      help="tokens drafted per iteration, 2..16 (default: the adapter's block size)")
     gen.add_argument("--tau", type=float, default=0.9, metavar="T",
@@ -222,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
     gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     gen.set_defaults(func=_cmd_generate)
+    from bitmtp.cli_train import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -231,7 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args))
+    from bitmtp.errors import BitMTPError
+
+    try:
+        return int(args.func(args))
+    except BitMTPError as exc:
+        print(f"bitmtp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bitmtp: interrupted" + (" (resume with --resume)" if args.command == "train" else ""),
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

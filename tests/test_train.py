@@ -186,3 +186,24 @@ def test_non_utf8_files_are_skipped_with_a_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="bitmtp.train"):
         token_windows([tmp_path], CharTokenizer(), 16, max_context=128)
     assert "b.txt" in caplog.text and "not UTF-8" in caplog.text
+
+
+def test_shipped_adapter_attaches_only_to_its_base(tmp_path, monkeypatch):
+    from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
+    from bitmtp.model.adapters import base_fingerprint, init_adapter_tensors
+
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    base = bitmtp.load(hf, capacity=64, adapter=None)
+    cfg = AdapterConfig("heads", 4, 4, BaseShape.of(base.args), fingerprint=base_fingerprint(base.decoder),
+                        training={"preference": 1})
+    save_adapter(tmp_path / "tiny-heads", cfg, init_adapter_tensors(cfg, seed=1))
+    other = AdapterConfig("mask-block", 4, 4, BaseShape.of(base.args), fingerprint="0" * 16)
+    save_adapter(tmp_path / "other", other, init_adapter_tensors(other, seed=1))
+    monkeypatch.setenv("BITMTP_ADAPTERS", str(tmp_path))
+    auto = bitmtp.load(hf, capacity=64)
+    assert auto.adapter_config is not None and auto.adapter_config.kind == "heads"
+    assert bitmtp.load(hf, capacity=64, adapter=None).drafter is None
+    # same architecture, other weights: not attached
+    assert bitmtp.load(tiny_model("llama", seed=4, initializer_range=INIT_RANGE), capacity=64).drafter is None
+    # other weights through the same architecture's quantized load: fingerprint differs too
+    assert bitmtp.load(hf, capacity=64, quantize="ternary").drafter is None

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import sysconfig
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,17 @@ def stdlib_path() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def iter_files(sources: Iterable[str | Path]) -> Iterator[Path]:
-    """Files named by ``sources`` (files, folders searched recursively, or ``"stdlib"``), sorted."""
+def is_heldout(path: Path) -> bool:
+    """The evaluation split: one file in ten by a hash of its name (stable across machines)."""
+    return zlib.crc32(path.name.encode()) % 10 == 0
+
+
+def iter_files(sources: Iterable[str | Path], *, split: str = "all", shuffle_seed: int | None = None
+               ) -> Iterator[Path]:
+    """Files named by ``sources`` (files, folders searched recursively, or ``"stdlib"``), sorted or
+    shuffled by ``shuffle_seed``; ``split`` = ``"train"`` / ``"heldout"`` keeps one side of
+    :func:`is_heldout` for the ``"stdlib"`` corpus (whose held-out tenth is the evaluation's code
+    prompts); the user's own files and folders are always used whole."""
     for src in sources:
         path = stdlib_path() if str(src) == STDLIB else Path(src)
         if not path.exists():
@@ -45,13 +56,17 @@ def iter_files(sources: Iterable[str | Path]) -> Iterator[Path]:
             continue
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
                        and "site-packages" not in p.parts)
+        if split != "all" and str(src) == STDLIB:
+            files = [p for p in files if is_heldout(p) == (split == "heldout")]
+        if shuffle_seed is not None:
+            random.Random(shuffle_seed).shuffle(files)
         yield from files
 
 
-def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None,
-                   skipped: list[Path] | None = None) -> Iterator[str]:
+def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None, skipped: list[Path] | None = None,
+                   **file_options) -> Iterator[str]:
     """Document texts of the sources; non-UTF-8 files are skipped (and appended to ``skipped``)."""
-    for path in iter_files(sources):
+    for path in iter_files(sources, **file_options):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -83,7 +98,8 @@ def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str]:
 
 
 def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *, max_context: int,
-                  eos_token_id: int | None = None, max_tokens: int | None = None) -> list[list[int]]:
+                  eos_token_id: int | None = None, max_tokens: int | None = None, split: str = "all",
+                  shuffle_seed: int | None = None) -> list[list[int]]:
     """Tokenize the corpus and cut it into windows of ``seq_len`` tokens.
 
     Raises :class:`BitMTPError` for an empty corpus, for ``seq_len`` beyond the model's context, or
@@ -99,7 +115,7 @@ def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *
     stream: list[int] = []
     windows: list[list[int]] = []
     docs = 0
-    for doc in iter_documents(sources, tokenizer, skipped):
+    for doc in iter_documents(sources, tokenizer, skipped, split=split, shuffle_seed=shuffle_seed):
         docs += 1
         stream.extend(tokenizer(doc)["input_ids"])
         if eos_token_id is not None:

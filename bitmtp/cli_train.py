@@ -1,0 +1,162 @@
+"""``python -m bitmtp train`` and ``python -m bitmtp eval-acceptance`` (registered by bitmtp.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+
+def parse_duration(text: str | None) -> float | None:
+    """``"90"`` / ``"90s"`` / ``"20m"`` / ``"1.5h"`` → seconds."""
+    if text is None:
+        return None
+    from bitmtp.errors import BitMTPError
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
+    if not m:
+        raise BitMTPError(f"--time-budget: expected a duration like 90s, 20m or 1.5h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _load(args):
+    import bitmtp
+    from bitmtp.cli import default_model_path
+
+    path = args.model or default_model_path()
+    return bitmtp.load(path, capacity=args.capacity, device=args.device, quantize=args.quantize,
+                       adapter=getattr(args, "adapter", None))
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    import torch
+
+    from bitmtp.train import TrainConfig, token_windows, train
+
+    logging.basicConfig(level=logging.WARNING, format="bitmtp: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(out=args.out, mode=args.mode, block_size=args.block_size, rank=args.rank,
+                      lora_alpha=args.lora_alpha, seq_len=args.seq_len, batch_size=args.batch_size,
+                      anchors=args.anchors, gamma=args.gamma, lr=args.lr, max_steps=args.max_steps,
+                      time_budget=parse_duration(args.time_budget), seed=args.seed,
+                      self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
+                      resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype)
+    cfg.validate()  # refuse an existing output before loading anything
+    model = _load(args)
+    if model.tokenizer is None:
+        from bitmtp.errors import BitMTPError
+
+        raise BitMTPError("--model: training on text needs a model with a tokenizer")
+    data = args.data or ["stdlib"]
+    max_tokens = args.max_tokens or cfg.max_steps * cfg.batch_size * cfg.seq_len
+    eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
+    windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
+                            eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed)
+    cfg.data_description = (f"{', '.join(map(str, data))} (train split, {len(windows)} windows of {cfg.seq_len} "
+                            f"tokens, shuffled with seed {cfg.seed})")
+    print(f"bitmtp: training a {cfg.mode} adapter (D={cfg.block_size}, rank {cfg.rank}) on {len(windows)} windows "
+          f"of {cfg.seq_len} tokens; checkpoints in {cfg.out}.ckpt", file=sys.stderr)
+    res = train(model.decoder, windows, cfg, progress=not args.no_progress)
+    print(f"bitmtp: wrote {res.path} after {res.steps} steps, {res.tokens} tokens, {res.seconds / 60:.1f} min; "
+          f"block accuracy (k=1..{cfg.block_size - 1}): {', '.join(f'{a:.2f}' for a in res.accuracy)}",
+          file=sys.stderr)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from bitmtp.errors import BitMTPError
+    from bitmtp.train.evaluate import evaluate_acceptance, format_table, prompt_ids
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = _load(args)
+    if model.drafter is None:
+        raise BitMTPError("--adapter: eval-acceptance needs an MTP adapter (no shipped adapter matches this model)")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    blocks = [int(b) for b in args.block_sizes.split(",") if b.strip()]
+    out = {}
+    for kind in args.prompts:
+        rows = evaluate_acceptance(model, prompt_ids(model, kind, args.count), policies=policies, block_sizes=blocks,
+                                   max_new_tokens=args.max_new_tokens, tau=args.tau, min_prefix=args.min_prefix,
+                                   progress=not args.no_progress)
+        out[kind] = rows
+        if not args.json:
+            print(format_table(rows, title=f"{kind} prompts, adapter {model.adapter_config.kind} "
+                                          f"(D={model.adapter_config.block_size})"))
+            print()
+    if args.json:
+        print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}, indent=2))
+    return 0
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="HF checkpoint folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
+    p.add_argument("--capacity", type=int, default=1024, help="KV capacity in tokens (default 1024)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_commands(sub) -> None:
+    tr = sub.add_parser(
+        "train", help="train an MTP adapter (mask-block or heads) on local files",
+        description="Train an MTP adapter on a frozen base model from local text/code files, folders or JSONL "
+                    "(never a download; default data: Python's standard-library sources, train split). The "
+                    "objective is DESIGN.md's: blocks of D-1 mask rows after sampled anchors, loss sum_k "
+                    "gamma^k CE at block position k; with self-distillation (default) the targets are the base "
+                    "model's own greedy predictions. Checkpoints go to OUT.ckpt every --checkpoint-every steps; "
+                    "--resume continues an interrupted run.")
+    tr.add_argument("--out", required=True, help="adapter folder to write (refused if it exists, see --overwrite)")
+    tr.add_argument("--data", nargs="+", metavar="PATH",
+                    help="files, folders or .jsonl ('text' or chat 'messages'); 'stdlib' = Python's standard "
+                         "library (default)")
+    tr.add_argument("--mode", default="mask-block", choices=["mask-block", "heads"],
+                    help="mask-block: mask embedding + gated LoRA on mask rows (default); heads: Divine recurrent "
+                         "draft heads")
+    tr.add_argument("--block-size", type=int, default=8, metavar="D", help="tokens drafted per iteration (default 8)")
+    tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8)")
+    tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (scaling alpha/rank; default: scaling 1)")
+    tr.add_argument("--seq-len", type=int, default=256, help="training window in tokens (default 256)")
+    tr.add_argument("--batch-size", type=int, default=1, help="windows per step (default 1)")
+    tr.add_argument("--anchors", type=int, default=16, help="blocks per window (default 16)")
+    tr.add_argument("--gamma", type=float, default=0.8, help="loss discount: block position k weighs gamma^k")
+    tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (warm-up, cosine decay)")
+    tr.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
+    tr.add_argument("--time-budget", help="stop (and save) after this long, e.g. 20m, 1.5h")
+    tr.add_argument("--max-tokens", type=int, help="corpus tokens to read (default: enough for --max-steps)")
+    tr.add_argument("--seed", type=int, default=0, help="seed of data order, anchors and init (default 0)")
+    tr.add_argument("--no-self-distill", action="store_true", help="train on the corpus tokens instead of the "
+                                                                    "base model's greedy predictions")
+    tr.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
+    tr.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
+    tr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    tr.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                    help="dtype of the saved tensors (default float16)")
+    _model_args(tr)
+    tr.set_defaults(func=_cmd_train)
+
+    ev = sub.add_parser(
+        "eval-acceptance", help="mean committed tokens per iteration, per policy and block size",
+        description="Generate with AR and with each policy/block size on a prompt set and report the mean "
+                    "committed tokens per iteration (and histogram), the verifier rate, tokens/s and speedup "
+                    "over AR on the same runtime, and for unverified policies the fraction of output identical "
+                    "to AR.")
+    ev.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
+    ev.add_argument("--prompts", nargs="+", default=["code", "chat"],
+                    help="prompt sets: code (held-out stdlib functions), chat, or a text file, one prompt per line")
+    ev.add_argument("--count", type=int, default=12, help="prompts per set (default 12)")
+    ev.add_argument("--policies", default="speculative,hybrid", help="comma-separated (default speculative,hybrid)")
+    ev.add_argument("--block-sizes", default="8", help="comma-separated block sizes (default 8)")
+    ev.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    ev.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
+    ev.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _model_args(ev)
+    ev.set_defaults(func=_cmd_eval)

@@ -1,0 +1,152 @@
+"""Acceptance evaluation: what an adapter delivers per policy and block size on a prompt set.
+
+For each (policy, D): mean committed tokens per iteration and their histogram, verifier rate,
+decode tokens/s and its ratio to AR on the same engine, and — for the unverified policies
+(confidence, hybrid) — the fraction of generated tokens identical to AR greedy's (position by
+position up to the first difference, averaged over prompts).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+from bitmtp.train.data import iter_files
+
+#: chat prompts for evaluation (not used in training: the shipped adapters train on code)
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Explain photosynthesis in two sentences.",
+    "List three uses of a paperclip.",
+    "Give me a haiku about autumn.",
+    "Summarize the plot of Romeo and Juliet.",
+    "Name the planets of the solar system in order.",
+    "What causes the seasons on Earth?",
+    "Write a limerick about a cat.",
+    "Give three tips for a job interview.",
+    "Why is the sky blue?",
+    "What is the difference between a list and a tuple in Python?",
+    "Suggest a name for a bakery.",
+]
+
+
+def code_prompts(count: int = 12, lines: int = 12, seed: int = 0) -> list[str]:
+    """Held-out code prompts: the first ``lines`` lines of a function from standard-library files of the
+    held-out split (``bitmtp.train.data.is_heldout``), which training never sees."""
+    out = []
+    for path in iter_files(["stdlib"], split="heldout", shuffle_seed=seed):
+        if path.suffix != ".py":
+            continue
+        try:
+            text = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        starts = [i for i, ln in enumerate(text) if ln.startswith("def ") or ln.startswith("    def ")]
+        if not starts:
+            continue
+        i = starts[len(starts) // 2]
+        snippet = "\n".join(text[i : i + lines])
+        if len(snippet) > 80:
+            out.append(snippet + "\n")
+        if len(out) >= count:
+            break
+    return out
+
+
+@dataclass
+class AcceptanceRow:
+    policy: str
+    block_size: int
+    prompts: int
+    mean_committed: float
+    histogram: dict[int, int]
+    verifier_rate: float
+    tokens_per_second: float
+    speedup_vs_ar: float
+    identical_to_ar: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _prefix_match(a: list[int], b: list[int]) -> float:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n / max(1, len(b))
+
+
+def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculative", "hybrid"), block_sizes=(8,),
+                        max_new_tokens: int = 64, tau: float = 0.9, min_prefix: int | None = None,
+                        progress: bool = True) -> list[AcceptanceRow]:
+    """Run AR and each (policy, D) over ``prompts`` (token ids) on ``model`` (with its adapter)."""
+    import bitmtp
+
+    if not prompts:
+        raise BitMTPError("prompts: the prompt set is empty")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts) * (1 + len(policies) * len(block_sizes)), desc="eval-acceptance", unit="gen")
+    ar, ar_tps = [], []
+    for ids in prompts:
+        res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy="ar", eos_token_id=[])
+        ar.append(res.token_ids)
+        ar_tps.append(res.stats.tokens_per_second)
+        if bar is not None:
+            bar.update(1)
+    rows = []
+    for policy in policies:
+        for d in block_sizes:
+            committed: list[int] = []
+            ver, iters, tps, same, ratio = 0, 0, [], [], []
+            for ids, ref, base_tps in zip(prompts, ar, ar_tps, strict=True):
+                res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy=policy,
+                                      block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=[])
+                committed += res.stats.committed
+                ver += res.stats.verifier_calls
+                iters += res.stats.iterations
+                tps.append(res.stats.tokens_per_second)
+                ratio.append(res.stats.tokens_per_second / base_tps)
+                same.append(_prefix_match(res.token_ids, ref))
+                if bar is not None:
+                    bar.update(1)
+            rows.append(AcceptanceRow(
+                policy, d, len(prompts), sum(committed) / max(1, len(committed)),
+                dict(sorted(Counter(committed).items())), ver / max(1, iters), statistics.median(tps),
+                statistics.median(ratio), None if policy == "speculative" else statistics.mean(same)))
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def format_table(rows: list[AcceptanceRow], title: str = "") -> str:
+    head = "| prompts | policy | D | mean committed/iter | verifier rate | tok/s | speedup vs AR | identical to AR |"
+    lines = ([f"**{title}**", ""] if title else []) + [head, "|" + "---|" * 8]
+    for r in rows:
+        same = "exact (verified)" if r.identical_to_ar is None else f"{r.identical_to_ar:.0%}"
+        lines.append(f"| {r.prompts} | {r.policy} | {r.block_size} | {r.mean_committed:.2f} | {r.verifier_rate:.2f} | "
+                     f"{r.tokens_per_second:.1f} | {r.speedup_vs_ar:.2f}x | {same} |")
+    return "\n".join(lines)
+
+
+def prompt_ids(model, kind: str, count: int) -> list[list[int]]:
+    """Token ids of a named prompt set: ``code`` (held-out stdlib functions, raw text), ``chat`` (chat
+    template) or a path to a text file with one prompt per line (chat template)."""
+    if model.tokenizer is None:
+        raise BitMTPError("prompts: evaluating named prompt sets needs the model's tokenizer")
+    if kind == "code":
+        return [model.encode(p) for p in code_prompts(count)]
+    if kind == "chat":
+        texts = CHAT_PROMPTS[:count]
+    else:
+        path = Path(kind)
+        if not path.is_file():
+            raise BitMTPError(f"prompts: expected 'code', 'chat' or a text file, got {kind!r}")
+        texts = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()][:count]
+    return [model.encode([{"role": "user", "content": t}]) for t in texts]

@@ -1,0 +1,86 @@
+"""``python -m bitmtp train`` and ``eval-acceptance`` on a tiny model with a stand-in tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bitmtp
+from bitmtp import cli, cli_train
+from bitmtp.formats.adapters import load_adapter
+from tests.hf_models import tiny_model
+from tests.test_mtp_decoding import INIT_RANGE
+
+pytest.importorskip("transformers")
+
+
+class CharTokenizer:
+    """A test double: one token per character (ids 3..96), chat = role tags + text."""
+
+    def __call__(self, text):
+        return {"input_ids": [3 + ord(c) % 94 for c in text]}
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt
+                                                                           else "")
+        return self(text)["input_ids"] if tokenize else text
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    def load(args):
+        return bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256,
+                           tokenizer=CharTokenizer(), adapter=getattr(args, "adapter", None))
+
+    monkeypatch.setattr(cli_train, "_load", load)
+
+
+def test_train_then_eval_acceptance(tiny, tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.py").write_text("def f(x):\n    return x + 1\n" * 40)
+    out = tmp_path / "ad"
+    argv = ["train", "--data", str(tmp_path / "data"), "--out", str(out), "--max-steps", "4", "--seq-len", "32",
+            "--block-size", "4", "--rank", "2", "--anchors", "4", "--no-progress", "--checkpoint-every", "2"]
+    assert cli.main(argv) == 0
+    config, _ = load_adapter(out)
+    assert config.kind == "mask-block" and config.training["steps"] == 4 and "a.py" not in config.training["data"]
+    assert not (tmp_path / "ad.ckpt").exists()
+    assert cli.main(argv) == 2  # the output exists
+    assert "already exists" in capsys.readouterr().err
+    assert cli.main(argv + ["--overwrite", "--mode", "heads"]) == 0
+    assert load_adapter(out)[0].kind == "heads"
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nwhat is two plus two\n")
+    capsys.readouterr()
+    rc = cli.main(["eval-acceptance", "--adapter", str(out), "--prompts", str(prompts), "--policies",
+                   "speculative,hybrid,confidence", "--block-sizes", "2,4", "--max-new-tokens", "12", "--json",
+                   "--no-progress"])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)[str(prompts)]
+    assert [(r["policy"], r["block_size"]) for r in rows] == [
+        ("speculative", 2), ("speculative", 4), ("hybrid", 2), ("hybrid", 4), ("confidence", 2), ("confidence", 4)]
+    for r in rows:
+        assert r["mean_committed"] >= 1 and r["prompts"] == 2
+        assert (r["identical_to_ar"] is None) == (r["policy"] == "speculative")
+
+
+def test_train_and_eval_bad_input(tiny, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["train", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert cli.main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["train", "--out", str(tmp_path / "x"), "--time-budget", "soon"]) == 2
+    assert "--time-budget" in capsys.readouterr().err
+    assert cli.main(["eval-acceptance", "--prompts", "chat", "--no-progress"]) == 2  # no adapter
+    assert "adapter" in capsys.readouterr().err
+
+
+def test_parse_duration():
+    assert cli_train.parse_duration("90") == 90 and cli_train.parse_duration("20m") == 1200
+    assert cli_train.parse_duration("1.5h") == 5400 and cli_train.parse_duration(None) is None
