@@ -24,6 +24,10 @@ def __getattr__(name):
         from bitmtp import api
 
         return getattr(api, name)
+    if name in ("patch", "unpatch"):
+        from bitmtp import hf
+
+        return getattr(hf, name)
     raise AttributeError(f"module 'bitmtp' has no attribute {name!r}")
 
 
@@ -47,4 +51,6 @@ __all__ = [
     "generate",
     "BitMTPModel",
     "GenerateOutput",
+    "patch",
+    "unpatch",
 ]

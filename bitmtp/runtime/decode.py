@@ -156,6 +156,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
             raise BitMTPError(f"policy: {policy!r} needs a drafter (an MTP adapter); none is loaded")
         drafter.check_block(d)
     stats = DecodeStats(policy, d if policy != "ar" else 1)
+    engine.last_stats = stats  # readable even when the caller stops the generator early
     syncs0 = engine.syncs
     engine.reset()
     ids = list(input_ids)

@@ -1,0 +1,215 @@
+"""Drop-in Hugging Face integration: ``bitmtp.patch(model)`` makes ``model.generate`` run through bitmtp.
+
+How it plugs in: the patched ``generate`` passes transformers' public ``custom_generate`` callable hook,
+so transformers still does everything it always does before decoding (merging the generation
+config, building stopping criteria and logits processors, validating arguments, ``streamer.put``
+of the prompt), and then calls :func:`_bitmtp_decode` instead of its own decoding loop. That
+function decodes with bitmtp when the prepared call is greedy, batch 1 and has nothing bitmtp
+does not reproduce (no logits processors, no scores/attentions requested, a full attention mask);
+otherwise it runs transformers' own loop, unchanged. Calls that are plainly not for bitmtp
+(sampling, beams, assistant models, a ``custom_generate`` of the caller's) skip the hook entirely.
+
+Weights: ``patch`` converts the HF module's weights once into a bitmtp decoder (a copy: dense
+weights cost their size again — for SmolLM2-135M in float32, ~0.5 GB; ternary BitNet weights are
+repacked to 2 bits/weight), plus a KV store of ``capacity`` tokens. The HF module is untouched and
+keeps serving the fall-through calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from bitmtp.errors import BitMTPError
+
+log = logging.getLogger("bitmtp.hf")
+
+_ATTR = "_bitmtp_patch"
+#: generate() keyword arguments the hook passes through untouched to transformers
+_FALL_THROUGH_KWARGS = ("assistant_model", "custom_generate", "prefix_allowed_tokens_fn", "negative_prompt_ids",
+                        "synced_gpus", "assistant_tokenizer", "prompt_lookup_num_tokens")
+
+
+class _Patch:
+    def __init__(self, model, bm, original, policy, block_size, tau, min_prefix):
+        self.model, self.bm, self.original = model, bm, original
+        self.policy, self.block_size, self.tau, self.min_prefix = policy, block_size, tau, min_prefix
+        self.warned: set[str] = set()
+        self.last_stats = None
+        self.calls = {"bitmtp": 0, "transformers": 0}
+
+    def fall_through(self, why: str) -> None:
+        self.calls["transformers"] += 1
+        if why not in self.warned:  # logged once per reason
+            self.warned.add(why)
+            log.info("bitmtp.patch: %s; running transformers' own generate", why)
+
+
+def patch(model: Any, adapter: Any = "auto", policy: str = "hybrid", block_size: int | None = None,
+          tau: float = 0.9, min_prefix: int | None = None, *, capacity: int = 2048, backend: str | None = None,
+          quantize: str | None = None) -> Any:
+    """Make ``model.generate`` run through bitmtp where the arguments allow; returns ``model``.
+
+    Args:
+        model: a transformers ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` or ``BitNetForCausalLM``.
+        adapter: MTP adapter folder, ``"auto"`` (a shipped adapter trained on this model, if any) or
+            ``None``. Without an adapter every policy but ``"ar"`` is unavailable, so the policy
+            falls back to ``"ar"`` (bitmtp's runtime alone).
+        policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate`.
+        capacity: KV store size in tokens (prompt + generated); longer calls fall through.
+        backend, quantize: as in :func:`bitmtp.load`.
+    """
+    import bitmtp
+    from bitmtp.api import BitMTPModel, _check_policy_args
+
+    if getattr(model, _ATTR, None) is not None:
+        raise BitMTPError("model: already patched; call bitmtp.unpatch(model) first")
+    if not (hasattr(model, "config") and hasattr(model, "generate")):
+        raise BitMTPError(f"model: expected a transformers causal LM, got {type(model).__name__}")
+    device = next(model.parameters()).device
+    bm: BitMTPModel = bitmtp.load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
+                                  adapter=adapter)
+    if bm.drafter is None and policy != "ar":
+        if adapter not in (None, "auto"):
+            raise BitMTPError(f"adapter: {adapter} did not load")  # pragma: no cover - load raises first
+        log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'ar' on bitmtp's runtime")
+        policy = "ar"
+    _check_policy_args(bm, policy, block_size, tau, min_prefix, bm.drafter)
+    original = model.generate
+    state = _Patch(model, bm, original, policy, block_size, tau, min_prefix)
+
+    @functools.wraps(original)
+    def generate(*args, **kwargs):
+        why = _plainly_not_ours(args, kwargs, model)
+        if why:
+            state.fall_through(why)
+            return original(*args, **kwargs)
+        # transformers hands a custom_generate callable only the keyword arguments of its own signature
+        # that _sample lacks (the streamer is dropped), so the streamer travels in the partial
+        hook = functools.partial(_bitmtp_decode, state=state, call_streamer=kwargs.get("streamer"))
+        return original(*args, custom_generate=hook, **kwargs)
+
+    model.generate = generate
+    setattr(model, _ATTR, state)
+    return model
+
+
+def unpatch(model: Any) -> Any:
+    """Restore the model's original ``generate``; returns ``model``."""
+    state = getattr(model, _ATTR, None)
+    if state is None:
+        raise BitMTPError("model: not patched by bitmtp")
+    del model.generate  # the instance attribute: the class's generate shows through again
+    delattr(model, _ATTR)
+    return model
+
+
+def patch_state(model: Any) -> _Patch | None:
+    """The patch of ``model`` (its bitmtp model, call counts and ``last_stats``), or None."""
+    return getattr(model, _ATTR, None)
+
+
+def _plainly_not_ours(args, kwargs, model) -> str | None:
+    for key in _FALL_THROUGH_KWARGS:
+        if kwargs.get(key) is not None:
+            return f"{key} was given"
+    cfg = kwargs.get("generation_config") or model.generation_config
+    if kwargs.get("do_sample", cfg.do_sample):
+        return "sampling (do_sample=True)"
+    if kwargs.get("num_beams", cfg.num_beams or 1) > 1:
+        return "beam search"
+    if kwargs.get("num_return_sequences", cfg.num_return_sequences or 1) > 1:
+        return "num_return_sequences > 1"
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if inputs is None:
+        return "no input_ids"
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] != 1:
+        return f"batch of {inputs.shape[0]}"
+    return None
+
+
+def _ineligible(state: _Patch, input_ids, logits_processor, generation_config, model_kwargs) -> str | None:
+    gc = generation_config
+    if input_ids.shape[0] != 1:
+        return f"batch of {input_ids.shape[0]}"
+    if gc.do_sample or (gc.num_beams or 1) > 1:
+        return "not greedy"
+    if logits_processor is not None and len(logits_processor) > 0:
+        names = ", ".join(type(p).__name__ for p in logits_processor)
+        return f"logits processors ({names})"
+    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if getattr(gc, flag, False):
+            return f"{flag}=True"
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        return "a padded attention mask"
+    if input_ids.shape[1] >= state.bm.engine.capacity:
+        return f"prompt of {input_ids.shape[1]} tokens at or over bitmtp's capacity {state.bm.engine.capacity}"
+    return None
+
+
+def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                   synced_gpus=False, streamer=None, *, state: _Patch, call_streamer=None, **model_kwargs):
+    """transformers' decoding step, through bitmtp (see the module docstring for when it declines)."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    streamer = streamer if streamer is not None else call_streamer
+    why = _ineligible(state, input_ids, logits_processor, generation_config, model_kwargs)
+    if why:
+        state.fall_through(why)
+        return type(model)._sample(model, input_ids, logits_processor=logits_processor,
+                                   stopping_criteria=stopping_criteria, generation_config=generation_config,
+                                   synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+    gc = generation_config
+    prompt = input_ids[0].tolist()
+    max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - len(prompt)
+    eos = gc.eos_token_id
+    eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
+    bm = state.bm
+    kw = dict(block_size=None, tau=state.tau, min_prefix=state.min_prefix)
+    d, m = (1, 1) if state.policy == "ar" else _policy_args(state)
+    kw.update(block_size=d, min_prefix=m)
+    chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.policy,
+                              drafter=bm.drafter, **kw)
+    seq = input_ids
+    stopped = False
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration as stop:
+            result = stop.value
+            break
+        if stopped or not chunk:
+            continue
+        emitted = []
+        for tok in chunk:
+            emitted.append(tok)
+            seq = torch.cat([seq, torch.tensor([[tok]], device=seq.device, dtype=seq.dtype)], dim=1)
+            # the caller's stopping criteria (max length and EOS are already the engine's): stop at the
+            # same token transformers would
+            if stopping_criteria is not None and bool(stopping_criteria(seq, None).all()):
+                stopped = True
+                break
+        if streamer is not None and emitted:
+            streamer.put(torch.tensor(emitted))
+        if stopped:
+            chunks.close()
+            result = None
+            break
+    if streamer is not None:
+        streamer.end()
+    state.calls["bitmtp"] += 1
+    state.last_stats = result.stats if result is not None else bm.engine.last_stats
+    if gc.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=seq)
+    return seq
+
+
+def _policy_args(state: _Patch) -> tuple[int, int]:
+    from bitmtp.api import _check_policy_args
+
+    return _check_policy_args(state.bm, state.policy, state.block_size, state.tau, state.min_prefix,
+                              state.bm.drafter)

@@ -1,0 +1,137 @@
+"""bitmtp.patch: a patched transformers model's generate runs through bitmtp when it can.
+
+Rules: greedy speculative output equals the unpatched generate token for token (10 prompts, tiny
+random models of all three families); fall-through calls (sampling, batch 2, logits processors)
+return exactly what the unpatched generate returns; streamers get the final text; stopping
+criteria stop at the same token as transformers'.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.formats.adapters import save_adapter
+from bitmtp.hf import patch_state
+from tests.hf_models import FAMILIES, tiny_model
+from tests.test_mtp_decoding import INIT_RANGE, random_adapter
+
+transformers = pytest.importorskip("transformers")
+
+
+def _prompts(n=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 90, (1, int(torch.randint(2, 30, (1,), generator=g))), generator=g) for _ in range(n)]
+
+
+@pytest.fixture
+def adapter_dir(tmp_path):
+    made = []
+
+    def make(hf, kind="mask-block"):
+        args = bitmtp.load(hf, adapter=None, capacity=64).args
+        made.append(kind)
+        return save_adapter(tmp_path / f"{kind}-{len(made)}", *random_adapter(args, kind, block_size=8))
+
+    return make
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_speculative_equals_unpatched(family, adapter_dir):
+    hf = tiny_model(family, seed=3, initializer_range=INIT_RANGE)
+    prompts = _prompts()
+    refs = [hf.generate(p, max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0) for p in prompts]
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative", block_size=4)
+    state = patch_state(hf)
+    for p, ref in zip(prompts, refs, strict=True):
+        out = hf.generate(p, max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out, ref)
+    assert state.calls == {"bitmtp": 10, "transformers": 0} and state.last_stats.verifier_rate == 1.0
+    bitmtp.unpatch(hf)
+    assert patch_state(hf) is None and "generate" not in vars(hf)
+
+
+def test_hybrid_returns_a_valid_generation_with_stats(adapter_dir):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="hybrid", block_size=4, tau=0.3)
+    p = _prompts(1)[0]
+    out = hf.generate(p, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      return_dict_in_generate=True)
+    assert isinstance(out, transformers.generation.utils.GenerateDecoderOnlyOutput)
+    assert out.sequences.shape == (1, p.shape[1] + 30) and torch.equal(out.sequences[:, : p.shape[1]], p)
+    stats = patch_state(hf).last_stats
+    assert stats.iterations > 0 and 0 < stats.verifier_rate < 1 and sum(stats.committed) == 29
+
+
+def test_fall_through_returns_the_original_result(adapter_dir):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    batch = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(1))
+    p = batch[:1]
+    torch.manual_seed(0)
+    sampled = hf.generate(p, max_new_tokens=12, do_sample=True, pad_token_id=0)
+    two = hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    rep = hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0, repetition_penalty=1.3)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative")
+    torch.manual_seed(0)
+    assert torch.equal(hf.generate(p, max_new_tokens=12, do_sample=True, pad_token_id=0), sampled)
+    assert torch.equal(hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0), two)
+    # a logits processor the greedy argmax must see: declined inside the hook, transformers' loop runs
+    assert torch.equal(hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0, repetition_penalty=1.3), rep)
+    assert patch_state(hf).calls == {"bitmtp": 0, "transformers": 3}
+
+
+class LetterTokenizer:
+    """A stand-in tokenizer for streamers: token i decodes to one letter."""
+
+    def decode(self, ids, skip_special_tokens=True, **kw):
+        return "".join(chr(ord("a") + int(i) % 26) for i in ids)
+
+
+class StopOn(transformers.StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_streamers_and_stopping_criteria_match_transformers(adapter_dir):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    p = _prompts(1, seed=4)[0]
+    free = hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    stop_tok = int(free[0, p.shape[1] + 17])
+    crit = transformers.StoppingCriteriaList([StopOn(stop_tok)])
+    ref = hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0, stopping_criteria=crit)
+    ref_eos = hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=[1, stop_tok], pad_token_id=0)
+    bitmtp.patch(hf, adapter=adapter_dir(hf, "heads"), policy="speculative", block_size=8)
+    out = hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0, stopping_criteria=crit)
+    assert torch.equal(out, ref)
+    assert torch.equal(hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=[1, stop_tok], pad_token_id=0),
+                       ref_eos)
+    assert torch.equal(hf.generate(p, max_length=p.shape[1] + 25, do_sample=False, eos_token_id=None, pad_token_id=0),
+                       free[:, : p.shape[1] + 25])
+    tok = LetterTokenizer()
+    it = transformers.TextIteratorStreamer(tok, skip_prompt=True, timeout=30)
+    out = hf.generate(p, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0, streamer=it)
+    assert "".join(it) == tok.decode(out[0, p.shape[1] :].tolist())
+
+
+def test_patch_bad_input(adapter_dir, tmp_path):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    with pytest.raises(BitMTPError, match="not an adapter folder"):
+        bitmtp.patch(hf, adapter=tmp_path)
+    other = tiny_model("llama", seed=3, hidden_size=32)
+    with pytest.raises(BitMTPError, match="hidden_size"):
+        bitmtp.patch(hf, adapter=adapter_dir(other))
+    with pytest.raises(BitMTPError, match="policy"):
+        bitmtp.patch(hf, adapter=adapter_dir(hf), policy="beam")
+    assert patch_state(hf) is None  # nothing half-done
+    bitmtp.patch(hf, adapter=None, policy="speculative")  # no adapter: bitmtp's runtime with policy ar
+    assert patch_state(hf).policy == "ar"
+    with pytest.raises(BitMTPError, match="already patched"):
+        bitmtp.patch(hf)
+    bitmtp.unpatch(hf)
+    with pytest.raises(BitMTPError, match="not patched"):
+        bitmtp.unpatch(hf)
