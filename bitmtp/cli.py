@@ -35,6 +35,25 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"  {'yes' if ok else 'no ':3}  {name:7} {why}")
     if not torch.cuda.is_available():
         print("cuda: no CUDA device visible to torch")
+    if args.model or args.default_model:
+        model = bitmtp.load(args.model or default_model_path(), capacity=args.capacity,
+                            adapter=None if args.no_adapter else (args.adapter or "auto"))
+        a = model.args
+        params = sum(p.numel() for p in model.decoder.parameters())
+        print(f"model: {model.source}\n  {a.family}, {a.num_layers} layers, hidden {a.hidden_size}, "
+              f"{a.num_heads} heads / {a.num_kv_heads} KV heads, vocab {a.vocab_size}, {params / 1e6:.1f} M stored "
+              f"parameters, dtype {model.decoder.dtype}")
+        kv = model.engine.kv
+        print(f"  KV plan: capacity {kv.capacity} tokens + M_max {kv.m_max} rows = {kv.rows} rows per layer, "
+              f"{kv.nbytes / 2**20:.1f} MiB, segments {kv.segments}")
+        cfg = model.adapter_config
+        if cfg is None:
+            print("  adapter: none (policies other than ar need one: --adapter DIR)")
+        else:
+            t = cfg.training or {}
+            print(f"  adapter: {cfg.kind}, D={cfg.block_size}, rank {cfg.rank}" +
+                  (f"; trained {t.get('steps')} steps / {t.get('tokens')} tokens / {t.get('minutes')} min on "
+                   f"{t.get('data')}" if t else ""))
     return 0
 
 
@@ -145,6 +164,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         else:
             out = _generate_streamed(model, prompt, kwargs, write)
     except BitMTPError as exc:
+        if getattr(args, "debug", False):
+            raise
         if shown:
             print()
         print(f"bitmtp: error: {exc}", file=sys.stderr)
@@ -165,6 +186,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.stats:
         for line in stats_lines(out.stats):
             print(line, file=sys.stderr)
+    if args.compare_ar and policy != "ar":
+        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar"})
+        same = "identical to" if ar.token_ids == out.token_ids else "differs from"
+        speedup = out.tokens_per_second / ar.tokens_per_second
+        print(f"compare-ar: ar {_fmt(ar.tokens_per_second, '.1f')} tok/s, {policy} "
+              f"{_fmt(out.tokens_per_second, '.1f')} tok/s = {_fmt(speedup, '.2f')}x; output {same} AR's",
+              file=sys.stderr)
     return 0
 
 
@@ -173,9 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bitmtp",
         description="bitmtp: multi-token decoding for ternary (W2A8) language models.",
     )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="show versions and which backends can run here (and why not)",
                           description="Show bitmtp/torch versions and every backend's availability with the reason.")
+    info.add_argument("--model", help="also describe this model (HF folder or .gguf): shape, KV plan, adapter")
+    info.add_argument("--default-model", action="store_true", help="also describe the embedded default model")
+    info.add_argument("--adapter", metavar="DIR", help="adapter to describe with the model (default: shipped)")
+    info.add_argument("--no-adapter", action="store_true", help="do not attach a shipped adapter")
+    info.add_argument("--capacity", type=int, default=2048, help="KV capacity for the plan (default 2048)")
     info.set_defaults(func=_cmd_info)
     gen = sub.add_parser(
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
@@ -215,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true",
                      help="after generating, print the decoding stats to stderr: policy, D, iterations, mean "
                           "tokens committed per iteration, their histogram, verifier rate, tok/s")
+    gen.add_argument("--compare-ar", action="store_true",
+                     help="also generate with policy ar and print the speedup and whether the outputs match")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (text, token_ids, stop_reason, prompt_tokens, timings, stats) "
                           "instead of streaming text")
@@ -241,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BitMTPError as exc:
+        if args.debug:
+            raise
         print(f"bitmtp: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

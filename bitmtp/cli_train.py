@@ -1,4 +1,4 @@
-"""``python -m bitmtp train`` and ``python -m bitmtp eval-acceptance`` (registered by bitmtp.cli)."""
+"""``python -m bitmtp train``, ``eval-acceptance`` and ``bench`` (registered by bitmtp.cli)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,38 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             print()
     if args.json:
         print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}, indent=2))
+    if args.plot:
+        _plot(out, args.plot)
+        print(f"bitmtp: wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _plot(results: dict, path: str) -> None:
+    """Speedup over AR and mean committed tokens per iteration, per (policy, D), one panel each."""
+    from bitmtp.errors import BitMTPError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise BitMTPError("--plot: needs matplotlib (pip install matplotlib)") from exc
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    sets = list(results)
+    labels = [f"{r.policy}\nD={r.block_size}" for r in results[sets[0]]]
+    width = 0.8 / len(sets)
+    for i, kind in enumerate(sets):
+        xs = [j + i * width for j in range(len(labels))]
+        axes[0].bar(xs, [r.speedup_vs_ar for r in results[kind]], width, label=kind)
+        axes[1].bar(xs, [r.mean_committed for r in results[kind]], width, label=kind)
+    for ax, title in ((axes[0], "tokens/s over AR (same runtime)"), (axes[1], "mean committed tokens / iteration")):
+        ax.set_xticks([j + width * (len(sets) - 1) / 2 for j in range(len(labels))], labels)
+        ax.set_title(title)
+        ax.legend()
+    axes[0].axhline(1.0, color="gray", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -158,5 +189,24 @@ def add_commands(sub) -> None:
     ev.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
     ev.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
     ev.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ev.add_argument("--plot", metavar="PNG", help="also save a bar chart (speedup over AR, committed tokens)")
     _model_args(ev)
     ev.set_defaults(func=_cmd_eval)
+
+    be = sub.add_parser(
+        "bench", help="AR vs each policy on a prompt set: a table and optionally a PNG plot",
+        description="Speed of every policy and block size against AR on the same runtime (tokens/s ratio, "
+                    "median over prompts), with committed tokens per iteration and verifier rate. The same "
+                    "measurement as eval-acceptance with speed-oriented defaults; --plot saves a chart.")
+    be.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
+    be.add_argument("--prompts", nargs="+", default=["chat"], help="prompt sets: code, chat or a text file")
+    be.add_argument("--count", type=int, default=6, help="prompts per set (default 6)")
+    be.add_argument("--policies", default="speculative,hybrid,confidence", help="comma-separated policies")
+    be.add_argument("--block-sizes", default="4,8", help="comma-separated block sizes (default 4,8)")
+    be.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    be.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
+    be.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
+    be.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    be.add_argument("--plot", metavar="PNG", help="save a bar chart (speedup over AR, committed tokens)")
+    _model_args(be)
+    be.set_defaults(func=_cmd_eval)

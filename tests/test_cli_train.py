@@ -84,3 +84,28 @@ def test_train_and_eval_bad_input(tiny, tmp_path, capsys):
 def test_parse_duration():
     assert cli_train.parse_duration("90") == 90 and cli_train.parse_duration("20m") == 1200
     assert cli_train.parse_duration("1.5h") == 5400 and cli_train.parse_duration(None) is None
+
+
+def test_bench_plot_and_info(tiny, tmp_path, capsys, monkeypatch):
+    from bitmtp.formats.adapters import save_adapter
+    from tests.test_mtp_decoding import random_adapter
+
+    args = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), adapter=None).args
+    ad = save_adapter(tmp_path / "ad", *random_adapter(args, "mask-block", block_size=8))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\nworld\n")
+    png = tmp_path / "bench.png"
+    rc = cli.main(["bench", "--adapter", str(ad), "--prompts", str(prompts), "--block-sizes", "4",
+                   "--max-new-tokens", "10", "--plot", str(png), "--no-progress"])
+    assert rc == 0 and png.stat().st_size > 1000
+    table = capsys.readouterr().out
+    assert "| speculative | 4 |" in table and "| confidence | 4 |" in table
+    # info describes a model, its KV plan and its adapter
+    folder = tmp_path / "m"
+    tiny_model("llama", seed=3).save_pretrained(folder)
+    assert cli.main(["info", "--model", str(folder), "--capacity", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "KV plan: capacity 100 tokens" in out and "adapter: none" in out
+    # --debug shows the traceback instead of one line
+    with pytest.raises(bitmtp.BitMTPError):
+        cli.main(["--debug", "eval-acceptance", "--prompts", "chat", "--no-progress"])
