@@ -113,7 +113,8 @@ def test_patched_vs_unpatched_generate(benchmark):
     path = smollm2_path()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    ids = torch.tensor([tok.apply_chat_template(PROMPT, add_generation_prompt=True)])
+    enc = tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
+    ids = torch.tensor([list(enc["input_ids"] if hasattr(enc, "keys") else enc)])
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, max_new_tokens=NEW, min_new_tokens=0, do_sample=False, eos_token_id=None,
               pad_token_id=tok.pad_token_id)

@@ -146,7 +146,7 @@ def test_generate_help_names_policy_default(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "Default: hybrid when an adapter is attached (--adapter or shipped), else ar" in out
+    assert "else hybrid when an adapter is attached (--adapter or shipped), else ar" in out
     for flag in ("--adapter", "--no-adapter", "--block-size", "--tau", "--min-prefix", "--stats", "--json",
                  "--input-ids"):
         assert flag in out

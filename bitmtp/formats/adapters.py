@@ -160,6 +160,10 @@ def save_adapter(path: str | Path, config: AdapterConfig, tensors: dict[str, tor
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSOR_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2))
+        # mkdtemp makes the folder private (0700): give the adapter ordinary permissions
+        os.chmod(tmp, 0o755)
+        for f in (TENSOR_FILE, CONFIG_FILE):
+            os.chmod(tmp / f, 0o644)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
             os.replace(path, old / "adapter")
