@@ -135,6 +135,23 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, policies: str, blocks: str) -> None:
+    """The options eval-acceptance and bench share (with their own defaults)."""
+    p.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
+    p.add_argument("--prompts", nargs="+", default=prompts,
+                   help=f"prompt sets: code (held-out stdlib functions), chat, or a text file with one prompt per "
+                        f"line (default: {' '.join(prompts)})")
+    p.add_argument("--count", type=int, default=count, help=f"prompts per set (default {count})")
+    p.add_argument("--policies", default=policies, help=f"comma-separated policies (default {policies})")
+    p.add_argument("--block-sizes", default=blocks, help=f"comma-separated block sizes (default {blocks})")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
+    p.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", metavar="PNG", help="also save a bar chart (speedup over AR, committed tokens)")
+    _model_args(p)
+
+
 def add_commands(sub) -> None:
     tr = sub.add_parser(
         "train", help="train an MTP adapter (mask-block or heads) on local files",
@@ -179,18 +196,7 @@ def add_commands(sub) -> None:
                     "committed tokens per iteration (and histogram), the verifier rate, tokens/s and speedup "
                     "over AR on the same runtime, and for unverified policies the fraction of output identical "
                     "to AR.")
-    ev.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
-    ev.add_argument("--prompts", nargs="+", default=["code", "chat"],
-                    help="prompt sets: code (held-out stdlib functions), chat, or a text file, one prompt per line")
-    ev.add_argument("--count", type=int, default=12, help="prompts per set (default 12)")
-    ev.add_argument("--policies", default="speculative,hybrid", help="comma-separated (default speculative,hybrid)")
-    ev.add_argument("--block-sizes", default="8", help="comma-separated block sizes (default 8)")
-    ev.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
-    ev.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
-    ev.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
-    ev.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    ev.add_argument("--plot", metavar="PNG", help="also save a bar chart (speedup over AR, committed tokens)")
-    _model_args(ev)
+    _eval_args(ev, prompts=["code", "chat"], count=12, policies="speculative,hybrid", blocks="8")
     ev.set_defaults(func=_cmd_eval)
 
     be = sub.add_parser(
@@ -198,15 +204,5 @@ def add_commands(sub) -> None:
         description="Speed of every policy and block size against AR on the same runtime (tokens/s ratio, "
                     "median over prompts), with committed tokens per iteration and verifier rate. The same "
                     "measurement as eval-acceptance with speed-oriented defaults; --plot saves a chart.")
-    be.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
-    be.add_argument("--prompts", nargs="+", default=["chat"], help="prompt sets: code, chat or a text file")
-    be.add_argument("--count", type=int, default=6, help="prompts per set (default 6)")
-    be.add_argument("--policies", default="speculative,hybrid,confidence", help="comma-separated policies")
-    be.add_argument("--block-sizes", default="4,8", help="comma-separated block sizes (default 4,8)")
-    be.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
-    be.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
-    be.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
-    be.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    be.add_argument("--plot", metavar="PNG", help="save a bar chart (speedup over AR, committed tokens)")
-    _model_args(be)
+    _eval_args(be, prompts=["chat"], count=6, policies="speculative,hybrid,confidence", blocks="4,8")
     be.set_defaults(func=_cmd_eval)
