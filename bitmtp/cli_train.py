@@ -44,7 +44,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       anchors=args.anchors, gamma=args.gamma, lr=args.lr, max_steps=args.max_steps,
                       time_budget=parse_duration(args.time_budget), seed=args.seed,
                       self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype)
+                      resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype,
+                      init_from=args.init_from)
     cfg.validate()  # refuse an existing output before loading anything
     model = _load(args)
     if model.tokenizer is None:
@@ -184,6 +185,7 @@ def add_commands(sub) -> None:
                                                                     "base model's greedy predictions")
     tr.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     tr.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
+    tr.add_argument("--init-from", metavar="DIR", help="start from this adapter's tensors (same kind, D, rank)")
     tr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     tr.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                     help="dtype of the saved tensors (default float16)")

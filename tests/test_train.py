@@ -207,3 +207,18 @@ def test_shipped_adapter_attaches_only_to_its_base(tmp_path, monkeypatch):
     assert bitmtp.load(tiny_model("llama", seed=4, initializer_range=INIT_RANGE), capacity=64).drafter is None
     # other weights through the same architecture's quantized load: fingerprint differs too
     assert bitmtp.load(hf, capacity=64, quantize="ternary").drafter is None
+
+
+def test_init_from_continues_an_adapter(model, tmp_path):
+    w = _windows()
+    first = train(model.decoder, w, TrainConfig(out=str(tmp_path / "a"), max_steps=30, rank=2, block_size=3, anchors=4,
+                                                lr=1e-2, seed=1, save_dtype="float32", self_distill=False),
+                  progress=False)
+    more = train(model.decoder, w, TrainConfig(out=str(tmp_path / "b"), max_steps=5, rank=2, block_size=3, anchors=4,
+                                               lr=1e-9, seed=1, save_dtype="float32", self_distill=False,
+                                               init_from=str(first.path)), progress=False)
+    # lr ~ 0: the continued run evaluates the first run's tensors, so its loss starts where that one ended
+    assert more.losses[0] < 0.8 * first.losses[0]
+    with pytest.raises(BitMTPError, match="rank"):
+        train(model.decoder, w, TrainConfig(out=str(tmp_path / "c"), max_steps=1, rank=4, block_size=3,
+                                            init_from=str(first.path)), progress=False)

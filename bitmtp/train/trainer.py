@@ -63,6 +63,7 @@ class TrainConfig:
     overwrite: bool = False
     save_dtype: str = "float16"
     data_description: str = ""
+    init_from: str | None = None  # continue training an existing adapter (same kind, D, rank, targets)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -154,6 +155,21 @@ def _weighted_ce(logits, targets, block_k, block_size, gamma):
     return loss, acc
 
 
+def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decoder) -> dict[str, torch.Tensor]:
+    """The tensors of ``cfg.init_from``, checked to be the adapter this run would make."""
+    from bitmtp.formats.adapters import load_adapter
+
+    old, tensors = load_adapter(cfg.init_from)
+    old.check_base(decoder.args)
+    for name in ("kind", "block_size", "rank"):
+        if getattr(old, name) != getattr(config, name):
+            raise BitMTPError(f"init_from: {cfg.init_from} has {name}={getattr(old, name)!r}, this run "
+                              f"{getattr(config, name)!r}")
+    if old.kind == "mask-block" and sorted(old.targets) != sorted(config.targets):
+        raise BitMTPError(f"init_from: {cfg.init_from} has targets {old.targets}, this run {config.targets}")
+    return {k: v.float() for k, v in tensors.items()}
+
+
 def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``)."""
     cfg.validate()
@@ -172,10 +188,14 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     config = AdapterConfig(kind=kind, block_size=cfg.block_size, rank=cfg.rank, base=BaseShape.of(decoder.args),
                            targets=list(cfg.targets), discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha,
                            fingerprint=base_fingerprint(decoder))
-    init = init_adapter_tensors(config, seed=cfg.seed)
+    if cfg.init_from:
+        init = _tensors_to_continue(cfg, config, decoder)
+    else:
+        init = init_adapter_tensors(config, seed=cfg.seed)
+        if kind == "mask-block":
+            # start the mask embedding at the mean token embedding: a neutral "some token" input
+            init["mask_embedding"] = decoder.embed.detach().float().mean(0).cpu()
     if kind == "mask-block":
-        # start the mask embedding at the mean token embedding: a neutral "some token" input
-        init["mask_embedding"] = decoder.embed.detach().float().mean(0).cpu()
         params = MaskBlockParams(config, init).to(device)
         loss_fn = mask_block_loss
     else:
