@@ -234,7 +234,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     d, m = _check_policy_args(model, policy, block_size, tau, min_prefix, drafter)
     ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
     if len(ids) > model.engine.capacity:
-        raise BitMTPError(f"input_ids: prompt of {len(ids)} tokens exceeds capacity {model.engine.capacity}")
+        raise BitMTPError(f"input_ids: prompt of {len(ids)} tokens exceeds capacity {model.engine.capacity}; "
+                          f"load the model with bitmtp.load(..., capacity={len(ids) + max_new_tokens}) or more")
     chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=model.eos_ids(eos_token_id),
                                  policy=policy, block_size=d, tau=float(tau), min_prefix=m, drafter=drafter)
     if stream:

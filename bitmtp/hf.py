@@ -73,11 +73,9 @@ def patch(model: Any, adapter: Any = "auto", policy: str = "hybrid", block_size:
     bm: BitMTPModel = bitmtp.load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
                                   adapter=adapter)
     if bm.drafter is None and policy != "ar":
-        if adapter not in (None, "auto"):
-            raise BitMTPError(f"adapter: {adapter} did not load")  # pragma: no cover - load raises first
         log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'ar' on bitmtp's runtime")
         policy = "ar"
-    _check_policy_args(bm, policy, block_size, tau, min_prefix, bm.drafter)
+    block_size, min_prefix = _check_policy_args(bm, policy, block_size, tau, min_prefix, bm.drafter)
     original = model.generate
     state = _Patch(model, bm, original, policy, block_size, tau, min_prefix)
 
@@ -169,20 +167,17 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     eos = gc.eos_token_id
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
     bm = state.bm
-    kw = dict(block_size=None, tau=state.tau, min_prefix=state.min_prefix)
-    d, m = (1, 1) if state.policy == "ar" else _policy_args(state)
-    kw.update(block_size=d, min_prefix=m)
     chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.policy,
-                              drafter=bm.drafter, **kw)
+                              block_size=state.block_size, tau=state.tau, min_prefix=state.min_prefix,
+                              drafter=bm.drafter)
     seq = input_ids
     stopped = False
     while True:
         try:
             chunk = next(chunks)
-        except StopIteration as stop:
-            result = stop.value
+        except StopIteration:
             break
-        if stopped or not chunk:
+        if not chunk:
             continue
         emitted = []
         for tok in chunk:
@@ -197,19 +192,12 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
             streamer.put(torch.tensor(emitted))
         if stopped:
             chunks.close()
-            result = None
             break
     if streamer is not None:
         streamer.end()
     state.calls["bitmtp"] += 1
-    state.last_stats = result.stats if result is not None else bm.engine.last_stats
+    state.last_stats = bm.engine.last_stats  # filled as decoding ran, also when the criteria cut it
     if gc.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=seq)
     return seq
 
-
-def _policy_args(state: _Patch) -> tuple[int, int]:
-    from bitmtp.api import _check_policy_args
-
-    return _check_policy_args(state.bm, state.policy, state.block_size, state.tau, state.min_prefix,
-                              state.bm.drafter)

@@ -293,7 +293,7 @@ def test_draft_head_step_matches_formula(model, rng):
 def test_mask_rows_change_drafts_but_not_pending_rows(model, prompts, ar_outputs):
     """The gate: a zero-B adapter and a random one draft differently (LoRA acts on mask rows), while
     d_1 — the pending row's prediction — is the AR token for both."""
-    cfg, zero = AdapterConfig("mask-block", 8, 4, BaseShape.of(model.args)), None
+    cfg = AdapterConfig("mask-block", 8, 4, BaseShape.of(model.args))
     zero = init_adapter_tensors(cfg, seed=1)
     drafts = []
     for tensors in (zero, init_adapter_tensors(cfg, seed=1, zero_init_b=False, b_std=0.5)):

@@ -79,10 +79,8 @@ def test_training_forward_matches_the_engine(family, quantize):
     dr.tokens[:1] = ids[anchor]
     torch.arange(anchor, anchor + 4, out=dr.positions)
     mask = dr.kv_index[None, :] <= torch.where(torch.arange(4) < 1, dr.positions, dr.positions[-1])[:, None]
-    m.decoder.mask_block = m.drafter.block
     with torch.no_grad():
-        ref = m.decoder(StepInputs(dr.tokens, dr.positions, mask, mask_rows=3), eng.kv)
-    m.decoder.mask_block = None
+        ref = m.decoder(StepInputs(dr.tokens, dr.positions, mask, mask_rows=3, mask_block=m.drafter.block), eng.kv)
     torch.testing.assert_close(logits[20:], ref[1:], rtol=1e-3, atol=1e-3)
 
 
@@ -222,3 +220,22 @@ def test_init_from_continues_an_adapter(model, tmp_path):
     with pytest.raises(BitMTPError, match="rank"):
         train(model.decoder, w, TrainConfig(out=str(tmp_path / "c"), max_steps=1, rank=4, block_size=3,
                                             init_from=str(first.path)), progress=False)
+
+
+def test_frozen_view_of_an_unfused_projection_runs_its_parts():
+    """A projection the decoder could not fuse (ternary and dense parts) is viewed part by part:
+    equal to the concatenated views of the parts (float32, exact: same ops per part)."""
+    from bitmtp.model.fuse import fuse_rows
+    from bitmtp.model.layers import DenseLinear
+    from bitmtp.ops import TernaryLinear
+    from bitmtp.train.forward import FrozenProjection
+
+    g = torch.Generator().manual_seed(0)
+    tern = TernaryLinear.from_float(torch.nn.Linear(40, 24))
+    dense = DenseLinear(torch.randn(8, 40, generator=g))
+    mixed = fuse_rows([tern, dense])
+    view = FrozenProjection(mixed, torch.float32)
+    x = torch.randn(3, 40, generator=g)
+    ref = torch.cat([FrozenProjection(tern, torch.float32)(x), FrozenProjection(dense, torch.float32)(x)], -1)
+    assert torch.equal(view(x), ref)
+    torch.testing.assert_close(view(x)[:, 24:], x @ dense.weight.T)

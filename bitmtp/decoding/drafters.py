@@ -22,6 +22,7 @@ replay state's width); drafters without mask rows use the first p.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +37,7 @@ def _argmax_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return tok, prob
 
 
-class Drafter:
+class Drafter(abc.ABC):
     """Base of the drafters: a name, the largest block size it supports, and the draft body."""
 
     kind = "drafter"
@@ -66,8 +67,9 @@ class Drafter:
         runner.out_prob[-d : -d + 1].copy_(prob)
         return tok
 
-    def draft(self, runner) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def draft(self, runner) -> None:
+        """Write d_1..d_D and their probabilities into the runner's outputs (see the module docstring)."""
 
 
 class MaskBlockDrafter(Drafter):
@@ -88,11 +90,8 @@ class MaskBlockDrafter(Drafter):
         reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])
         mask = runner.kv_index[None, :] <= reach[:, None]
         dec = self.decoder
-        prev, dec.mask_block = dec.mask_block, self.block
-        try:
-            hidden = dec.hidden_states(StepInputs(runner.tokens, pos, mask, mask_rows=d - 1), runner.kv)
-        finally:
-            dec.mask_block = prev
+        step = StepInputs(runner.tokens, pos, mask, mask_rows=d - 1, mask_block=self.block)
+        hidden = dec.hidden_states(step, runner.kv)
         # LM head only over the rows that draft (the last pending row and the mask rows): the other
         # pending rows' logits are never read, and the LM head is the largest matrix of the step.
         tok, prob = _argmax_prob(dec.logits(hidden[p - 1 :]))

@@ -10,6 +10,7 @@ norms, per-row attention), so a row's result does not depend on the other rows o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,14 +73,16 @@ class StepInputs:
     ``[M, L]`` over KV rows ``[0, L)`` (True = may attend; L is the segment's read length).
 
     ``mask_rows``: how many trailing rows are mask rows of a mask-block draft step (a static count:
-    it is part of the replay state). Their input is the adapter's mask embedding (their token ids
-    are ignored) and only they get the gated LoRA deltas.
+    it is part of the replay state), and ``mask_block`` the adapter module (``model.adapters.MaskBlock``)
+    that drives them: their input is its mask embedding (their token ids are ignored) and only they
+    get its gated LoRA deltas.
     """
 
     tokens: torch.Tensor
     positions: torch.Tensor
     mask: torch.Tensor
     mask_rows: int = 0
+    mask_block: Any = None
 
 
 class Decoder(nn.Module):
@@ -94,7 +97,6 @@ class Decoder(nn.Module):
         self.norm = nn.Parameter(norm, requires_grad=False)
         self.lm_head = lm_head
         self.backend: str | None = None  # backend for attention (linear layers carry their own)
-        self.mask_block = None  # a model.adapters.MaskBlock when a mask-block adapter is attached
         n_pos = max_positions or args.max_position_embeddings
         cos, sin = rope_tables(args.head_dim, args.rope_theta, args.rope_scaling, n_pos)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -114,17 +116,17 @@ class Decoder(nn.Module):
         m = step.tokens.shape[0]
         r = step.mask_rows
         if r:
-            if self.mask_block is None:
-                raise BitMTPError("mask_rows: this step has mask rows but no mask-block adapter is attached")
+            if step.mask_block is None:
+                raise BitMTPError("mask_rows: this step has mask rows but no mask_block drives them")
             p = m - r
-            x = torch.cat([self.embed[step.tokens[:p]], self.mask_block.mask_embedding.to(self.dtype).expand(r, -1)])
+            x = torch.cat([self.embed[step.tokens[:p]], step.mask_block.mask_embedding.to(self.dtype).expand(r, -1)])
         else:
             x = self.embed[step.tokens]  # [M, hidden]
         cos = self.rope_cos[step.positions].to(x.dtype)
         sin = self.rope_sin[step.positions].to(x.dtype)
         for i, layer in enumerate(self.layers):
             at = layer.attn
-            adapt = self._gated_lora(i, m - r) if r else None
+            adapt = self._gated_lora(step.mask_block, i, m - r) if r else None
             h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
             qkv = at.qkv_proj(h)
             if adapt is not None:
@@ -148,10 +150,10 @@ class Decoder(nn.Module):
             x = x + layer.mlp(h, adapt)
         return rms_norm(x, self.norm, a.rms_norm_eps)
 
-    def _gated_lora(self, layer: int, first_mask_row: int):
+    @staticmethod
+    def _gated_lora(block, layer: int, first_mask_row: int):
         """The gate of the gated LoRA: add the mask block's delta to rows ``[first_mask_row, M)`` only
         (rows before it — the pending rows — keep the base model's exact outputs)."""
-        block = self.mask_block
 
         def adapt(group: str, inputs: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
             delta = block.delta(layer, group, inputs[first_mask_row:])

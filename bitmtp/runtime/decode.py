@@ -93,9 +93,6 @@ class DecodeStats:
                 "widths": dict(sorted(self.widths.items())), "syncs": self.syncs, "draft_steps": self.draft_steps,
                 "flushes": self.flushes, "tokens_per_second": self.tokens_per_second}
 
-    def __getitem__(self, key: str):
-        return self.as_dict()[key]
-
 
 @dataclass
 class GenerationResult:
@@ -269,6 +266,4 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str,
         pending_tokens = list(commit.tokens[commit.exact_rows :])
         if out.reason is not None:
             break
-    if deferred is not None:  # pragma: no cover - the loop never leaves a verify unresolved
-        raise RuntimeError("decode: a verify step was left unresolved")
     engine.n = n

@@ -36,20 +36,17 @@ def fake_quant_ste(x: torch.Tensor) -> torch.Tensor:
 
 
 class FrozenProjection(nn.Module):
-    """A projection of the base as a float matrix; ternary ones fake-quantize their input."""
+    """A projection of the base as a float matrix; ternary ones fake-quantize their input. A projection
+    the decoder could not fuse (``fuse.Stacked``: parts of different kinds) runs its parts and
+    concatenates, as the decoder does."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype):
         super().__init__()
+        self.parts = None
         if isinstance(module, Stacked):
-            parts = [FrozenProjection(p, dtype) for p in module.parts]
-            w = torch.cat([p.weight for p in parts])
-            b = None if all(p.bias is None for p in parts) else torch.cat(
-                [p.bias if p.bias is not None else torch.zeros(p.weight.shape[0], dtype=dtype) for p in parts])
-            quant = {p.quantize_input for p in parts}
-            if len(quant) != 1:
-                raise NotImplementedError("training: a fused projection mixing ternary and dense parts")
-            self.quantize_input = quant.pop()
-        elif isinstance(module, TernaryLinear):
+            self.parts = nn.ModuleList(FrozenProjection(p, dtype) for p in module.parts)
+            return
+        if isinstance(module, TernaryLinear):
             w, b, self.quantize_input = module.dequantized_weight(dtype), module.bias, True
         elif isinstance(module, DenseLinear):
             w, b, self.quantize_input = module.weight, module.bias, False
@@ -59,6 +56,8 @@ class FrozenProjection(nn.Module):
         self.register_buffer("bias", None if b is None else b.detach().to(dtype), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parts is not None:
+            return torch.cat([p(x) for p in self.parts], dim=-1)
         if self.quantize_input:
             x = fake_quant_ste(x)
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
