@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,8 @@ from bitmtp.model.loaders import from_safetensors_dir, from_transformers
 from bitmtp.runtime.decode import DecodeStats, GenerationResult
 from bitmtp.runtime.engine import Engine
 
+log = logging.getLogger("bitmtp")
+
 #: the default block size when neither the call nor the adapter names one
 DEFAULT_BLOCK_SIZE = 8
 
@@ -36,6 +39,10 @@ class BitMTPModel:
     engine: Engine
     drafter: Drafter | None = None
     adapter_config: AdapterConfig | None = None
+    #: the attached adapter's tensors as loaded (what :meth:`save_gguf` packs)
+    adapter_tensors: dict[str, torch.Tensor] | None = None
+    #: ``tokenizer.*`` fields of a GGUF source, written back unchanged by :meth:`save_gguf`
+    gguf_tokenizer_fields: dict[str, Any] | None = None
 
     @property
     def args(self) -> ModelArgs:
@@ -45,11 +52,27 @@ class BitMTPModel:
         """Attach an MTP adapter (a folder written by ``bitmtp.formats.adapters.save_adapter``, or a
         ``(config, tensors)`` pair); ``None`` detaches. The base model is untouched either way."""
         if adapter is None:
-            self.drafter, self.adapter_config = None, None
+            self.drafter, self.adapter_config, self.adapter_tensors = None, None, None
             return
         config, tensors = load_adapter(adapter) if isinstance(adapter, (str, Path)) else adapter
         module = build_adapter(config, tensors, self.args, dtype=self.decoder.dtype, device=self.decoder.device)
         self.drafter, self.adapter_config = drafter_for(self.decoder, module), config
+        self.adapter_tensors = dict(tensors)
+
+    def save_gguf(self, path: str | Path, *, adapter: bool = True, overwrite: bool = False, name: str | None = None,
+                  progress: bool = True) -> Path:
+        """Write this model as one GGUF file (see ``bitmtp.formats.gguf``): the base weights (ternary as
+        TQ2_0 where the layout allows), the tokenizer, and — with ``adapter=True`` and an adapter attached —
+        the MTP adapter under ``bitmtp.mtp.*`` with ``bitmtp.speculative.*`` metadata. Atomic; an existing
+        file is replaced only with ``overwrite=True``."""
+        from bitmtp.model.gguf_io import export_gguf
+
+        packed = None
+        if adapter and self.adapter_config is not None:
+            packed = (self.adapter_config, self.adapter_tensors)
+        return export_gguf(self.decoder, path,
+                           adapter=packed, tokenizer=self.tokenizer, tokenizer_fields=self.gguf_tokenizer_fields,
+                           name=name or Path(str(self.source)).stem, overwrite=overwrite, progress=progress)
 
     def check_ids(self, input_ids: Sequence[int]) -> list[int]:
         ids = [int(i) for i in input_ids]
@@ -83,18 +106,33 @@ class BitMTPModel:
         return self.engine.generate_ar(self.check_ids(input_ids), max_new_tokens, self.eos_ids(eos_token_id))
 
 
-def _gguf_via_transformers(path: Path):
+def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
+    """The tokenizer of a GGUF file: rebuilt from ``bitmtp.tokenizer.files`` when bitmtp wrote it, else
+    through transformers' GGUF tokenizer converter (llama / qwen3 files); None (with a warning) otherwise."""
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise BitMTPError("loading GGUF needs transformers, gguf and accelerate: pip install 'bitmtp[hf]'") from exc
+        from transformers import AutoTokenizer
+    except ImportError:
+        log.warning("%s: transformers is not installed, so the model has no tokenizer (pass input_ids)", path)
+        return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if files:
+        import tempfile
+
+        from bitmtp.formats.gguf_vocab import write_tokenizer_files
+
+        with tempfile.TemporaryDirectory(prefix="bitmtp-tok-") as tmp:
+            try:
+                write_tokenizer_files(files, Path(tmp))
+                return AutoTokenizer.from_pretrained(tmp)
+            except Exception as exc:  # transformers raises many types for bad tokenizer files
+                raise FormatError(f"{path}: the tokenizer stored in bitmtp.tokenizer.files cannot be loaded "
+                                  f"({type(exc).__name__}: {exc})") from exc
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
-    except Exception as exc:  # transformers raises many types for bad files
-        raise FormatError(f"{path}: cannot read GGUF ({type(exc).__name__}: {exc})") from exc
-    return hf, tok
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # e.g. an architecture transformers' GGUF reader does not know
+        log.warning("%s: no tokenizer could be built from the GGUF metadata (%s: %s); pass tokenizer= or input_ids",
+                    path, type(exc).__name__, exc)
+        return None
 
 
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
@@ -114,19 +152,26 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         m_max: widest replay step: 2D − 1 for block size D (the default, 31, covers D ≤ 16).
         tokenizer: override the tokenizer (e.g. for a live model object).
         adapter: an MTP adapter folder (``mask-block`` or ``heads``) to draft with; ``"auto"`` (the
-            default) attaches a shipped adapter when one was trained on exactly this model (same shape
-            and weight fingerprint, see ``bitmtp.shipped``); ``None`` attaches none.
+            default) arms the adapter a GGUF file carries (``bitmtp.speculative.*`` or Divine's
+            ``divine.speculative.*`` keys), else attaches a shipped adapter when one was trained on exactly
+            this model (same shape and weight fingerprint, see ``bitmtp.shipped``); ``None`` attaches none.
     """
     dtype = dtype or torch.float32
+    packed_adapter, gguf_fields = None, None
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.exists():
             raise BitMTPError(f"source: {path} does not exist")
         if path.is_file() and path.suffix == ".gguf":
-            hf, tok = _gguf_via_transformers(path)
-            decoder = from_transformers(hf, **kwargs)
-            del hf
+            from bitmtp.model.gguf_io import read_model
+
+            gguf_model = read_model(path, **kwargs)
+            decoder, packed_adapter = gguf_model.decoder, gguf_model.adapter
+            gguf_fields = gguf_model.tokenizer_fields
+            tok = tokenizer
+            if tok is None and (gguf_model.tokenizer_files or "tokenizer.ggml.model" in gguf_fields):
+                tok = _gguf_tokenizer(path, gguf_model.tokenizer_files)
         elif path.is_dir():
             decoder = from_safetensors_dir(path, **kwargs)
             tok = tokenizer
@@ -145,8 +190,11 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         raise BitMTPError(f"source: expected a path or a transformers model, got {type(source).__name__}")
     decoder = decoder.to(device)
     engine = Engine(decoder, capacity=capacity, m_max=m_max)
-    model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine)
-    if adapter == "auto":
+    model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine,
+                        gguf_tokenizer_fields=gguf_fields)
+    if adapter == "auto" and packed_adapter is not None:
+        adapter = packed_adapter  # a GGUF that carries an MTP adapter arms it
+    elif adapter == "auto":
         from bitmtp.model.adapters import base_fingerprint
         from bitmtp.shipped import find_shipped
 

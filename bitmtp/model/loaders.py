@@ -18,7 +18,7 @@ import torch
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
 from bitmtp.formats.bitnet import bitnet_scale_to_multiplier, bitnet_to_t2
 from bitmtp.formats.quantize import absmean_ternarize
-from bitmtp.formats.ternary import pack_t2
+from bitmtp.formats.ternary import pack_t2, words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
 from bitmtp.model.layers import DenseLinear
@@ -61,7 +61,7 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
     w = ts.get(prefix + ".weight")
     b = None
     if bias:
-        ternary = quantize is not None or w.dtype == torch.uint8
+        ternary = quantize is not None or w.dtype in (torch.uint8, torch.int32)
         b = ts.get(prefix + ".bias", (n,)).to(torch.float32 if ternary else dtype)
     if w.dtype == torch.uint8:  # BitNet packed: [ceil(N/4), K] + weight_scale
         if tuple(w.shape) != (-(-n // 4), k):
@@ -70,6 +70,12 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
         scale = ts.get(prefix + ".weight_scale")
         packed, scales = bitnet_to_t2(w, scale, out_features=n, linear_class=linear_class)
         return TernaryLinear(k, n, packed, scales, bias=b, backend=backend)
+    if w.dtype == torch.int32:  # T2 words (GGUF ternary, see model/gguf_io.py) + float32 [N_s, n_groups] scales
+        if tuple(w.shape) != (n, words_per_row(k)):
+            raise ShapeError(f"{ts.source}: T2 tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, "
+                             f"expected {(n, words_per_row(k))}")
+        scale = ts.get(prefix + ".weight_scale").to(torch.float32).contiguous()
+        return TernaryLinear(k, n, w.contiguous(), scale, bias=b, backend=backend)
     if tuple(w.shape) != (n, k):
         raise ShapeError(f"{ts.source}: tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, expected {(n, k)}")
     if ts.has(prefix + ".weight_scale"):  # AutoBitLinear offline: ternary float weights times weight_scale

@@ -1,0 +1,72 @@
+"""``python -m bitmtp convert``: write a model (base + MTP adapter + tokenizer) as one GGUF file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    import bitmtp
+    from bitmtp.cli import default_model_path
+    from bitmtp.errors import BitMTPError
+    from bitmtp.formats.gguf import SPEC, read_gguf
+
+    out = Path(args.output)
+    if out.suffix != ".gguf":
+        raise BitMTPError(f"--output: {out} should end in .gguf")
+    if out.exists() and not args.overwrite:
+        raise BitMTPError(f"--output: {out} already exists; pass --overwrite to replace it")
+    if args.adapter and args.no_adapter:
+        raise BitMTPError("--adapter and --no-adapter contradict each other")
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    source = args.source or default_model_path()
+    adapter = None if args.no_adapter else (args.adapter or "auto")
+    print(f"loading {source} ...", file=sys.stderr)
+    model = bitmtp.load(source, quantize=args.quantize, dtype=dtype, adapter=adapter)
+    path = model.save_gguf(out, adapter=not args.no_adapter, overwrite=args.overwrite, name=args.name)
+    contents = read_gguf(path)
+    types = Counter(t.type_name for n, t in contents.tensors.items() if not n.startswith("bitmtp."))
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 2**20:.1f} MiB): {len(contents.tensors)} tensors; base tensor types "
+          + ", ".join(f"{k} x{v}" for k, v in sorted(types.items())))
+    spec = {k[len(SPEC):]: v for k, v in contents.meta.items() if k.startswith(SPEC) and not k.endswith(".config")}
+    if spec:
+        print("speculative: " + ", ".join(f"{k}={v}" for k, v in spec.items()))
+    else:
+        print("speculative: none (plain model; bitmtp.load decodes it AR)")
+    has_vocab = "tokenizer.ggml.tokens" in contents.meta
+    print(f"tokenizer: {'GGML vocabulary + ' if has_vocab else ''}"
+          f"{'bitmtp tokenizer files' if 'bitmtp.tokenizer.files' in contents.meta else 'none'}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    cv = sub.add_parser(
+        "convert", help="write a model and its MTP adapter as one GGUF file",
+        description="Convert a model (HF folder, .gguf, or the embedded default) and its MTP adapter into one GGUF "
+                    "file: ternary weights as TQ2_0 where the layout allows (Q4_0 or F32 otherwise; exact float32 "
+                    "scales kept under bitmtp.scale.*), dense weights in --dtype, the tokenizer and chat template, "
+                    "and the adapter under bitmtp.mtp.* with bitmtp.speculative.* metadata. bitmtp.load(FILE) arms "
+                    "the adapter; readers that ignore unknown keys and tensors (transformers' GGUF loader) load the "
+                    "plain base model. The file is written atomically.",
+    )
+    cv.add_argument("source", nargs="?", help="HF checkpoint folder or .gguf file (default: the embedded "
+                                              "SmolLM2-135M-Instruct)")
+    cv.add_argument("--to", choices=["gguf"], default="gguf", help="output format (default gguf)")
+    cv.add_argument("-o", "--output", required=True, metavar="FILE", help="the .gguf file to write")
+    cv.add_argument("--adapter", metavar="DIR", help="MTP adapter folder to pack (default: the source's own or the "
+                                                     "shipped adapter for this exact model, if any)")
+    cv.add_argument("--no-adapter", action="store_true", help="write the base model only")
+    cv.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean first")
+    cv.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                    help="dtype of dense weights (embeddings, LM head, non-ternary projections); float32 (the "
+                         "default) keeps a float32 model exact")
+    cv.add_argument("--name", help="general.name of the file (default: the source's name)")
+    cv.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    cv.set_defaults(func=_cmd_convert)

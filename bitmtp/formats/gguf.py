@@ -1,0 +1,630 @@
+"""GGUF files: a bitmtp model (base + MTP adapter) as one file llama.cpp-family tools read as a plain model.
+
+This module is the file layer: names, the ternary block codecs, speculative metadata, reading and
+atomic writing. ``bitmtp.model.gguf_io`` turns decoders into these pieces and back.
+
+**Tensors** carry llama.cpp's names (``token_embd``, ``output_norm``, ``output`` (absent when tied),
+``blk.{i}.attn_norm|ffn_norm|attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down``, Qwen3's
+``attn_q_norm|attn_k_norm``, BitNet's ``attn_sub_norm|ffn_sub_norm``). For the ``llama``
+architecture the rows of ``attn_q``/``attn_k`` are permuted within each head as llama.cpp's
+converter does (its RoPE rotates neighbouring pairs, transformers' rotates halves); reading undoes it.
+
+**Ternary projections** are stored in the densest GGML type whose blocks fit the scale layout:
+
+* ``TQ2_0`` (2.06 bits/weight) when K % 256 == 0 and every 256-weight block lies inside one scale
+  group (per-tensor, per-row, or groups that are multiples of 256): code ``c = w + 1`` at 2 bits,
+  block scale ``d = fp16(scale)``;
+* ``Q4_0`` (4.5 bits/weight) when K and the group size are multiples of 32 (Bonsai's group 128):
+  ``q = w + 8``, ``d = fp16(scale)``;
+* ``F32`` (``w · scale``) otherwise.
+
+**Scale conversion.** bitmtp's scales are float32 and multiplicative (``W = w · scale``; a BitNet
+``bitlinear`` checkpoint's ``weight_scale`` is the inverse, see ``formats/bitnet.py``). GGML block
+scales are fp16, so a plain reader gets ``w · fp16(scale)`` — the base model up to the fp16 rounding of
+each scale (relative error ≤ 2⁻¹¹). bitmtp keeps the exact scales beside each ternary tensor as an
+F32 tensor ``bitmtp.scale.<name without .weight>`` of shape ``[N_s, n_groups]``; its presence marks the tensor as
+ternary, and the codes come back exactly from the blocks, so export → load is bit-exact. A foreign
+TQ1_0/TQ2_0 tensor without it is read as ternary with the block scales.
+
+**Dense tensors** are written in the model's dtype (F32/F16/BF16: exact round trip); norms as F32.
+
+**Metadata**: ``general.*``, the ``{arch}.*`` hyperparameters llama.cpp reads, ``tokenizer.ggml.*``
+and ``tokenizer.chat_template``; ``bitmtp.model_args`` (JSON of ``ModelArgs``: exact round trip of
+what the GGML keys cannot say, e.g. llama3 RoPE scaling) and ``bitmtp.tokenizer.files`` (JSON: the
+tokenizer's own files, so bitmtp rebuilds exactly the tokenizer it exported).
+
+**Speculative metadata** (present when an adapter is packed)::
+
+    bitmtp.speculative.architecture    "mask-block" | "heads"
+    bitmtp.speculative.block_size      D
+    bitmtp.speculative.num_heads       D − 1 (drafted tokens after the AR token)
+    bitmtp.speculative.rank            LoRA rank / heads' projection dim
+    bitmtp.speculative.projection_dim  = rank
+    bitmtp.speculative.discount_gamma  γ of the training loss
+    bitmtp.speculative.shared_lm_head  true (both kinds draft through the base LM head)
+    bitmtp.speculative.config          JSON of the whole AdapterConfig (targets, α, fingerprint, …)
+
+and the adapter's tensors as ``bitmtp.mtp.<name>`` (``bitmtp.mtp.mask_embedding``,
+``bitmtp.mtp.layers.3.q.lora_A``, ``bitmtp.mtp.heads.0.down``, …). Reading also accepts the Divine
+document's ``divine.speculative.*`` keys (``architecture: "mtp"`` = heads; ``num_heads`` M → D = M + 1;
+``projection_dim`` = rank) and tensors ``divine.mtp.{k}.proj_down|proj_up|norm.weight``.
+
+Writing is atomic (temporary file beside the target, then rename); nothing is left behind on error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bitmtp.errors import BitMTPError, FormatError, ShapeError
+from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+
+#: bitmtp family -> GGUF ``general.architecture``
+GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "bitnet": "bitnet"}
+FAMILY_OF_ARCH = {v: k for k, v in GGUF_ARCH.items()}
+
+SCALE_PREFIX = "bitmtp.scale."
+MTP_PREFIX = "bitmtp.mtp."
+DIVINE_MTP_PREFIX = "divine.mtp."
+SPEC = "bitmtp.speculative."
+DIVINE_SPEC = "divine.speculative."
+KEY_MODEL_ARGS = "bitmtp.model_args"
+KEY_TOKENIZER_FILES = "bitmtp.tokenizer.files"
+KEY_FORMAT_VERSION = "bitmtp.format_version"
+FORMAT_VERSION = 1
+#: tensors some GGUF files carry that bitmtp recomputes (llama3 RoPE frequencies come from model_args)
+IGNORED_TENSORS = ("rope_freqs.weight",)
+
+TQ_BLOCK = 256
+Q4_BLOCK = 32
+
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.attn_sub_norm.weight": "attn_sub_norm.weight",
+    "mlp.ffn_sub_norm.weight": "ffn_sub_norm.weight",
+}
+_PROJ_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+for _hf, _gg in _PROJ_NAMES.items():
+    for _suffix in ("weight", "bias"):
+        _LAYER_NAMES[f"{_hf}.{_suffix}"] = f"{_gg}.{_suffix}"
+_LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
+_GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_GG_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def gguf_name(hf_name: str) -> str:
+    """llama.cpp's name for a transformers tensor name (``model.layers.3.mlp.up_proj.weight`` →
+    ``blk.3.ffn_up.weight``)."""
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    m = _HF_LAYER.fullmatch(hf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise FormatError(f"tensor {hf_name!r}: no GGUF name for it")
+
+
+def hf_name(gguf_tensor_name: str) -> str | None:
+    """The transformers name of a llama.cpp tensor name, or None when it is not a base tensor bitmtp knows."""
+    if gguf_tensor_name in _GLOBAL_NAMES_BACK:
+        return _GLOBAL_NAMES_BACK[gguf_tensor_name]
+    m = _GG_LAYER.fullmatch(gguf_tensor_name)
+    if m and m.group(2) in _LAYER_NAMES_BACK:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES_BACK[m.group(2)]}"
+    return None
+
+
+def scale_name(weight_name: str) -> str:
+    """Name of the exact-scale tensor of a ternary weight: ``blk.0.attn_q.weight`` → ``bitmtp.scale.blk.0.attn_q``
+    (no ``.weight`` suffix, so readers that match ``.attn_q.`` to permute q rows leave it alone)."""
+    return SCALE_PREFIX + weight_name.removesuffix(".weight")
+
+
+def weight_of_scale(name: str) -> str:
+    """Inverse of :func:`scale_name`."""
+    return name[len(SCALE_PREFIX):] + ".weight"
+
+
+def permute_rows(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's q/k row permutation (halves → interleaved pairs within each head), on dim 0."""
+    n = x.shape[0]
+    if n % (2 * n_head):
+        raise ShapeError(f"permute_rows: {n} rows do not split into {n_head} heads of even size")
+    return x.reshape(n_head, 2, n // n_head // 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
+
+
+def unpermute_rows(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of :func:`permute_rows`."""
+    n = x.shape[0]
+    if n % (2 * n_head):
+        raise ShapeError(f"unpermute_rows: {n} rows do not split into {n_head} heads of even size")
+    return x.reshape(n_head, n // n_head // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ternary codecs
+# --------------------------------------------------------------------------------------------------
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as exc:
+        raise BitMTPError("GGUF support needs the gguf package: pip install 'bitmtp[hf]' (or pip install gguf)") \
+            from exc
+    return gguf
+
+
+def ternary_type_name(k: int, group_size: int) -> str:
+    """The GGML type a ternary ``[N, k]`` tensor with scale groups of ``group_size`` is stored as."""
+    if k % TQ_BLOCK == 0 and group_size % TQ_BLOCK == 0:
+        return "TQ2_0"
+    if k % Q4_BLOCK == 0 and group_size % Q4_BLOCK == 0:
+        return "Q4_0"
+    return "F32"
+
+
+def _block_scales(scales: torch.Tensor, n: int, k: int, group_size: int, block: int) -> torch.Tensor:
+    """float32 ``[N, K/block]``: the scale of each block (blocks never straddle groups here)."""
+    starts = torch.arange(0, k, block)
+    return scales.expand(n, scales.shape[1])[:, starts // group_size]
+
+
+def encode_ternary(w: torch.Tensor, scales: torch.Tensor, group_size: int) -> tuple[np.ndarray, str]:
+    """GGUF bytes of a ternary matrix ``w`` (int8 ``[N, K]``, values −1/0/1) with float32 ``scales``.
+
+    Returns ``(array, type_name)``: a uint8 ``[N, bytes_per_row]`` array for ``TQ2_0``/``Q4_0`` (the
+    writer derives the logical shape), or float32 ``[N, K]`` for ``F32``.
+    """
+    n, k = w.shape
+    kind = ternary_type_name(k, group_size)
+    if kind != "F32":
+        block = TQ_BLOCK if kind == "TQ2_0" else Q4_BLOCK
+        d = _block_scales(scales, n, k, group_size, block)
+        d16 = d.to(torch.float16)
+        if not bool(torch.isfinite(d16).all()) or bool((d16 == 0).any()):
+            kind = "F32"  # a scale fp16 cannot hold (overflow/underflow): keep exact values
+    if kind == "F32":
+        expanded = scales.expand(n, scales.shape[1]).repeat_interleave(group_size, dim=1)[:, :k]
+        return (w.to(torch.float32) * expanded).contiguous().numpy(), kind
+    nb = k // block
+    d_bytes = d16.contiguous().view(torch.uint8).reshape(n, nb, 2).numpy()
+    if kind == "TQ2_0":
+        # block element i = 128c + 32j + l sits in byte 32c + l at bit 2j
+        codes = (w.to(torch.int16) + 1).to(torch.uint8).reshape(n, nb, 2, 4, 32).numpy()
+        shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+        qs = np.bitwise_or.reduce(codes << shifts, axis=3).reshape(n, nb, 64)
+        blocks = np.concatenate([qs, d_bytes], axis=-1)  # qs then d
+    else:
+        # Q4_0: d first; element l < 16 in the low nibble of byte l, element l + 16 in its high nibble
+        q = (w.to(torch.int16) + 8).to(torch.uint8).reshape(n, nb, 2, 16).numpy()
+        qs = q[:, :, 0, :] | (q[:, :, 1, :] << 4)
+        blocks = np.concatenate([d_bytes, qs], axis=-1)
+    return np.ascontiguousarray(blocks.reshape(n, -1)), kind
+
+
+def _codes_from_blocks(data: np.ndarray, kind: str, n: int, k: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w int8 [N, K], d float32 [N, n_blocks])`` from TQ2_0 / Q4_0 bytes."""
+    raw = np.asarray(data, dtype=np.uint8).reshape(n, -1)
+    if kind == "TQ2_0":
+        nb = k // TQ_BLOCK
+        blocks = raw.reshape(n, nb, 66)
+        qs, d = blocks[..., :64], blocks[..., 64:]
+        shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+        codes = (qs.reshape(n, nb, 2, 1, 32) >> shifts) & 0x3
+        codes = codes.reshape(n, k).astype(np.int8)
+        if (codes == 3).any():
+            raise FormatError(f"tensor {name!r}: TQ2_0 data holds the invalid 2-bit code 3")
+        w = codes - 1
+    else:
+        nb = k // Q4_BLOCK
+        blocks = raw.reshape(n, nb, 18)
+        d, qs = blocks[..., :2], blocks[..., 2:]
+        q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, k).astype(np.int8) - 8
+        if ((q < -1) | (q > 1)).any():
+            raise FormatError(f"tensor {name!r}: Q4_0 data marked ternary holds values outside -1, 0, 1")
+        w = q
+    dd = np.ascontiguousarray(d).view(np.float16).reshape(n, nb).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(w)), torch.from_numpy(dd)
+
+
+def _scales_from_blocks(w: torch.Tensor, d: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
+    """The most compact ``(scales, group_size)`` consistent with per-block scales ``d`` (blocks whose
+    weights are all zero carry no scale information)."""
+    n, k = w.shape
+    nb = d.shape[1]
+    live = w.reshape(n, nb, block).ne(0).any(-1)
+    if not bool(live.any()):
+        return torch.ones(1, 1), k
+    if bool((d[live] <= 0).any()) or not bool(torch.isfinite(d[live]).all()):
+        raise FormatError("ternary block scales must be finite and positive")
+    first = torch.where(live, d, torch.full_like(d, float("nan")))
+    row = torch.nanmedian(first, dim=1).values  # a live scale per row (NaN for an all-zero row)
+    row = torch.where(torch.isnan(row), torch.ones_like(row), row)
+    if bool((~live | (d == row[:, None])).all()):
+        if bool((row == row[0]).all()):
+            return row[:1].reshape(1, 1).contiguous(), k
+        return row.reshape(n, 1).contiguous(), k
+    return torch.where(live, d, row[:, None]).contiguous(), block
+
+
+def decode_ternary(data: np.ndarray, kind: str, n: int, k: int, name: str,
+                   exact_scales: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(w int8 [N, K], scales float32, group_size)`` of a ternary tensor stored as ``kind``.
+
+    ``exact_scales`` (the ``bitmtp.scale.*`` tensor) wins over the blocks' fp16 scales; it must agree with
+    them (fp16 rounding apart) or the file is inconsistent.
+    """
+    if kind in ("TQ2_0", "Q4_0"):
+        block = TQ_BLOCK if kind == "TQ2_0" else Q4_BLOCK
+        if k % block:
+            raise FormatError(f"tensor {name!r}: {kind} needs K to be a multiple of {block}, got {k}")
+        w, d = _codes_from_blocks(data, kind, n, k, name)
+        if exact_scales is None:
+            scales, group = _scales_from_blocks(w, d, block)
+            return w, scales, group
+        group = _exact_group(exact_scales, n, k, name)
+        if group % block:
+            raise FormatError(f"tensor {name!r}: scale groups of {group} straddle {kind} blocks of {block}")
+        want = _block_scales(exact_scales, n, k, group, block).to(torch.float16).to(torch.float32)
+        live = w.reshape(n, -1, block).ne(0).any(-1)
+        if not bool((~live | (want == d)).all()):
+            raise FormatError(f"tensor {name!r}: its {SCALE_PREFIX}* scales disagree with the {kind} block scales")
+        return w, exact_scales, group
+    if kind == "TQ1_0":
+        values = torch.from_numpy(np.ascontiguousarray(_gguf().dequantize(data, _gguf().GGMLQuantizationType.TQ1_0)))
+        values = values.reshape(n, k).to(torch.float32)
+        d = values.abs().reshape(n, k // TQ_BLOCK, TQ_BLOCK).amax(-1)
+        safe = torch.where(d > 0, d, torch.ones_like(d)).repeat_interleave(TQ_BLOCK, dim=1)
+        w = torch.round(values / safe).to(torch.int8)
+        if exact_scales is not None:
+            return w, exact_scales, _exact_group(exact_scales, n, k, name)
+        scales, group = _scales_from_blocks(w, d, TQ_BLOCK)
+        return w, scales, group
+    if exact_scales is None:
+        raise FormatError(f"tensor {name!r}: a {kind} tensor is ternary only with a {scale_name(name)} tensor")
+    values = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(n, k)
+    group = _exact_group(exact_scales, n, k, name)
+    expanded = exact_scales.expand(n, exact_scales.shape[1]).repeat_interleave(group, dim=1)[:, :k]
+    ratio = values / expanded
+    w = torch.round(ratio)
+    if bool(((w.abs() > 1) | ((ratio - w).abs() > 1e-3)).any()):
+        raise FormatError(f"tensor {name!r}: values are not ternary multiples of its {SCALE_PREFIX}* scales")
+    return w.to(torch.int8), exact_scales, group
+
+
+def _exact_group(scales: torch.Tensor, n: int, k: int, name: str) -> int:
+    if scales.dim() != 2 or scales.shape[0] not in (1, n) or k % scales.shape[1]:
+        raise FormatError(f"{scale_name(name)}: shape {tuple(scales.shape)} does not fit a [{n}, {k}] weight "
+                          f"(expected [1 or {n}, n_groups] with n_groups dividing {k})")
+    if not bool(torch.isfinite(scales).all()) or bool((scales <= 0).any()):
+        raise FormatError(f"{scale_name(name)}: scales must be finite and positive")
+    return k // scales.shape[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# Speculative metadata
+# --------------------------------------------------------------------------------------------------
+
+def speculative_metadata(config: AdapterConfig) -> dict[str, Any]:
+    """The ``bitmtp.speculative.*`` keys of an adapter."""
+    return {
+        SPEC + "architecture": config.kind,
+        SPEC + "block_size": int(config.block_size),
+        SPEC + "num_heads": int(config.num_heads),
+        SPEC + "rank": int(config.rank),
+        SPEC + "projection_dim": int(config.rank),
+        SPEC + "discount_gamma": float(config.discount_gamma),
+        SPEC + "shared_lm_head": True,
+        SPEC + "config": json.dumps(asdict(config)),
+    }
+
+
+def adapter_from_gguf(meta: dict[str, Any], tensors: dict[str, torch.Tensor], base: BaseShape,
+                      source: str) -> tuple[AdapterConfig, dict[str, torch.Tensor]] | None:
+    """The adapter packed in a GGUF (bitmtp or Divine keys), validated against its tensors; None if absent.
+
+    ``tensors`` holds only the file's ``bitmtp.mtp.*`` / ``divine.mtp.*`` tensors (full names).
+    """
+    has_bitmtp = any(k.startswith(SPEC) for k in meta)
+    has_divine = any(k.startswith(DIVINE_SPEC) for k in meta)
+    mtp = {k: v for k, v in tensors.items() if k.startswith(MTP_PREFIX)}
+    divine = {k: v for k, v in tensors.items() if k.startswith(DIVINE_MTP_PREFIX)}
+    if not has_bitmtp and not has_divine:
+        if mtp or divine:
+            raise FormatError(f"{source}: holds MTP tensors ({next(iter(mtp or divine))!r}, …) but no "
+                              f"{SPEC}* / {DIVINE_SPEC}* metadata saying what they are")
+        return None
+    if has_bitmtp:
+        return _bitmtp_adapter(meta, mtp, base, source)
+    return _divine_adapter(meta, divine, base, source)
+
+
+def _need(meta: dict[str, Any], key: str, source: str) -> Any:
+    if key not in meta:
+        raise FormatError(f"{source}: missing metadata key {key!r}")
+    return meta[key]
+
+
+def _bitmtp_adapter(meta, mtp, base, source):
+    kind = _need(meta, SPEC + "architecture", source)
+    block = int(_need(meta, SPEC + "block_size", source))
+    if SPEC + "config" in meta:
+        try:
+            raw = json.loads(meta[SPEC + "config"])
+            config = AdapterConfig(**raw)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise FormatError(f"{source}: {SPEC}config is not a valid adapter config ({exc})") from exc
+    else:
+        rank = int(meta.get(SPEC + "rank", meta.get(SPEC + "projection_dim", 0)))
+        config = AdapterConfig(kind=kind, block_size=block, rank=rank, base=base,
+                               discount_gamma=float(meta.get(SPEC + "discount_gamma", 0.8)))
+    checks = {"architecture": (kind, config.kind), "block_size": (block, config.block_size)}
+    if SPEC + "num_heads" in meta:
+        checks["num_heads"] = (int(meta[SPEC + "num_heads"]), config.num_heads)
+    for key in ("rank", "projection_dim"):
+        if SPEC + key in meta:
+            checks[key] = (int(meta[SPEC + key]), config.rank)
+    for key, (said, actual) in checks.items():
+        if said != actual:
+            raise FormatError(f"{source}: inconsistent metadata: {SPEC}{key} = {said!r} but the adapter "
+                              f"config says {actual!r}")
+    adapter = {k[len(MTP_PREFIX):]: v for k, v in mtp.items()}
+    check_tensors(config, adapter, source=f"{source} ({MTP_PREFIX}* tensors, {SPEC}block_size={block})")
+    return config, adapter
+
+
+_DIVINE_PARTS = {"proj_down.weight": "down", "proj_up.weight": "up", "norm.weight": "norm"}
+
+
+def _divine_adapter(meta, divine, base, source):
+    arch = _need(meta, DIVINE_SPEC + "architecture", source)
+    if arch != "mtp":
+        raise FormatError(f"{source}: {DIVINE_SPEC}architecture = {arch!r}; bitmtp reads Divine's 'mtp' heads")
+    heads = int(_need(meta, DIVINE_SPEC + "num_heads", source))
+    rank = int(_need(meta, DIVINE_SPEC + "projection_dim", source))
+    if heads < 1:
+        raise FormatError(f"{source}: inconsistent metadata: {DIVINE_SPEC}num_heads = {heads}")
+    config = AdapterConfig(kind="heads", block_size=heads + 1, rank=rank, base=base,
+                           discount_gamma=float(meta.get(DIVINE_SPEC + "discount_gamma", 0.9)))
+    adapter = {}
+    for name, t in divine.items():
+        rest = name[len(DIVINE_MTP_PREFIX):]
+        idx, _, part = rest.partition(".")
+        if not idx.isdigit() or part not in _DIVINE_PARTS:
+            raise FormatError(f"{source}: unexpected Divine tensor {name!r}")
+        adapter[f"heads.{int(idx)}.{_DIVINE_PARTS[part]}"] = t
+    check_tensors(config, adapter, source=f"{source} ({DIVINE_MTP_PREFIX}* tensors, "
+                                          f"{DIVINE_SPEC}num_heads={heads})")
+    return config, adapter
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading and writing
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class GGUFTensor:
+    """One tensor of a GGUF file: its GGML type name, logical PyTorch-order shape and raw data."""
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass
+class GGUFField:
+    """A metadata value with its GGUF types (kept so a re-export writes it back unchanged)."""
+
+    value: Any
+    vtype: Any
+    sub_type: Any = None
+
+
+@dataclass
+class GGUFContents:
+    path: Path
+    fields: dict[str, GGUFField]
+    tensors: dict[str, GGUFTensor]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {k: f.value for k, f in self.fields.items()}
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("general.architecture", ""))
+
+
+def read_gguf(path: str | Path) -> GGUFContents:
+    """Read a GGUF file's metadata and tensor index (tensor data stays memory-mapped)."""
+    gguf = _gguf()
+    path = Path(path)
+    if not path.is_file():
+        raise BitMTPError(f"{path}: no such file")
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as exc:  # the reader raises ValueError/IndexError/struct errors on bad files
+        detail = str(exc)
+        if "GGMLQuantizationType" in detail:
+            detail = f"unknown tensor type ({detail})"
+        raise FormatError(f"{path}: cannot read GGUF: {detail}; the file is truncated, corrupt, or uses a "
+                          "tensor type this gguf package does not know") from exc
+    fields: dict[str, GGUFField] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            value = field.contents()
+        except Exception as exc:
+            raise FormatError(f"{path}: metadata key {key!r} cannot be decoded ({exc})") from exc
+        sub = field.types[-1] if len(field.types) > 1 else None
+        fields[key] = GGUFField(value, field.types[0] if field.types else None, sub)
+    tensors: dict[str, GGUFTensor] = {}
+    for t in reader.tensors:
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        tensors[t.name] = GGUFTensor(t.name, t.tensor_type.name, shape, t.data)
+    _check_sizes(path, reader, tensors)
+    return GGUFContents(path, fields, tensors)
+
+
+def _check_sizes(path: Path, reader: Any, tensors: dict[str, GGUFTensor]) -> None:
+    gguf = _gguf()
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+            raise FormatError(f"{path}: tensor {t.name!r} runs past the end of the file ({size} bytes); "
+                              "the file is truncated")
+        block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        if t.n_elements % block or t.n_bytes != t.n_elements // block * type_size:
+            raise FormatError(f"{path}: tensor {t.name!r} has {t.n_bytes} bytes, which does not match "
+                              f"{t.n_elements} elements of {t.tensor_type.name}")
+
+
+def dense_tensor(t: GGUFTensor) -> torch.Tensor:
+    """A float tensor of the GGUF tensor's logical shape (F32/F16/BF16 as stored; other types dequantized
+    to float32 by the gguf package)."""
+    gguf = _gguf()
+    if t.type_name == "F32":
+        return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(t.shape)
+    if t.type_name == "F16":
+        return torch.from_numpy(np.array(t.data, dtype=np.float16)).reshape(t.shape)
+    if t.type_name == "BF16":
+        raw = np.array(t.data).view(np.uint16).astype(np.int16)
+        return torch.from_numpy(raw).view(torch.bfloat16).reshape(t.shape)
+    qtype = gguf.GGMLQuantizationType[t.type_name]
+    try:
+        values = gguf.dequantize(t.data, qtype)
+    except NotImplementedError as exc:
+        raise FormatError(f"tensor {t.name!r}: GGML type {t.type_name} cannot be dequantized here") from exc
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(t.shape)
+
+
+@dataclass
+class TensorOut:
+    """A tensor to write: ``data`` is float/int numpy, or uint8 block bytes with ``type_name`` set."""
+
+    name: str
+    data: np.ndarray
+    type_name: str | None = None
+
+
+def numpy_of(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
+    """``(array, raw type name or None)`` for writing a dense torch tensor as it is."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16).copy(), "BF16"
+    if t.dtype in (torch.float32, torch.float16):
+        return t.numpy(), None
+    raise FormatError(f"dtype {t.dtype}: GGUF export writes float32, float16 or bfloat16 dense tensors")
+
+
+def write_gguf(path: str | Path, arch: str, fields: Iterable[tuple[str, GGUFField]],
+               tensors: Iterable[TensorOut], *, overwrite: bool = False,
+               progress: Callable[[str], None] | None = None) -> Path:
+    """Write a GGUF file atomically: a temporary file beside ``path``, renamed into place when complete."""
+    gguf = _gguf()
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise BitMTPError(f"{path}: already exists; pass overwrite=True (--overwrite) to replace it")
+    if path.exists() and not path.is_file():
+        raise BitMTPError(f"{path}: exists and is not a file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        for key, f in fields:
+            if key == "general.architecture":
+                continue
+            writer.add_key_value(key, f.value, f.vtype, sub_type=f.sub_type)
+        for t in tensors:
+            raw = None if t.type_name is None else gguf.GGMLQuantizationType[t.type_name]
+            writer.add_tensor(t.name, t.data, raw_dtype=raw)
+            if progress is not None:
+                progress(t.name)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def field(value: Any, kind: str | None = None) -> GGUFField:
+    """A metadata field with its GGUF type chosen from the Python value (``kind`` forces one, e.g. 'uint32')."""
+    gguf = _gguf()
+    vt = gguf.GGUFValueType
+    if kind is not None:
+        return GGUFField(value, vt[kind.upper()])
+    if isinstance(value, bool):
+        return GGUFField(value, vt.BOOL)
+    if isinstance(value, int):
+        return GGUFField(value, vt.UINT32 if value >= 0 else vt.INT32)
+    if isinstance(value, float):
+        return GGUFField(value, vt.FLOAT32)
+    if isinstance(value, str):
+        return GGUFField(value, vt.STRING)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise FormatError("metadata arrays must not be empty")
+        return GGUFField(list(value), vt.ARRAY, vt.get_type(value[0]))
+    raise FormatError(f"metadata value of type {type(value).__name__} cannot be written to GGUF")
+
+
+__all__ = [
+    "GGUF_ARCH",
+    "SCALE_PREFIX",
+    "MTP_PREFIX",
+    "gguf_name",
+    "hf_name",
+    "scale_name",
+    "weight_of_scale",
+    "permute_rows",
+    "unpermute_rows",
+    "ternary_type_name",
+    "encode_ternary",
+    "decode_ternary",
+    "speculative_metadata",
+    "adapter_from_gguf",
+    "read_gguf",
+    "write_gguf",
+    "dense_tensor",
+    "GGUFContents",
+    "GGUFTensor",
+    "GGUFField",
+    "TensorOut",
+    "field",
+    "numpy_of",
+]

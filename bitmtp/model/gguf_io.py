@@ -1,0 +1,362 @@
+"""Decoder ⇄ GGUF: export a decoder (plus an MTP adapter and a tokenizer) and read it back.
+
+The file layout, the ternary codecs and the speculative keys are ``bitmtp.formats.gguf``'s; this
+module walks the decoder (splitting its fused q/k/v and gate/up projections back into the separate
+tensors llama.cpp expects) and rebuilds a decoder through ``model.loaders.build_decoder``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bitmtp.errors import BitMTPError, FormatError
+from bitmtp.formats import gguf as G
+from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
+from bitmtp.formats.ternary import pack_t2, unpack_t2
+from bitmtp.model.args import ModelArgs
+from bitmtp.model.decoder import Decoder
+from bitmtp.model.fuse import Stacked
+from bitmtp.model.layers import DenseLinear
+from bitmtp.model.loaders import build_decoder
+from bitmtp.ops import TernaryLinear
+
+log = logging.getLogger("bitmtp")
+
+#: GGUF files (and llama.cpp) quantize everything else in "file type" terms; ours mixes types per tensor
+GENERAL_QUANTIZATION_VERSION = 2
+
+
+@dataclass
+class _Ternary:
+    """One ternary projection as stored: codes ``[N, K]`` int8, float32 scales, group size."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+
+
+def _compact(scales: torch.Tensor) -> torch.Tensor:
+    """Per-row scales that are all equal become one shared row (per-tensor), as checkpoints store them."""
+    if scales.shape[0] > 1 and bool((scales == scales[:1]).all()):
+        return scales[:1].contiguous()
+    return scales.contiguous()
+
+
+def _split(module: nn.Module, sizes: list[int]) -> list[tuple[_Ternary | torch.Tensor, torch.Tensor | None]]:
+    """``(weight, bias)`` per part of a row-fused projection (sizes: rows of each part)."""
+    if isinstance(module, Stacked):
+        return [_split(p, [s])[0] for p, s in zip(module.parts, sizes, strict=True)]
+    if sum(sizes) != module.out_features:
+        raise BitMTPError(f"projection has {module.out_features} rows, expected {sum(sizes)}")
+    out = []
+    start = 0
+    for n in sizes:
+        rows = slice(start, start + n)
+        bias = None if module.bias is None else module.bias.detach()[rows].cpu()
+        if isinstance(module, TernaryLinear):
+            codes = unpack_t2(module.weight[rows].cpu(), module.in_features)
+            scales = module.scales if module.scales.shape[0] == 1 else module.scales[rows]
+            out.append((_Ternary(codes, _compact(scales.detach().float().cpu()), module.group_size), bias))
+        elif isinstance(module, DenseLinear):
+            out.append((module.weight.detach()[rows].cpu(), bias))
+        else:
+            raise BitMTPError(f"GGUF export: cannot write a projection of type {type(module).__name__}")
+        start += n
+    return out
+
+
+def decoder_state(decoder: Decoder) -> dict[str, Any]:
+    """Every base tensor of ``decoder`` under its transformers name; ternary weights as ``_Ternary``."""
+    a = decoder.args
+    state: dict[str, Any] = {"model.embed_tokens.weight": decoder.embed.detach()}
+
+    def put(prefix: str, part) -> None:
+        weight, bias = part
+        state[prefix + ".weight"] = weight
+        if bias is not None:
+            state[prefix + ".bias"] = bias
+
+    for i, layer in enumerate(decoder.layers):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = layer.in_norm.detach()
+        for name, part in zip(("q_proj", "k_proj", "v_proj"),
+                              _split(layer.attn.qkv_proj, [a.q_size, a.kv_size, a.kv_size]), strict=True):
+            put(p + "self_attn." + name, part)
+        put(p + "self_attn.o_proj", _split(layer.attn.o_proj, [a.hidden_size])[0])
+        if layer.attn.q_norm is not None:
+            state[p + "self_attn.q_norm.weight"] = layer.attn.q_norm.detach()
+            state[p + "self_attn.k_norm.weight"] = layer.attn.k_norm.detach()
+        if layer.attn.sub_norm is not None:
+            state[p + "self_attn.attn_sub_norm.weight"] = layer.attn.sub_norm.detach()
+        state[p + "post_attention_layernorm.weight"] = layer.post_norm.detach()
+        for name, part in zip(("gate_proj", "up_proj"),
+                              _split(layer.mlp.gate_up_proj, [a.intermediate_size] * 2), strict=True):
+            put(p + "mlp." + name, part)
+        put(p + "mlp.down_proj", _split(layer.mlp.down_proj, [a.hidden_size])[0])
+        if layer.mlp.sub_norm is not None:
+            state[p + "mlp.ffn_sub_norm.weight"] = layer.mlp.sub_norm.detach()
+    state["model.norm.weight"] = decoder.norm.detach()
+    if not a.tie_word_embeddings:
+        state["lm_head.weight"] = decoder.lm_head.weight.detach()
+    return state
+
+
+def _qk_heads(args: ModelArgs, hf: str) -> int | None:
+    """Heads to (un)permute for llama.cpp's RoPE layout: llama q/k only."""
+    if args.family != "llama":
+        return None
+    if ".self_attn.q_proj." in hf:
+        return args.num_heads
+    if ".self_attn.k_proj." in hf:
+        return args.num_kv_heads
+    return None
+
+
+def _hyperparameters(args: ModelArgs, arch: str) -> dict[str, G.GGUFField]:
+    f = G.field
+    keys = {
+        f"{arch}.context_length": f(int(args.max_position_embeddings)),
+        f"{arch}.embedding_length": f(int(args.hidden_size)),
+        f"{arch}.block_count": f(int(args.num_layers)),
+        f"{arch}.feed_forward_length": f(int(args.intermediate_size)),
+        f"{arch}.attention.head_count": f(int(args.num_heads)),
+        f"{arch}.attention.head_count_kv": f(int(args.num_kv_heads)),
+        f"{arch}.attention.layer_norm_rms_epsilon": f(float(args.rms_norm_eps)),
+        f"{arch}.rope.freq_base": f(float(args.rope_theta)),
+        f"{arch}.rope.dimension_count": f(int(args.head_dim)),
+        f"{arch}.attention.key_length": f(int(args.head_dim)),
+        f"{arch}.attention.value_length": f(int(args.head_dim)),
+        f"{arch}.vocab_size": f(int(args.vocab_size)),
+    }
+    return keys
+
+
+def _tensors_out(decoder: Decoder, adapter) -> Iterator[G.TensorOut]:
+    args = decoder.args
+    for hf, value in decoder_state(decoder).items():
+        name = G.gguf_name(hf)
+        heads = _qk_heads(args, hf)
+        if isinstance(value, _Ternary):
+            codes, scales = value.codes, value.scales
+            if value.scales.shape[1] > 1 and codes.shape[1] % value.scales.shape[1]:
+                raise BitMTPError(f"{hf}: GGUF export needs scale groups that divide K")
+            if heads is not None:
+                codes = G.permute_rows(codes, heads)
+                scales = G.permute_rows(scales, heads) if scales.shape[0] > 1 else scales
+            data, kind = G.encode_ternary(codes, scales, value.group_size)
+            yield G.TensorOut(name, data, None if kind == "F32" else kind)
+            yield G.TensorOut(G.scale_name(name), scales.numpy())
+            continue
+        t = value
+        if heads is not None:
+            t = G.permute_rows(t, heads)
+        if t.dim() == 1:  # norms and biases: F32, as llama.cpp expects
+            t = t.to(torch.float32)
+        data, raw = G.numpy_of(t)
+        yield G.TensorOut(name, data, raw)
+    if adapter is not None:
+        _, tensors = adapter
+        for name, t in tensors.items():
+            data, raw = G.numpy_of(t)
+            yield G.TensorOut(G.MTP_PREFIX + name, data, raw)
+
+
+def export_gguf(decoder: Decoder, path: str | Path, *,
+                adapter: tuple[AdapterConfig, dict[str, torch.Tensor]] | None = None,
+                tokenizer: Any = None, tokenizer_fields: dict[str, G.GGUFField] | None = None,
+                name: str | None = None, overwrite: bool = False, progress: bool = True) -> Path:
+    """Write ``decoder`` (+ ``adapter`` and ``tokenizer``) as one GGUF file. See ``bitmtp.formats.gguf``.
+
+    Args:
+        adapter: ``(config, tensors)`` of an MTP adapter to pack under ``bitmtp.mtp.*``; None writes a
+            plain model.
+        tokenizer: a transformers tokenizer; its files go into ``bitmtp.tokenizer.files`` and, unless
+            ``tokenizer_fields`` are given, its vocabulary into ``tokenizer.ggml.*`` (BPE tokenizers).
+        tokenizer_fields: ``tokenizer.*`` fields to write unchanged (from a GGUF source).
+        overwrite: replace an existing file (atomically).
+    """
+    args = decoder.args
+    arch = G.GGUF_ARCH[args.family]
+    if adapter is not None:
+        config, tensors = adapter
+        config.check_base(args)
+        check_tensors(config, tensors)
+    fields: dict[str, G.GGUFField] = {
+        "general.name": G.field(name or f"bitmtp-{args.family}"),
+        "general.quantization_version": G.field(GENERAL_QUANTIZATION_VERSION),
+        G.KEY_FORMAT_VERSION: G.field(G.FORMAT_VERSION),
+        G.KEY_MODEL_ARGS: G.field(json.dumps(args.to_dict())),
+    }
+    fields.update(_hyperparameters(args, arch))
+    if tokenizer_fields:
+        fields.update({k: v for k, v in tokenizer_fields.items() if k.startswith("tokenizer.")})
+    elif tokenizer is not None:
+        vocab_fields, why_not = ggml_tokenizer_fields(tokenizer, args.vocab_size)
+        if why_not:
+            log.warning("GGUF export: %s; llama.cpp-family readers will not find a vocabulary "
+                        "(bitmtp still reads the tokenizer from %s)", why_not, G.KEY_TOKENIZER_FILES)
+        fields.update({k: G.field(v) if not isinstance(v, G.GGUFField) else v for k, v in vocab_fields.items()})
+    if tokenizer is not None:
+        files = tokenizer_files(tokenizer)
+        if files:
+            fields[G.KEY_TOKENIZER_FILES] = G.field(json.dumps(files))
+    if adapter is not None:
+        fields.update({k: G.field(v) for k, v in G.speculative_metadata(adapter[0]).items()})
+    state = decoder_state(decoder)
+    n_tensors = len(state) + sum(isinstance(v, _Ternary) for v in state.values()) + (
+        len(adapter[1]) if adapter is not None else 0)
+    del state
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_tensors, desc=f"encoding {Path(path).name}", unit="tensor", leave=False)
+    try:
+        return G.write_gguf(path, arch, fields.items(), _tensors_out(decoder, adapter), overwrite=overwrite,
+                            progress=(lambda _n: bar.update(1)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class GGUFModel:
+    """What a GGUF file holds, as bitmtp objects."""
+
+    decoder: Decoder
+    adapter: tuple[AdapterConfig, dict[str, torch.Tensor]] | None
+    contents: G.GGUFContents
+
+    @property
+    def tokenizer_files(self) -> dict[str, Any] | None:
+        f = self.contents.fields.get(G.KEY_TOKENIZER_FILES)
+        if f is None:
+            return None
+        try:
+            return json.loads(f.value)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{self.contents.path}: {G.KEY_TOKENIZER_FILES} is not valid JSON ({exc})") from exc
+
+    @property
+    def tokenizer_fields(self) -> dict[str, G.GGUFField]:
+        return {k: v for k, v in self.contents.fields.items() if k.startswith("tokenizer.")}
+
+
+def args_from_gguf(contents: G.GGUFContents) -> ModelArgs:
+    """ModelArgs from ``bitmtp.model_args`` when present, else from llama.cpp's hyperparameter keys."""
+    meta, src = contents.meta, str(contents.path)
+    arch = contents.architecture
+    if arch not in G.FAMILY_OF_ARCH:
+        raise FormatError(f"{src}: GGUF architecture {arch!r} is not supported (supported: "
+                          f"{', '.join(G.FAMILY_OF_ARCH)})")
+    family = G.FAMILY_OF_ARCH[arch]
+    if G.KEY_MODEL_ARGS in meta:
+        try:
+            args = ModelArgs(**json.loads(meta[G.KEY_MODEL_ARGS]))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise FormatError(f"{src}: {G.KEY_MODEL_ARGS} is not valid ({exc})") from exc
+        if args.family != family:
+            raise FormatError(f"{src}: inconsistent metadata: {G.KEY_MODEL_ARGS} says family {args.family!r}, "
+                              f"general.architecture says {arch!r}")
+        return args
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise FormatError(f"{src}: missing metadata key {arch}.{name!r}")
+        return value
+
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    embed = contents.tensors.get("token_embd.weight")
+    vocab = meta.get(f"{arch}.vocab_size") or (len(meta["tokenizer.ggml.tokens"])
+                                                if "tokenizer.ggml.tokens" in meta else None)
+    if vocab is None and embed is not None:
+        vocab = embed.shape[0]
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    config = {
+        "model_type": family,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
+                        or hidden // heads),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in contents.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in contents.tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in contents.tensors,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": None if eos is None else int(eos),
+    }
+    if family == "bitnet":
+        config["hidden_act"] = "relu2"
+    return ModelArgs.from_hf_config(config, source=src)
+
+
+def _is_ternary(contents: G.GGUFContents, name: str) -> bool:
+    t = contents.tensors[name]
+    return t.type_name in ("TQ1_0", "TQ2_0") or G.scale_name(name) in contents.tensors
+
+
+def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
+    """Read a GGUF file into a decoder (+ its packed adapter). ``build_kwargs`` go to ``build_decoder``."""
+    contents = G.read_gguf(path)
+    src = str(contents.path)
+    args = args_from_gguf(contents)
+    hf: dict[str, torch.Tensor] = {}
+    mtp: dict[str, torch.Tensor] = {}
+    for name, t in contents.tensors.items():
+        if name.startswith(G.SCALE_PREFIX):
+            if G.weight_of_scale(name) not in contents.tensors:
+                raise FormatError(f"{src}: scale tensor {name!r} has no weight tensor")
+            continue
+        if name.startswith((G.MTP_PREFIX, G.DIVINE_MTP_PREFIX)):
+            mtp[name] = G.dense_tensor(t)
+            continue
+        if name in G.IGNORED_TENSORS:
+            continue
+        target = G.hf_name(name)
+        if target is None:
+            raise FormatError(f"{src}: unexpected tensor {name!r} (type {t.type_name}) for a {args.family} model")
+        heads = _qk_heads(args, target)
+        if target.endswith("_proj.weight") and _is_ternary(contents, name):
+            if len(t.shape) != 2:
+                raise FormatError(f"{src}: ternary tensor {name!r} must be 2-D, has shape {t.shape}")
+            exact = contents.tensors.get(G.scale_name(name))
+            exact_scales = None if exact is None else G.dense_tensor(exact).to(torch.float32)
+            codes, scales, _group = G.decode_ternary(t.data, t.type_name, t.shape[0], t.shape[1], name, exact_scales)
+            if heads is not None:
+                codes = G.unpermute_rows(codes, heads)
+                scales = G.unpermute_rows(scales, heads) if scales.shape[0] > 1 else scales
+            hf[target] = pack_t2(codes)
+            hf[target.replace(".weight", ".weight_scale")] = scales.contiguous()
+            continue
+        value = G.dense_tensor(t)
+        if heads is not None:
+            value = G.unpermute_rows(value, heads)
+        hf[target] = value
+    build_kwargs.setdefault("linear_class", "bitlinear")
+    decoder = build_decoder(args, hf, source=src, **build_kwargs)
+    adapter = G.adapter_from_gguf(contents.meta, mtp, BaseShape.of(args), src)
+    return GGUFModel(decoder, adapter, contents)
+
+
+__all__ = ["export_gguf", "read_model", "args_from_gguf", "decoder_state", "GGUFModel"]

@@ -1,0 +1,167 @@
+"""GGUF file layer (bitmtp/formats/gguf.py): the ternary block codecs against the gguf package's own
+dequantizer, names and permutations, speculative metadata.
+
+Rules: codes and exact scales come back bit for bit; a plain reader's values (gguf.dequantize) equal
+``w · fp16(scale)`` exactly (the documented scale conversion).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bitmtp.errors import BitMTPError, FormatError
+from bitmtp.formats import gguf as G
+from bitmtp.formats.adapters import AdapterConfig, BaseShape
+
+gguf = pytest.importorskip("gguf")
+
+
+def _expand(scales, n, k, group):
+    return scales.expand(n, scales.shape[1]).repeat_interleave(group, dim=1)[:, :k]
+
+
+CASES = [  # (K, group size or None for per-tensor, per_row)
+    (256, None, False), (512, None, True), (768, 256, False), (1024, 512, True),  # TQ2_0
+    (96, None, False), (160, 32, True), (384, 128, True), (256, 128, False),  # Q4_0 (groups < 256)
+    (48, None, False), (72, None, True), (200, 40, True),  # F32 (K or group not a multiple of 32)
+]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 15, 16])
+@pytest.mark.parametrize("k,group,per_row", CASES)
+def test_ternary_codec_round_trip_and_plain_reader_values(n, k, group, per_row, rng):
+    w = torch.randint(-1, 2, (n, k), generator=rng, dtype=torch.int8)
+    g = group or k
+    scales = torch.rand(n if per_row or group else 1, k // g, generator=rng) * 0.5 + 0.01
+    data, kind = G.encode_ternary(w, scales, g)
+    assert kind == G.ternary_type_name(k, g)
+    expected_kind = "TQ2_0" if k % 256 == 0 and g % 256 == 0 else "Q4_0" if k % 32 == 0 and g % 32 == 0 else "F32"
+    assert kind == expected_kind
+    if kind == "F32":
+        plain = data
+        want = (w.float() * _expand(scales, n, k, g)).numpy()
+    else:
+        plain = gguf.dequantize(data, gguf.GGMLQuantizationType[kind]).reshape(n, k)
+        want = (w.float() * _expand(scales.half().float(), n, k, g)).numpy()
+    np.testing.assert_array_equal(plain, want)  # a plain reader's model: w · fp16(scale)
+    codes, got_scales, got_group = G.decode_ternary(data, kind, n, k, "t", scales)
+    assert torch.equal(codes, w) and torch.equal(got_scales, scales) and got_group == g
+    if kind != "F32":  # without bitmtp's exact scales: the codes, and the block scales
+        codes, block_scales, bg = G.decode_ternary(data, kind, n, k, "t", None)
+        assert torch.equal(codes, w)
+        live = w.ne(0)
+        got = _expand(block_scales, n, k, bg)[live]
+        assert torch.equal(got, _expand(scales.half().float(), n, k, g)[live])
+
+
+def test_tq2_0_reads_llama_cpp_quantizer_output(rng):
+    """gguf's own TQ2_0 quantizer (what llama.cpp's converter writes) decodes to the same ternary weights."""
+    n, k = 5, 512
+    w = torch.randint(-1, 2, (n, k), generator=rng, dtype=torch.int8)
+    w[:, :3] = torch.tensor([1, -1, 0], dtype=torch.int8)  # every block has a ±1
+    s = 0.0371
+    raw = gguf.quantize((w.float() * s).numpy(), gguf.GGMLQuantizationType.TQ2_0)
+    codes, scales, group = G.decode_ternary(raw, "TQ2_0", n, k, "t", None)
+    assert torch.equal(codes, w)
+    assert scales.shape == (1, 1) and float(scales) == float(np.float16(s)) and group == k
+
+
+def test_tq1_0_is_read_as_ternary(rng):
+    n, k = 3, 256
+    w = torch.randint(-1, 2, (n, k), generator=rng, dtype=torch.int8)
+    w[:, 0] = 1
+    raw = gguf.quantize((w.float() * 0.25).numpy(), gguf.GGMLQuantizationType.TQ1_0)
+    codes, scales, _ = G.decode_ternary(raw, "TQ1_0", n, k, "t", None)
+    assert torch.equal(codes, w) and float(scales.flatten()[0]) == 0.25
+
+
+def test_decode_rejects_inconsistent_scales_and_values(rng):
+    n, k = 4, 256
+    w = torch.randint(-1, 2, (n, k), generator=rng, dtype=torch.int8)
+    w[:, 0] = 1
+    s = torch.full((1, 1), 0.5)
+    data, kind = G.encode_ternary(w, s, k)
+    with pytest.raises(FormatError, match="disagree"):
+        G.decode_ternary(data, kind, n, k, "blk.0.attn_q.weight", torch.full((1, 1), 0.7))
+    f32 = (w.float() * 0.5).numpy()
+    f32[0, 1] = 0.3  # not a ternary multiple of the scale
+    with pytest.raises(FormatError, match="not ternary"):
+        G.decode_ternary(f32, "F32", n, k, "blk.0.attn_q.weight", s)
+    with pytest.raises(FormatError, match="bitmtp.scale.blk.0.attn_q"):
+        G.decode_ternary(f32, "F32", n, k, "blk.0.attn_q.weight", None)
+    bad = data.copy()
+    bad[0, 0] = 0xFF  # code 3 in a TQ2_0 block
+    with pytest.raises(FormatError, match="code 3"):
+        G.decode_ternary(bad, kind, n, k, "t", None)
+
+
+@pytest.mark.parametrize("rows,heads", [(64, 4), (32, 2), (6, 3)])
+def test_permutation_inverts(rows, heads, rng):
+    x = torch.randn(rows, 5, generator=rng)
+    p = G.permute_rows(x, heads)
+    assert not torch.equal(p, x) or rows // heads == 2
+    assert torch.equal(G.unpermute_rows(p, heads), x)
+    with pytest.raises(BitMTPError):
+        G.permute_rows(torch.zeros(rows + 1, 2), heads)
+
+
+def test_names_map_both_ways():
+    for hf in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+               "model.layers.11.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias",
+               "model.layers.3.mlp.down_proj.weight", "model.layers.2.self_attn.attn_sub_norm.weight",
+               "model.layers.2.self_attn.q_norm.weight", "model.layers.2.post_attention_layernorm.weight"):
+        assert G.hf_name(G.gguf_name(hf)) == hf
+    assert G.gguf_name("model.layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
+    assert G.hf_name("blk.0.unknown.weight") is None
+    assert G.weight_of_scale(G.scale_name("blk.1.attn_k.weight")) == "blk.1.attn_k.weight"
+    with pytest.raises(FormatError):
+        G.gguf_name("model.layers.0.mystery.weight")
+
+
+def _base():
+    return BaseShape("llama", 64, 96, 2, 4, 2, 16, 97)
+
+
+def test_speculative_metadata_round_trip_and_consistency():
+    from bitmtp.model.adapters import init_adapter_tensors
+
+    cfg = AdapterConfig(kind="heads", block_size=5, rank=8, base=_base(), discount_gamma=0.9)
+    tensors = init_adapter_tensors(cfg, seed=0, zero_init_b=False)
+    meta = G.speculative_metadata(cfg)
+    assert meta[G.SPEC + "num_heads"] == 4 and meta[G.SPEC + "architecture"] == "heads"
+    packed = {G.MTP_PREFIX + k: v for k, v in tensors.items()}
+    got_cfg, got = G.adapter_from_gguf(meta, packed, _base(), "f.gguf")
+    assert got_cfg == cfg and all(torch.equal(got[k], tensors[k]) for k in tensors)
+    bad = dict(meta, **{G.SPEC + "block_size": 8})
+    with pytest.raises(FormatError, match="inconsistent metadata.*block_size"):
+        G.adapter_from_gguf(bad, packed, _base(), "f.gguf")
+    no_json = {k: v for k, v in bad.items() if not k.endswith("config")}
+    with pytest.raises(FormatError, match="inconsistent metadata.*num_heads = 4 .* says 7"):
+        G.adapter_from_gguf(no_json, packed, _base(), "f.gguf")
+    del no_json[G.SPEC + "num_heads"]
+    with pytest.raises(BitMTPError, match="block_size=8"):  # 4 heads' tensors cannot make D = 8
+        G.adapter_from_gguf(no_json, packed, _base(), "f.gguf")
+    with pytest.raises(FormatError, match="no .*metadata"):
+        G.adapter_from_gguf({}, packed, _base(), "f.gguf")
+    assert G.adapter_from_gguf({}, {}, _base(), "f.gguf") is None
+
+
+def test_divine_keys_and_tensor_names():
+    from bitmtp.model.adapters import init_adapter_tensors
+
+    cfg = AdapterConfig(kind="heads", block_size=4, rank=6, base=_base())
+    tensors = init_adapter_tensors(cfg, seed=2, zero_init_b=False)
+    parts = {"down": "proj_down.weight", "up": "proj_up.weight", "norm": "norm.weight"}
+    divine = {f"divine.mtp.{k.split('.')[1]}.{parts[k.split('.')[2]]}": v for k, v in tensors.items()}
+    meta = {"divine.speculative.architecture": "mtp", "divine.speculative.num_heads": 3,
+            "divine.speculative.projection_dim": 6, "divine.speculative.discount_gamma": 0.9,
+            "divine.speculative.shared_lm_head": True}
+    got_cfg, got = G.adapter_from_gguf(meta, divine, _base(), "d.gguf")
+    assert got_cfg.kind == "heads" and got_cfg.block_size == 4 and got_cfg.rank == 6
+    assert all(torch.equal(got[k], tensors[k]) for k in tensors)
+    with pytest.raises(BitMTPError, match="num_heads=5"):
+        G.adapter_from_gguf(dict(meta, **{"divine.speculative.num_heads": 5}), divine, _base(), "d.gguf")
+    with pytest.raises(FormatError, match="'mtp'"):
+        G.adapter_from_gguf(dict(meta, **{"divine.speculative.architecture": "medusa"}), divine, _base(), "d.gguf")
