@@ -60,19 +60,21 @@ class BitMTPModel:
         self.adapter_tensors = dict(tensors)
 
     def save_gguf(self, path: str | Path, *, adapter: bool = True, overwrite: bool = False, name: str | None = None,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, plain: bool = False) -> Path:
         """Write this model as one GGUF file (see ``bitmtp.formats.gguf``): the base weights (ternary as
         TQ2_0 where the layout allows), the tokenizer, and — with ``adapter=True`` and an adapter attached —
         the MTP adapter under ``bitmtp.mtp.*`` with ``bitmtp.speculative.*`` metadata. Atomic; an existing
-        file is replaced only with ``overwrite=True``."""
+        file is replaced only with ``overwrite=True``. ``plain=True`` writes a file stock llama.cpp loads (it
+        refuses extra tensors): no adapter and no exact-scale tensors (ternary scales rounded to fp16)."""
         from bitmtp.model.gguf_io import export_gguf
 
         packed = None
-        if adapter and self.adapter_config is not None:
+        if adapter and not plain and self.adapter_config is not None:
             packed = (self.adapter_config, self.adapter_tensors)
         return export_gguf(self.decoder, path,
                            adapter=packed, tokenizer=self.tokenizer, tokenizer_fields=self.gguf_tokenizer_fields,
-                           name=name or Path(str(self.source)).stem, overwrite=overwrite, progress=progress)
+                           name=name or Path(str(self.source)).stem, overwrite=overwrite, progress=progress,
+                           plain=plain)
 
     def check_ids(self, input_ids: Sequence[int]) -> list[int]:
         ids = [int(i) for i in input_ids]

@@ -26,20 +26,26 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise BitMTPError("--adapter and --no-adapter contradict each other")
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     source = args.source or default_model_path()
-    adapter = None if args.no_adapter else (args.adapter or "auto")
+    if args.plain and args.adapter:
+        raise BitMTPError("--plain writes no MTP adapter (stock llama.cpp refuses extra tensors); drop --adapter")
+    adapter = None if args.no_adapter or args.plain else (args.adapter or "auto")
     print(f"loading {source} ...", file=sys.stderr)
     model = bitmtp.load(source, quantize=args.quantize, dtype=dtype, adapter=adapter)
-    path = model.save_gguf(out, adapter=not args.no_adapter, overwrite=args.overwrite, name=args.name)
+    path = model.save_gguf(out, adapter=not args.no_adapter, overwrite=args.overwrite, name=args.name,
+                           plain=args.plain)
     contents = read_gguf(path)
     types = Counter(t.type_name for n, t in contents.tensors.items() if not n.startswith("bitmtp."))
     size = path.stat().st_size
     print(f"wrote {path} ({size / 2**20:.1f} MiB): {len(contents.tensors)} tensors; base tensor types "
           + ", ".join(f"{k} x{v}" for k, v in sorted(types.items())))
-    spec = {k[len(SPEC):]: v for k, v in contents.meta.items() if k.startswith(SPEC) and not k.endswith(".config")}
+    spec = {k[len(SPEC):]: (round(v, 6) if isinstance(v, float) else v)
+            for k, v in contents.meta.items() if k.startswith(SPEC) and not k.endswith(".config")}
     if spec:
         print("speculative: " + ", ".join(f"{k}={v}" for k, v in spec.items()))
     else:
         print("speculative: none (plain model; bitmtp.load decodes it AR)")
+    if args.plain:
+        print("plain: only tensors llama.cpp creates; ternary scales rounded to fp16 (not bit-exact in bitmtp)")
     has_vocab = "tokenizer.ggml.tokens" in contents.meta
     print(f"tokenizer: {'GGML vocabulary + ' if has_vocab else ''}"
           f"{'bitmtp tokenizer files' if 'bitmtp.tokenizer.files' in contents.meta else 'none'}")
@@ -67,6 +73,9 @@ def add_commands(sub) -> None:
     cv.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="dtype of dense weights (embeddings, LM head, non-ternary projections); float32 (the "
                          "default) keeps a float32 model exact")
+    cv.add_argument("--plain", action="store_true",
+                    help="write a file stock llama.cpp loads: it refuses files with tensors its architecture does "
+                         "not create, so no MTP adapter and no exact-scale tensors (ternary scales rounded to fp16)")
     cv.add_argument("--name", help="general.name of the file (default: the source's name)")
     cv.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     cv.set_defaults(func=_cmd_convert)

@@ -372,3 +372,26 @@ def test_gguf_smollm2_with_shipped_adapter(tmp_path):
                              max_new_tokens=64, do_sample=False, eos_token_id=None,
                              pad_token_id=plain.config.pad_token_id)[0, len(ids):].tolist()
     assert ref == back.generate_ar(ids, max_new_tokens=64, eos_token_id=[]).tokens
+
+
+def test_plain_file_has_only_llama_cpp_tensors(tmp_path):
+    model = bitmtp.load(tiny_model("bitnet", seed=10, hidden_size=256, intermediate_size=512), quantize="ternary",
+                        adapter=None)
+    model.load_adapter(_adapter(model, "mask-block"))
+    path = model.save_gguf(tmp_path / "plain.gguf", plain=True, progress=False)
+    contents = G.read_gguf(path)
+    assert all(G.hf_name(n) is not None for n in contents.tensors)  # nothing llama.cpp would not create
+    assert not any(k.startswith("bitmtp.speculative.") for k in contents.meta)
+    back = bitmtp.load(path)
+    assert back.adapter_config is None
+    want = model.decoder.layers[1].mlp.down_proj
+    got = back.decoder.layers[1].mlp.down_proj
+    assert isinstance(got, TernaryLinear) and torch.equal(got.weight, want.weight)
+    assert torch.equal(got.scales, want.scales.half().float())  # only the fp16 block scale travelled
+    la, lb = _full_logits(model.decoder, PROMPT), _full_logits(back.decoder, PROMPT)
+    assert (la - lb).abs().max().item() <= 5e-2 * la.abs().max().item()  # close, not exact: fp16 scales
+    with pytest.raises(BitMTPError, match="plain"):
+        from bitmtp.model.gguf_io import export_gguf
+
+        export_gguf(model.decoder, tmp_path / "x.gguf", adapter=(model.adapter_config, model.adapter_tensors),
+                    plain=True)

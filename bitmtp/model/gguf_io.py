@@ -140,7 +140,7 @@ def _hyperparameters(args: ModelArgs, arch: str) -> dict[str, G.GGUFField]:
     return keys
 
 
-def _tensors_out(decoder: Decoder, adapter) -> Iterator[G.TensorOut]:
+def _tensors_out(decoder: Decoder, adapter, exact_scales: bool) -> Iterator[G.TensorOut]:
     args = decoder.args
     for hf, value in decoder_state(decoder).items():
         name = G.gguf_name(hf)
@@ -154,7 +154,8 @@ def _tensors_out(decoder: Decoder, adapter) -> Iterator[G.TensorOut]:
                 scales = G.permute_rows(scales, heads) if scales.shape[0] > 1 else scales
             data, kind = G.encode_ternary(codes, scales, value.group_size)
             yield G.TensorOut(name, data, None if kind == "F32" else kind)
-            yield G.TensorOut(G.scale_name(name), scales.numpy())
+            if exact_scales:
+                yield G.TensorOut(G.scale_name(name), scales.numpy())
             continue
         t = value
         if heads is not None:
@@ -173,7 +174,8 @@ def _tensors_out(decoder: Decoder, adapter) -> Iterator[G.TensorOut]:
 def export_gguf(decoder: Decoder, path: str | Path, *,
                 adapter: tuple[AdapterConfig, dict[str, torch.Tensor]] | None = None,
                 tokenizer: Any = None, tokenizer_fields: dict[str, G.GGUFField] | None = None,
-                name: str | None = None, overwrite: bool = False, progress: bool = True) -> Path:
+                name: str | None = None, overwrite: bool = False, progress: bool = True,
+                plain: bool = False) -> Path:
     """Write ``decoder`` (+ ``adapter`` and ``tokenizer``) as one GGUF file. See ``bitmtp.formats.gguf``.
 
     Args:
@@ -183,8 +185,13 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
             ``tokenizer_fields`` are given, its vocabulary into ``tokenizer.ggml.*`` (BPE tokenizers).
         tokenizer_fields: ``tokenizer.*`` fields to write unchanged (from a GGUF source).
         overwrite: replace an existing file (atomically).
+        plain: write only tensors llama.cpp's loader creates (it refuses files with extra tensors): no
+            adapter and no ``bitmtp.scale.*`` tensors, so ternary weights keep only their fp16 block scales
+            (bitmtp reads TQ2_0 back as ternary with those; Q4_0/F32-stored ones come back dense).
     """
     args = decoder.args
+    if plain and adapter is not None:
+        raise BitMTPError("plain=True writes no MTP adapter (llama.cpp refuses extra tensors); pass adapter=None")
     arch = G.GGUF_ARCH[args.family]
     if adapter is not None:
         config, tensors = adapter
@@ -212,7 +219,7 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
     if adapter is not None:
         fields.update({k: G.field(v) for k, v in G.speculative_metadata(adapter[0]).items()})
     state = decoder_state(decoder)
-    n_tensors = len(state) + sum(isinstance(v, _Ternary) for v in state.values()) + (
+    n_tensors = len(state) + (0 if plain else sum(isinstance(v, _Ternary) for v in state.values())) + (
         len(adapter[1]) if adapter is not None else 0)
     del state
     bar = None
@@ -221,7 +228,7 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
 
         bar = tqdm(total=n_tensors, desc=f"encoding {Path(path).name}", unit="tensor", leave=False)
     try:
-        return G.write_gguf(path, arch, fields.items(), _tensors_out(decoder, adapter), overwrite=overwrite,
+        return G.write_gguf(path, arch, fields.items(), _tensors_out(decoder, adapter, not plain), overwrite=overwrite,
                             progress=(lambda _n: bar.update(1)) if bar is not None else None)
     finally:
         if bar is not None:
