@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Set up bitmtp in ./.venv on a fresh machine: the pinned CPU torch first (a bare `torch`
 # requirement would pull a multi-GB CUDA build), then the package (editable) with its extras.
-#   bash scripts/setup.sh            # dev + hf extras (tests, benchmarks, transformers)
+#   bash scripts/setup.sh            # dev + hf + wgpu extras (tests, benchmarks, transformers, Vulkan)
 #   EXTRAS=dev bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${EXTRAS:-dev,hf}"
+EXTRAS="${EXTRAS:-dev,hf,wgpu}"
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

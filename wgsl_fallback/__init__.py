@@ -1,5 +1,8 @@
 """WGSL shaders and their wgpu runner, installed as ``bitmtp.wgsl_fallback``.
 
-The shaders themselves are built by the Vulkan-fallback issue; until then this package holds no
-kernels and the ``wgpu`` backend is not registered.
+``runner.Runner`` owns one wgpu device (Vulkan; lavapipe on machines without a GPU), cached pipelines
+and device tensors; ``ops.Ops`` records the decoder's ops as dispatches: W2A8 linear with 16-token
+register tiling (``w2a8.wgsl``), activation quantization, dense linear, RMSNorm, RoPE, KV write,
+masked attention, residual add, SiLU-gate / relu², argmax with its probability and embedding gather.
+Importing this package needs neither wgpu nor a device; creating a ``Runner`` does.
 """

@@ -1,0 +1,55 @@
+// Per-token absmax int8 quantization (the A8 of W2A8), as bitmtp.formats.quantize_activations:
+//   s = 127 / max(max|x|, 1e-5);  x_q = clamp(round_half_even(x * s), -128, 127)
+// x_q is packed four int8 to a u32 (K padded with zeros to K4 * 4), plus each scale group's sum of x_q
+// (the W2A8 kernel's "-sum x" term). One workgroup per token row.
+
+struct Params { M: u32, K: u32, K4: u32, group: u32, n_groups: u32, _a: u32, _b: u32, _c: u32 }
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;            // [M, K]
+@group(0) @binding(1) var<storage, read_write> xq: array<u32>;     // [M, K4]
+@group(0) @binding(2) var<storage, read_write> s_out: array<f32>;  // [M]
+@group(0) @binding(3) var<storage, read_write> xsum: array<i32>;   // [M, n_groups]
+@group(0) @binding(4) var<uniform> p: Params;
+
+var<workgroup> red: array<f32, WG>;
+
+fn q(v: f32, s: f32) -> i32 {
+  return i32(clamp(round(v * s), -128.0, 127.0));
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let m = wid.x;
+  if (m >= p.M) { return; }
+  let base = m * p.K;
+  var amax: f32 = 0.0;
+  for (var k = tid; k < p.K; k += WG) { amax = max(amax, abs(x[base + k])); }
+  red[tid] = amax;
+  workgroupBarrier();
+  for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+    if (tid < stride) { red[tid] = max(red[tid], red[tid + stride]); }
+    workgroupBarrier();
+  }
+  // torch evaluates 127 / a as reciprocal(a) * 127 (Tensor.__rtruediv__), each step rounded; doing the
+  // same here gives the reference's s (and so its x_q) bit for bit where the reciprocal is correctly
+  // rounded (lavapipe; WGSL allows 2.5 ulp, so another GPU may differ by an ulp in s).
+  let a = max(red[0], 1e-5);
+  let s = (1.0 / a) * 127.0;
+  if (tid == 0u) { s_out[m] = s; }
+  for (var i = tid; i < p.K4; i += WG) {
+    var word: u32 = 0u;
+    for (var b = 0u; b < 4u; b++) {
+      let k = 4u * i + b;
+      if (k < p.K) { word |= (u32(q(x[base + k], s)) & 0xFFu) << (8u * b); }
+    }
+    xq[m * p.K4 + i] = word;
+  }
+  for (var g = tid; g < p.n_groups; g += WG) {
+    var total: i32 = 0;
+    let hi = min((g + 1u) * p.group, p.K);
+    for (var k = g * p.group; k < hi; k++) { total += q(x[base + k], s); }
+    xsum[m * p.n_groups + g] = total;
+  }
+}

@@ -1,0 +1,54 @@
+// Greedy pick per row of logits [M, V]: the argmax (lowest index among ties, as torch.argmax) and its
+// softmax probability 1 / sum_v exp(logit_v - max) — what the decoding policies need, so a step reads
+// back 2 * M numbers instead of M * V logits. One workgroup per row.
+
+struct Params { M: u32, V: u32, _a: u32, _b: u32 }
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;    // [M]
+@group(0) @binding(2) var<storage, read_write> probs: array<f32>;  // [M]
+@group(0) @binding(3) var<uniform> p: Params;
+
+var<workgroup> rv: array<f32, WG>;
+var<workgroup> ri: array<u32, WG>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let m = wid.x;
+  if (m >= p.M) { return; }
+  let base = m * p.V;
+  var bv: f32 = -3.4e38;
+  var bi: u32 = 0xFFFFFFFFu;
+  for (var v = tid; v < p.V; v += WG) {
+    let x = logits[base + v];
+    if (x > bv) { bv = x; bi = v; }  // v increases per thread: the first max wins
+  }
+  rv[tid] = bv;
+  ri[tid] = bi;
+  workgroupBarrier();
+  for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+    if (tid < stride) {
+      let ov = rv[tid + stride];
+      let oi = ri[tid + stride];
+      if (ov > rv[tid] || (ov == rv[tid] && oi < ri[tid])) { rv[tid] = ov; ri[tid] = oi; }
+    }
+    workgroupBarrier();
+  }
+  let mx = rv[0];
+  let arg = ri[0];
+  workgroupBarrier();
+  var total: f32 = 0.0;
+  for (var v = tid; v < p.V; v += WG) { total += exp(logits[base + v] - mx); }
+  rv[tid] = total;
+  workgroupBarrier();
+  for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+    if (tid < stride) { rv[tid] += rv[tid + stride]; }
+    workgroupBarrier();
+  }
+  if (tid == 0u) {
+    ids[m] = arg;
+    probs[m] = 1.0 / rv[0];
+  }
+}

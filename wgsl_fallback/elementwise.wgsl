@@ -1,0 +1,38 @@
+// Element-wise ops of a decoder layer: residual add, and the gated MLP activations on a fused
+// gate/up buffer gu[M, 2I] (gate = gu[:, :I], up = gu[:, I:]): SiLU-gate (Llama/Qwen3) and relu^2 (BitNet).
+
+struct Params { n: u32, I: u32, _a: u32, _b: u32 }
+
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let i = gid.x + gid.y * 65535u * 64u;
+  if (i >= p.n) { return; }
+  y[i] = a[i] + b[i];
+}
+
+@compute @workgroup_size(64)
+fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let i = gid.x + gid.y * 65535u * 64u;
+  if (i >= p.n) { return; }
+  let m = i / p.I;
+  let j = i % p.I;
+  let g = a[m * 2u * p.I + j];
+  let u = a[m * 2u * p.I + p.I + j];
+  y[i] = g / (1.0 + exp(-g)) * u;
+}
+
+@compute @workgroup_size(64)
+fn relu2_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let i = gid.x + gid.y * 65535u * 64u;
+  if (i >= p.n) { return; }
+  let m = i / p.I;
+  let j = i % p.I;
+  let g = max(a[m * 2u * p.I + j], 0.0);
+  let u = a[m * 2u * p.I + p.I + j];
+  y[i] = g * g * u;
+}

@@ -1,0 +1,247 @@
+"""The decoder's ops as WGSL dispatches on :class:`DeviceTensor` s (nothing is read back unless asked).
+
+Each method records one or a few dispatches into the runner's open command encoder and returns device
+tensors, so a layer (or a whole step) is one submission. The pure-torch references these are tested
+against live in ``bitmtp.ops.reference`` and ``bitmtp.model.layers``; the rules are in
+``tests/test_wgsl_ops.py`` (integer accumulators exact, float ops within 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bitmtp.errors import BitMTPError, ShapeError
+from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
+
+MAX_TOKENS = 16  # register tile of the linear shaders: wider steps run in slices of 16 rows
+MAX_SEGMENT = 4096  # attention keeps a row's scores in workgroup memory (attention.wgsl MAX_L)
+WORDS_PER_GROUP = 16  # T2: 16 weights per 32-bit word
+
+
+@dataclass
+class TernaryWeight:
+    """A T2 ternary matrix on the device: words ``u32[N, Kw]`` (row-chunked when larger than one
+    binding) and float32 scales ``[1 | N, n_groups]``."""
+
+    words: DeviceTensor
+    scales: DeviceTensor
+    n: int
+    k: int
+    group_size: int
+
+    @property
+    def kw(self) -> int:
+        return self.words.shape[1]
+
+    @property
+    def n_groups(self) -> int:
+        return self.scales.shape[1]
+
+    @classmethod
+    def upload(cls, runner: Runner, packed: np.ndarray, scales: np.ndarray, k: int, group_size: int | None = None,
+               *, chunk_rows: int | None = None) -> TernaryWeight:
+        packed = np.ascontiguousarray(packed).view(np.uint32)
+        scales = np.ascontiguousarray(scales, dtype=np.float32)
+        n, kw = packed.shape
+        if kw * WORDS_PER_GROUP < k or (kw - 1) * WORDS_PER_GROUP >= k:
+            raise ShapeError(f"packed: {kw} words per row do not hold K={k}")
+        if scales.ndim != 2 or scales.shape[0] not in (1, n):
+            raise ShapeError(f"scales: expected [1 or {n}, n_groups], got {scales.shape}")
+        group = group_size or (k if scales.shape[1] == 1 else k // scales.shape[1])
+        if scales.shape[1] > 1 and (group % WORDS_PER_GROUP or -(-k // group) != scales.shape[1]):
+            raise ShapeError(f"group_size {group}: the wgpu kernels need scale groups that are whole T2 words "
+                             f"(multiples of 16) and {scales.shape[1]} groups covering K={k}")
+        return cls(runner.upload(packed, "u32", chunk_rows=chunk_rows), runner.upload(scales, "f32"), n, k, group)
+
+
+class Ops:
+    """WGSL implementations of the decoder's ops on one :class:`Runner`."""
+
+    def __init__(self, runner: Runner):
+        self.r = runner
+        self._zero = runner.upload(np.zeros(4, np.float32))
+
+    # ---- W2A8 ------------------------------------------------------------------------------------------
+
+    def act_quant(self, x: DeviceTensor, group_size: int) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor]:
+        """``(x_q packed u32[M, Kp/4], s f32[M], xsum i32[M, n_groups])`` of ``x f32[M, K]``."""
+        m, k = x.shape
+        k4 = -(-k // WORDS_PER_GROUP) * 4
+        n_groups = -(-k // group_size)
+        xq = self.r.empty((m, k4), "u32")
+        s = self.r.empty((m,), "f32")
+        xsum = self.r.empty((m, n_groups), "i32")
+        params = self.r.uniform("8I", m, k, k4, group_size, n_groups, 0, 0, 0)
+        self.r.dispatch("act_quant", "main", {0: x, 1: xq, 2: s, 3: xsum, 4: params}, (m, 1, 1))
+        return xq, s, xsum
+
+    def _w2a8(self, entry: str, xq, s, xsum, w: TernaryWeight, bias, out) -> None:
+        m = xq.shape[0]
+        if m > MAX_TOKENS:
+            raise ShapeError(f"w2a8: at most {MAX_TOKENS} tokens per dispatch, got {m}")
+        gw = w.group_size // WORDS_PER_GROUP if w.n_groups > 1 else w.kw
+        for i, chunk in enumerate(w.words.chunks):
+            start = i * w.words.rows_per_chunk
+            rows = min(w.words.rows_per_chunk, w.n - start)
+            grid = self.r.grid(rows)
+            params = self.r.uniform("12I", m, rows, w.kw, w.kw * 4, w.n_groups, gw, w.scales.shape[0],
+                                    int(bias is not None), w.n, start, grid[0], 0)
+            b = {0: xq, 1: xsum, 2: chunk, 8: params}
+            if entry == "linear":
+                b.update({3: s, 4: w.scales, 5: bias if bias is not None else self._zero, 6: out})
+            else:
+                b[7] = out
+            self.r.dispatch("w2a8", entry, b, grid)
+
+    def w2a8(self, xq, s, xsum, w: TernaryWeight, bias: DeviceTensor | None = None,
+             out: DeviceTensor | None = None) -> DeviceTensor:
+        """``y f32[M, N]`` from quantized activations; ``out`` may be a preallocated buffer."""
+        out = out or self.r.empty((xq.shape[0], w.n), "f32")
+        self._w2a8("linear", xq, s, xsum, w, bias, out)
+        return out
+
+    def w2a8_accumulate(self, xq, xsum, w: TernaryWeight) -> DeviceTensor:
+        """The exact integer accumulators ``i32[M, N, n_groups]`` (Σ c·x_q − Σ x_q per group)."""
+        out = self.r.empty((xq.shape[0], w.n, w.n_groups), "i32")
+        self._w2a8("accumulate", xq, None, xsum, w, None, out)
+        return out
+
+    def ternary_linear(self, x: DeviceTensor, w: TernaryWeight, bias: DeviceTensor | None = None) -> DeviceTensor:
+        """Quantize ``x f32[M, K]`` per token, then W2A8; rows beyond 16 run as further 16-row tiles."""
+        if x.shape[0] > MAX_TOKENS:
+            return self._tiled(x, lambda part: self.ternary_linear(part, w, bias), w.n)
+        xq, s, xsum = self.act_quant(x, w.group_size)
+        return self.w2a8(xq, s, xsum, w, bias)
+
+    # ---- dense -----------------------------------------------------------------------------------------
+
+    def dense(self, x: DeviceTensor, w: DeviceTensor, bias: DeviceTensor | None = None) -> DeviceTensor:
+        """``y = x @ w.T (+ bias)`` in float32; ``w`` may be row-chunked (a large LM head)."""
+        m, k = x.shape
+        n = w.shape[0]
+        if w.shape[1] != k:
+            raise ShapeError(f"dense: x has K={k}, weight has shape {w.shape}")
+        if m > MAX_TOKENS:
+            return self._tiled(x, lambda part: self.dense(part, w, bias), n)
+        out = self.r.empty((m, n), "f32")
+        for i, chunk in enumerate(w.chunks):
+            start = i * w.rows_per_chunk
+            rows = min(w.rows_per_chunk, n - start)
+            grid = self.r.grid(rows)
+            params = self.r.uniform("8I", m, rows, k, int(bias is not None), n, start, grid[0], 0)
+            self.r.dispatch("dense", "main", {0: x, 1: chunk, 2: bias if bias is not None else self._zero, 3: out,
+                                              4: params}, grid)
+        return out
+
+    def _tiled(self, x: DeviceTensor, fn, n: int) -> DeviceTensor:
+        """Run ``fn`` on 16-row slices of ``x`` and gather the outputs (rows are independent)."""
+        m = x.shape[0]
+        out = self.r.empty((m, n), "f32")
+        for lo in range(0, m, MAX_TOKENS):  # device-side copies: no host round trip
+            part = fn(self.slice_rows(x, lo, min(lo + MAX_TOKENS, m)))
+            self.copy_rows(part, out, lo)
+        return out
+
+    def slice_rows(self, x: DeviceTensor, lo: int, hi: int) -> DeviceTensor:
+        """A device copy of rows ``[lo, hi)`` of a single-chunk tensor."""
+        row = int(np.prod(x.shape[1:])) * 4
+        dst = self.r.empty((hi - lo, *x.shape[1:]), x.dtype)
+        self.r.copy(x.buffer, lo * row, dst.buffer, 0, (hi - lo) * row)
+        return dst
+
+    def copy_rows(self, src: DeviceTensor, dst: DeviceTensor, at: int) -> None:
+        row = int(np.prod(src.shape[1:])) * 4
+        self.r.copy(src.buffer, 0, dst.buffer, at * row, src.shape[0] * row)
+
+    # ---- norms, RoPE, KV, attention ---------------------------------------------------------------------
+
+    def rms_norm(self, x: DeviceTensor, weight: DeviceTensor, eps: float, d: int | None = None) -> DeviceTensor:
+        """RMSNorm over rows of length ``d`` (default: the last dimension of ``x``)."""
+        d = d or x.shape[-1]
+        total = int(np.prod(x.shape))
+        if total % d or weight.shape[0] != d:
+            raise ShapeError(f"rms_norm: rows of {d} do not fit x {x.shape} / weight {weight.shape}")
+        rows = total // d
+        out = self.r.empty(x.shape, "f32")
+        self.r.dispatch("norm", "main", {0: x, 1: weight, 2: out, 3: self.r.uniform("IIfI", rows, d, eps, 0)},
+                        self.r.grid(rows))
+        return out
+
+    def rope_(self, x: DeviceTensor, cos: DeviceTensor, sin: DeviceTensor, positions: DeviceTensor) -> None:
+        """Rotate ``x f32[M, heads, Dh]`` in place at ``positions u32[M]``."""
+        m, heads, dh = x.shape
+        n = m * heads * (dh // 2)
+        self.r.dispatch("rope", "main", {0: x, 1: cos, 2: sin, 3: positions,
+                                         4: self.r.uniform("4I", m, heads, dh, 0)}, (-(-n // 64), 1, 1))
+
+    def kv_write(self, src: DeviceTensor, cache: DeviceTensor, positions: DeviceTensor) -> None:
+        """``cache[h, positions[m], :] = src[m, h, :]`` for ``src f32[M, kv_heads, Dh]`` and a
+        ``[kv_heads, S, Dh]`` cache."""
+        m, kvh, dh = src.shape
+        if cache.shape[0] != kvh or cache.shape[2] != dh:
+            raise ShapeError(f"kv_write: rows {src.shape} do not fit cache {cache.shape}")
+        n = m * kvh * dh
+        self.r.dispatch("kv_write", "main", {0: src, 1: cache, 2: positions,
+                                             3: self.r.uniform("4I", m, kvh, dh, cache.shape[1])}, (-(-n // 64), 1, 1))
+
+    def attention(self, q: DeviceTensor, kc: DeviceTensor, vc: DeviceTensor, mask: DeviceTensor,
+                  scale: float) -> DeviceTensor:
+        """``q f32[M, H, Dh]`` over cache rows ``[0, L)`` under ``mask u32[M, L]`` (non-zero = visible)."""
+        m, h, dh = q.shape
+        kvh, s, _ = kc.shape
+        length = mask.shape[1]
+        if length > MAX_SEGMENT or length > s:
+            raise ShapeError(f"attention: segment of {length} rows exceeds the cache ({s}) or the shader's "
+                             f"workgroup score buffer ({MAX_SEGMENT})")
+        if h % kvh:
+            raise ShapeError(f"attention: {kvh} KV heads do not divide {h} heads")
+        out = self.r.empty((m, h, dh), "f32")
+        params = self.r.uniform("6IfI", m, h, kvh, dh, s, length, scale, 0)
+        self.r.dispatch("attention", "main", {0: q, 1: kc, 2: vc, 3: mask, 4: out, 5: params}, (m, h, 1))
+        return out
+
+    # ---- element-wise, argmax, gather --------------------------------------------------------------------
+
+    def _elementwise(self, entry: str, a: DeviceTensor, b: DeviceTensor | None, shape, inner: int) -> DeviceTensor:
+        n = int(np.prod(shape))
+        out = self.r.empty(shape, "f32")
+        groups = -(-n // 64)
+        grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
+        bindings = {0: a, 2: out, 3: self.r.uniform("4I", n, inner, 0, 0)}
+        if b is not None:  # only "add" reads b; "auto" layouts hold only the bindings an entry uses
+            bindings[1] = b
+        self.r.dispatch("elementwise", entry, bindings, grid)
+        return out
+
+    def add(self, a: DeviceTensor, b: DeviceTensor) -> DeviceTensor:
+        if a.shape != b.shape:
+            raise ShapeError(f"add: shapes {a.shape} and {b.shape} differ")
+        return self._elementwise("add", a, b, a.shape, 1)
+
+    def gated(self, gate_up: DeviceTensor, act: str) -> DeviceTensor:
+        """``act(gate) * up`` of a fused ``[M, 2I]`` buffer; ``act`` is ``silu`` or ``relu2``."""
+        if act not in ("silu", "relu2"):
+            raise BitMTPError(f"act: expected 'silu' or 'relu2', got {act!r}")
+        m, two_i = gate_up.shape
+        return self._elementwise(f"{act}_mul", gate_up, None, (m, two_i // 2), two_i // 2)
+
+    def argmax(self, logits: DeviceTensor) -> tuple[DeviceTensor, DeviceTensor]:
+        """``(ids u32[M], probs f32[M])``: each row's argmax and its softmax probability."""
+        m, v = logits.shape
+        ids, probs = self.r.empty((m,), "u32"), self.r.empty((m,), "f32")
+        self.r.dispatch("argmax", "main", {0: logits, 1: ids, 2: probs, 3: self.r.uniform("4I", m, v, 0, 0)},
+                        (m, 1, 1))
+        return ids, probs
+
+    def gather(self, table: DeviceTensor, tokens: DeviceTensor) -> DeviceTensor:
+        """Embedding rows ``table[tokens]`` → ``f32[M, H]``."""
+        m, h = tokens.shape[0], table.shape[1]
+        out = self.r.empty((m, h), "f32")
+        self.r.dispatch("gather", "main", {0: table, 1: tokens, 2: out, 3: self.r.uniform("4I", m, h, 0, 0)},
+                        (-(-(m * h) // 64), 1, 1))
+        return out
+
+
+__all__ = ["Ops", "TernaryWeight", "MAX_TOKENS", "MAX_SEGMENT"]

@@ -1,0 +1,244 @@
+"""The wgpu runner: one device, cached shader modules and pipelines, device tensors, batched dispatches.
+
+Every op records a compute pass into the runner's open command encoder; nothing is submitted until a
+host read (:meth:`Runner.read`) or an explicit :meth:`Runner.submit`, so a whole step is one
+submission and one readback. Tensors are plain storage buffers with a shape and dtype
+(:class:`DeviceTensor`); a tensor larger than one storage binding (``max_storage_buffer_binding_size``,
+128 MiB on lavapipe — queried, never assumed) is held as row chunks that each fit one binding.
+
+No Vulkan adapter → :class:`bitmtp.errors.BackendUnavailableError` naming the system packages that
+provide one. ``WGPU_BACKEND_TYPE=Vulkan`` makes wgpu fail loudly instead of falling back to GL.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bitmtp.errors import BackendUnavailableError, BitMTPError, ShapeError
+
+SHADER_DIR = Path(__file__).resolve().parent
+VULKAN_HINT = ("no Vulkan adapter: install a Vulkan driver — on Debian/Ubuntu `apt-get install mesa-vulkan-drivers "
+               "libvulkan1` (Mesa's lavapipe runs Vulkan on the CPU), or your GPU vendor's driver — and "
+               "`pip install wgpu`")
+
+_DTYPES = {"f32": np.float32, "i32": np.int32, "u32": np.uint32}
+
+
+def _wgpu():
+    os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's WSI probe complains loudly without one
+    try:
+        import wgpu
+    except ImportError as exc:
+        raise BackendUnavailableError(f"wgpu backend: the wgpu package is not installed ({exc}); {VULKAN_HINT}") \
+            from exc
+    return wgpu
+
+
+@dataclass
+class DeviceTensor:
+    """A tensor in device memory: ``chunks`` are storage buffers holding consecutive row ranges
+    (``rows_per_chunk`` rows each, the last one possibly fewer); most tensors have one chunk."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: list[Any]
+    rows_per_chunk: int
+    runner: Runner = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
+    @property
+    def buffer(self) -> Any:
+        if len(self.chunks) != 1:
+            raise BitMTPError(f"tensor of shape {self.shape} is split in {len(self.chunks)} chunks; bind a chunk")
+        return self.chunks[0]
+
+    def numpy(self) -> np.ndarray:
+        """Copy back to the host (submits pending work first)."""
+        return self.runner.read(self)
+
+
+class Runner:
+    """One wgpu device and everything cached on it."""
+
+    def __init__(self, *, max_binding_bytes: int | None = None):
+        wgpu = _wgpu()
+        self.wgpu = wgpu
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as exc:  # wgpu raises RuntimeError/GPUError variants when no driver is found
+            raise BackendUnavailableError(f"wgpu backend: {VULKAN_HINT} ({type(exc).__name__}: {exc})") from exc
+        if adapter is None:
+            raise BackendUnavailableError(f"wgpu backend: {VULKAN_HINT}")
+        self.adapter = adapter
+        self.info = dict(adapter.info)
+        features = [f for f in ("subgroup",) if f in adapter.features]
+        limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                                 "max-storage-buffers-per-shader-stage",
+                                                 "max-compute-workgroup-storage-size")}
+        self.device = adapter.request_device_sync(required_features=features, required_limits=limits)
+        self.features = set(features)
+        device_limit = int(self.device.limits["max-storage-buffer-binding-size"])
+        self.max_binding_bytes = min(device_limit, max_binding_bytes or device_limit)
+        self.max_workgroups = int(self.device.limits["max-compute-workgroups-per-dimension"])
+        self._modules: dict[str, Any] = {}
+        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._encoder = None
+        #: dispatches recorded and host reads done (tests count them)
+        self.dispatches = 0
+        self.reads = 0
+
+    # ---- shaders and pipelines -------------------------------------------------------------------------
+
+    def pipeline(self, shader: str, entry: str) -> Any:
+        key = (shader, entry)
+        if key not in self._pipelines:
+            if shader not in self._modules:
+                code = (SHADER_DIR / f"{shader}.wgsl").read_text()
+                self._modules[shader] = self.device.create_shader_module(code=code, label=shader)
+            self._pipelines[key] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": self._modules[shader], "entry_point": entry},
+                label=f"{shader}.{entry}")
+        return self._pipelines[key]
+
+    # ---- tensors ---------------------------------------------------------------------------------------
+
+    def _usage(self):
+        u = self.wgpu.BufferUsage
+        return u.STORAGE | u.COPY_SRC | u.COPY_DST
+
+    def empty(self, shape: tuple[int, ...], dtype: str = "f32", *, chunk_rows: int | None = None) -> DeviceTensor:
+        """An uninitialized device tensor (zero-filled by wgpu), split by rows if it exceeds one binding."""
+        shape = tuple(int(s) for s in shape)
+        if dtype not in _DTYPES:
+            raise BitMTPError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+        if not shape or min(shape) <= 0:
+            raise ShapeError(f"shape: expected non-empty dimensions, got {shape}")
+        rows = shape[0]
+        row_bytes = int(np.prod(shape[1:])) * 4 if len(shape) > 1 else 4
+        if row_bytes > self.max_binding_bytes:
+            raise ShapeError(f"tensor of shape {shape}: one row ({row_bytes} bytes) exceeds the device's storage "
+                             f"binding limit of {self.max_binding_bytes} bytes and cannot be split by rows")
+        per = chunk_rows or max(1, self.max_binding_bytes // row_bytes)
+        per = min(per, rows)
+        chunks = []
+        for start in range(0, rows, per):
+            n = min(per, rows - start)
+            chunks.append(self.device.create_buffer(size=max(16, n * row_bytes), usage=self._usage()))
+        return DeviceTensor(shape, dtype, chunks, per, self)
+
+    def upload(self, array: np.ndarray, dtype: str | None = None, *, chunk_rows: int | None = None) -> DeviceTensor:
+        """A device copy of ``array`` (f32 / i32 / u32; other dtypes are converted to ``dtype``)."""
+        arr = np.asarray(array)
+        if dtype is None:
+            dtype = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.uint32): "u32"}.get(arr.dtype)
+            if dtype is None:
+                raise BitMTPError(f"upload: dtype {arr.dtype} needs an explicit dtype= (f32, i32 or u32)")
+        arr = np.ascontiguousarray(arr, dtype=_DTYPES[dtype])
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        t = self.empty(arr.shape, dtype, chunk_rows=chunk_rows)
+        self.write(t, arr)
+        return t
+
+    def write(self, t: DeviceTensor, array: np.ndarray) -> None:
+        """Overwrite ``t`` with ``array`` (same number of elements)."""
+        arr = np.ascontiguousarray(array, dtype=_DTYPES[t.dtype]).reshape(t.shape)
+        for i, buf in enumerate(t.chunks):
+            part = arr[i * t.rows_per_chunk:(i + 1) * t.rows_per_chunk]
+            self.device.queue.write_buffer(buf, 0, part.tobytes())
+
+    def read(self, t: DeviceTensor) -> np.ndarray:
+        """Submit pending work and copy ``t`` back to the host (one read per chunk)."""
+        self.submit()
+        self.reads += 1
+        parts = []
+        rows = t.shape[0]
+        row_elems = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        for i, buf in enumerate(t.chunks):
+            n = min(t.rows_per_chunk, rows - i * t.rows_per_chunk)
+            raw = self.device.queue.read_buffer(buf, 0, n * row_elems * 4)
+            parts.append(np.frombuffer(raw, dtype=_DTYPES[t.dtype]).copy())
+        return np.concatenate(parts).reshape(t.shape)
+
+    def uniform(self, fmt: str, *values: Any) -> Any:
+        data = struct.pack(fmt, *values)
+        data += b"\0" * (-len(data) % 16)
+        u = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=len(data), usage=u.UNIFORM | u.COPY_DST)
+        self.device.queue.write_buffer(buf, 0, data)
+        return buf
+
+    # ---- dispatch --------------------------------------------------------------------------------------
+
+    def dispatch(self, shader: str, entry: str, bindings: dict[int, Any], groups: tuple[int, int, int]) -> None:
+        """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage)."""
+        pipeline = self.pipeline(shader, entry)
+        entries = []
+        for index, buf in sorted(bindings.items()):
+            if isinstance(buf, DeviceTensor):
+                buf = buf.buffer
+            entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        compute = self._encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, group)
+        compute.dispatch_workgroups(*groups)
+        compute.end()
+        self.dispatches += 1
+
+    def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None:
+        """Record a buffer-to-buffer copy (byte offsets and size multiples of 4)."""
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+
+    def grid(self, n: int) -> tuple[int, int, int]:
+        """Workgroup counts for ``n`` workgroups (2-D when n exceeds the per-dimension limit)."""
+        if n <= self.max_workgroups:
+            return (n, 1, 1)
+        return (self.max_workgroups, -(-n // self.max_workgroups), 1)
+
+    def submit(self) -> None:
+        if self._encoder is not None:
+            self.device.queue.submit([self._encoder.finish()])
+            self._encoder = None
+
+    def sync(self) -> None:
+        """Submit and wait for the device to finish (for timing)."""
+        self.submit()
+        self.device.queue.on_submitted_work_done_sync()
+
+
+_DEFAULT: Runner | None = None
+
+
+def default_runner() -> Runner:
+    """The process-wide runner (created on first use)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Runner()
+    return _DEFAULT
+
+
+def availability() -> tuple[bool, str]:
+    """``(ok, reason)``: can a wgpu Vulkan adapter be opened here?"""
+    try:
+        r = default_runner()
+    except BitMTPError as exc:
+        return False, str(exc)
+    return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')})"
+
+
+__all__ = ["Runner", "DeviceTensor", "default_runner", "availability", "VULKAN_HINT"]
