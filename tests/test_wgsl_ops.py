@@ -195,16 +195,22 @@ def test_argmax_and_probability(wg, m, v, rng):
     r, ops = wg
     logits = torch.randn(m, v, generator=rng) * 4
     logits[0, 5] = logits[0, 50] = logits[0].max() + 1  # a tie: the first index wins, as torch.argmax
-    ids, probs = ops.argmax(r.upload(logits.numpy()))
-    assert np.array_equal(ids.numpy(), logits.argmax(-1).numpy().astype(np.uint32))
-    _close(probs.numpy(), torch.softmax(logits.double(), -1).max(-1).values.numpy())
+    out = r.upload(np.full(2 * (m + 3), 0xFFFFFFFF, np.uint32))  # poisoned; rows land at offset 2 of width m + 3
+    ops.argmax(r.upload(logits.numpy()), out, offset=2)
+    raw = out.numpy()
+    ids, probs = ops.split_argmax(raw)
+    assert np.array_equal(ids[2:2 + m], logits.argmax(-1).numpy())
+    _close(probs[2:2 + m], torch.softmax(logits.double(), -1).max(-1).values.numpy())
+    assert (raw[:2] == 0xFFFFFFFF).all() and (raw[m + 3:m + 5] == 0xFFFFFFFF).all()  # other slots untouched
 
 
 def test_gather(wg, rng):
     r, ops = wg
     table = torch.randn(50, 24, generator=rng)
-    tokens = np.array([3, 0, 49, 3], np.uint32)
-    assert np.array_equal(ops.gather(r.upload(table.numpy()), r.upload(tokens)).numpy(), table.numpy()[tokens])
+    tokens = np.array([9, 3, 0, 49, 3], np.uint32)
+    for chunk_rows in (None, 7):  # a table split into row chunks is gathered chunk by chunk
+        got = ops.gather(r.upload(table.numpy(), chunk_rows=chunk_rows), r.upload(tokens), count=4, offset=1)
+        assert np.array_equal(got.numpy(), table.numpy()[tokens[1:]])
 
 
 # ---- runner ------------------------------------------------------------------------------------------------------
@@ -228,3 +234,53 @@ def test_no_adapter_names_the_system_package(monkeypatch):
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(BackendUnavailableError, match="mesa-vulkan-drivers"):
         Runner()
+
+
+def test_cols_add_into_and_mask(wg, rng):
+    r, ops = wg
+    x = torch.randn(5, 30, generator=rng)
+    assert np.array_equal(ops.cols(r.upload(x.numpy()), 7, 11).numpy(), x[:, 7:18].numpy())
+    y = torch.randn(6, 4, generator=rng)
+    yd = r.upload(y.numpy())
+    delta = torch.randn(2, 4, generator=rng)
+    ops.add_into(yd, r.upload(delta.numpy()), 4)
+    want = y.clone()
+    want[4:] += delta
+    assert np.array_equal(yd.numpy(), want.numpy())
+    pos = torch.tensor([7, 8, 9, 10, 11])
+    mask = ops.mask(r.upload(pos.numpy().astype(np.uint32)), 14, causal_rows=2).numpy()
+    reach = torch.where(torch.arange(5) < 2, pos, pos[-1])
+    assert np.array_equal(mask.astype(bool), (torch.arange(14)[None, :] <= reach[:, None]).numpy())
+
+
+def test_verify_prepare_and_resolve_on_device(wg):
+    """The device versions of runtime/verify_prep.py against the torch ones."""
+    from bitmtp.runtime.states import ReplayState
+    from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
+
+    r, ops = wg
+
+    class R:  # a torch runner's tensors
+        def __init__(self, w, role="verify", block=0):
+            self.tokens, self.positions = torch.zeros(w, dtype=torch.long), torch.zeros(w, dtype=torch.long)
+            self.out_token = torch.zeros(w, dtype=torch.long)
+            self.state = ReplayState(w, 64, role, block)
+
+    d, p = 4, 2
+    draft, verify, nxt = R(p + d - 1, "draft", d), R(d), R(d, "draft", d)
+    draft.positions[:] = torch.arange(20, 20 + p + d - 1)
+    draft.out_token[:] = torch.tensor([0, 5, 6, 7, 8])
+    arange = torch.arange(32)
+    prepare_verify(draft, verify, arange)
+    u = lambda t: r.upload(t.numpy().astype(np.uint32))  # noqa: E731
+    out = u(torch.cat([draft.out_token, torch.zeros(p + d - 1, dtype=torch.long)]))
+    vt, vp = r.empty((d,), "u32"), r.empty((d,), "u32")
+    ops.prepare_verify(out, u(draft.positions), p, d, vt, vp)
+    assert np.array_equal(vt.numpy(), verify.tokens.numpy()) and np.array_equal(vp.numpy(), verify.positions.numpy())
+    for accepted in ([6, 7, 8, 9], [6, 1, 8, 9], [2, 7, 8, 9]):
+        verify.out_token[:] = torch.tensor(accepted)
+        resolve_verify(verify, nxt, arange)
+        nt, np_ = r.empty((d,), "u32"), r.empty((d,), "u32")
+        vout = u(torch.cat([verify.out_token, torch.zeros(d, dtype=torch.long)]))
+        ops.resolve_verify(vout, u(verify.positions), u(verify.tokens), nt, np_)
+        assert nt.numpy()[0] == nxt.tokens[0] and np.array_equal(np_.numpy(), nxt.positions.numpy())

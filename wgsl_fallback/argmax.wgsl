@@ -1,15 +1,15 @@
 // Greedy pick per row of logits [M, V]: the argmax (lowest index among ties, as torch.argmax) and its
 // softmax probability 1 / sum_v exp(logit_v - max) — what the decoding policies need, so a step reads
-// back 2 * M numbers instead of M * V logits. One workgroup per row.
+// back 2 * W numbers instead of M * V logits. One workgroup per row. Results go to one u32 buffer
+// out[2W] (ids at [off + m], the probability's bits at [W + off + m]) so a step's outputs are one read.
 
-struct Params { M: u32, V: u32, _a: u32, _b: u32 }
+struct Params { M: u32, V: u32, off: u32, W: u32 }
 
 const WG: u32 = 64u;
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
-@group(0) @binding(1) var<storage, read_write> ids: array<u32>;    // [M]
-@group(0) @binding(2) var<storage, read_write> probs: array<f32>;  // [M]
-@group(0) @binding(3) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;    // [2W]
+@group(0) @binding(2) var<uniform> p: Params;
 
 var<workgroup> rv: array<f32, WG>;
 var<workgroup> ri: array<u32, WG>;
@@ -48,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   if (tid == 0u) {
-    ids[m] = arg;
-    probs[m] = 1.0 / rv[0];
+    out[p.off + m] = arg;
+    out[p.W + p.off + m] = bitcast<u32>(1.0 / rv[0]);
   }
 }

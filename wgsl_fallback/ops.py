@@ -227,21 +227,86 @@ class Ops:
         m, two_i = gate_up.shape
         return self._elementwise(f"{act}_mul", gate_up, None, (m, two_i // 2), two_i // 2)
 
-    def argmax(self, logits: DeviceTensor) -> tuple[DeviceTensor, DeviceTensor]:
-        """``(ids u32[M], probs f32[M])``: each row's argmax and its softmax probability."""
+    def argmax(self, logits: DeviceTensor, out: DeviceTensor | None = None, offset: int = 0) -> DeviceTensor:
+        """Each row's argmax and its softmax probability into ``out u32[2W]``: ids at ``[offset + m]``, the
+        probability's float bits at ``[W + offset + m]`` (one buffer, so a step's results are one read)."""
         m, v = logits.shape
-        ids, probs = self.r.empty((m,), "u32"), self.r.empty((m,), "f32")
-        self.r.dispatch("argmax", "main", {0: logits, 1: ids, 2: probs, 3: self.r.uniform("4I", m, v, 0, 0)},
-                        (m, 1, 1))
-        return ids, probs
-
-    def gather(self, table: DeviceTensor, tokens: DeviceTensor) -> DeviceTensor:
-        """Embedding rows ``table[tokens]`` → ``f32[M, H]``."""
-        m, h = tokens.shape[0], table.shape[1]
-        out = self.r.empty((m, h), "f32")
-        self.r.dispatch("gather", "main", {0: table, 1: tokens, 2: out, 3: self.r.uniform("4I", m, h, 0, 0)},
-                        (-(-(m * h) // 64), 1, 1))
+        out = out or self.r.empty((2 * m,), "u32")
+        w = out.shape[0] // 2
+        if offset + m > w:
+            raise ShapeError(f"argmax: rows {offset}..{offset + m} do not fit an output of width {w}")
+        self.r.dispatch("argmax", "main", {0: logits, 1: out, 2: self.r.uniform("4I", m, v, offset, w)}, (m, 1, 1))
         return out
+
+    @staticmethod
+    def split_argmax(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, probs)`` of an :meth:`argmax` output read back to the host."""
+        w = raw.shape[0] // 2
+        return raw[:w].astype(np.int64), raw[w:].view(np.float32)
+
+    def cols(self, x: DeviceTensor, c0: int, width: int) -> DeviceTensor:
+        """Columns ``[c0, c0 + width)`` of ``x f32[M, C]`` (q, k, v of a fused projection)."""
+        m, c = x.shape
+        out = self.r.empty((m, width), "f32")
+        n = m * width
+        groups = -(-n // 64)
+        grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
+        self.r.dispatch("elementwise", "cols", {0: x, 2: out, 3: self.r.uniform("4I", n, width, c, c0)}, grid)
+        return out
+
+    def add_into(self, y: DeviceTensor, delta: DeviceTensor, first_row: int) -> None:
+        """``y[first_row:] += delta`` (rows of equal length), in place."""
+        row = int(np.prod(y.shape[1:]))
+        n = int(np.prod(delta.shape))
+        if first_row * row + n > int(np.prod(y.shape)):
+            raise ShapeError(f"add_into: {delta.shape} at row {first_row} does not fit {y.shape}")
+        self.r.dispatch("elementwise", "add_into", {0: delta, 2: y, 3: self.r.uniform("4I", n, 1, 0, first_row * row)},
+                        (-(-n // 64), 1, 1))
+
+    def mask(self, positions: DeviceTensor, length: int, causal_rows: int, out: DeviceTensor | None = None
+             ) -> DeviceTensor:
+        """The step mask ``u32[M, L]``: row i sees KV rows ≤ its position (first ``causal_rows`` rows) or ≤ the
+        last row's position (a draft step's mask rows)."""
+        m = positions.shape[0]
+        out = out or self.r.empty((m, length), "u32")
+        self.r.dispatch("mask", "main", {0: positions, 1: out, 2: self.r.uniform("4I", m, length, causal_rows, 0)},
+                        (-(-(m * length) // 64), 1, 1))
+        return out
+
+    def prepare_verify(self, draft_out: DeviceTensor, draft_pos: DeviceTensor, pending: int, d: int,
+                       tokens: DeviceTensor, positions: DeviceTensor) -> None:
+        """Verify inputs from a draft step's outputs, on the device (see step.wgsl)."""
+        w = draft_out.shape[0] // 2
+        params = self.r.uniform("4I", d, w - d, 0, pending - 1)
+        self.r.dispatch("step", "prepare", {0: draft_out, 1: draft_pos, 3: tokens, 4: positions, 5: params}, (1, 1, 1))
+
+    def resolve_verify(self, verify_out: DeviceTensor, verify_pos: DeviceTensor, verify_tok: DeviceTensor,
+                       tokens: DeviceTensor, positions: DeviceTensor) -> None:
+        """The next draft step's inputs from a verify step's outputs, on the device (see step.wgsl)."""
+        d = verify_tok.shape[0]
+        params = self.r.uniform("4I", d, 0, positions.shape[0], 0)
+        self.r.dispatch("step", "resolve", {0: verify_out, 1: verify_pos, 2: verify_tok, 3: tokens, 4: positions,
+                                            5: params}, (1, 1, 1))
+
+    def gather(self, table: DeviceTensor, tokens: DeviceTensor, count: int | None = None, offset: int = 0,
+               out: DeviceTensor | None = None) -> DeviceTensor:
+        """Embedding rows ``table[tokens[offset : offset + count]]`` → ``f32[count, H]`` (into ``out``'s first
+        rows when given). A row-chunked table (a tied LM head larger than one binding) is gathered per chunk."""
+        m, h = (count or tokens.shape[0]), table.shape[1]
+        out = out or self.r.empty((m, h), "f32")
+        for i, chunk in enumerate(table.chunks):
+            start = i * table.rows_per_chunk
+            rows = min(table.rows_per_chunk, table.shape[0] - start)
+            params = self.r.uniform("8I", m, h, offset, start, rows, 0, 0, 0)
+            self.r.dispatch("gather", "main", {0: chunk, 1: tokens, 2: out, 3: params}, (-(-(m * h) // 64), 1, 1))
+        return out
+
+    @staticmethod
+    def view(t: DeviceTensor, shape: tuple[int, ...]) -> DeviceTensor:
+        """The same single-chunk buffer with another shape (same number of elements)."""
+        if int(np.prod(shape)) != int(np.prod(t.shape)) or len(t.chunks) != 1:
+            raise ShapeError(f"view: cannot view {t.shape} ({len(t.chunks)} chunks) as {shape}")
+        return DeviceTensor(tuple(shape), t.dtype, t.chunks, shape[0], t.runner)
 
 
 __all__ = ["Ops", "TernaryWeight", "MAX_TOKENS", "MAX_SEGMENT"]

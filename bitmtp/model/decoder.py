@@ -122,9 +122,18 @@ class Decoder(nn.Module):
             x = torch.cat([self.embed[step.tokens[:p]], step.mask_block.mask_embedding.to(self.dtype).expand(r, -1)])
         else:
             x = self.embed[step.tokens]  # [M, hidden]
+        return rms_norm(self.run_layers(x, step, kv, range(len(self.layers))), self.norm, a.rms_norm_eps)
+
+    def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers) -> torch.Tensor:
+        """Run decoder ``layers`` (indices, in order) on the step's rows ``x [M, hidden]`` — all of them
+        for :meth:`hidden_states`; the CPU-offloaded tail when earlier layers ran on another device."""
+        a = self.args
+        m = step.tokens.shape[0]
+        r = step.mask_rows
         cos = self.rope_cos[step.positions].to(x.dtype)
         sin = self.rope_sin[step.positions].to(x.dtype)
-        for i, layer in enumerate(self.layers):
+        for i in layers:
+            layer = self.layers[i]
             at = layer.attn
             adapt = self._gated_lora(step.mask_block, i, m - r) if r else None
             h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
@@ -148,7 +157,7 @@ class Decoder(nn.Module):
             x = x + (o if adapt is None else adapt("o", out, o))
             h = rms_norm(x, layer.post_norm, a.rms_norm_eps)
             x = x + layer.mlp(h, adapt)
-        return rms_norm(x, self.norm, a.rms_norm_eps)
+        return x
 
     @staticmethod
     def _gated_lora(block, layer: int, first_mask_row: int):

@@ -31,7 +31,8 @@ class Engine:
     """
 
     def __init__(self, decoder: Decoder, *, capacity: int = 2048, m_max: int = 16, prefill_chunk: int = 64,
-                 eager: bool | None = None, keep_logits: bool = False):
+                 eager: bool | None = None, keep_logits: bool = False, device_backend: str | None = None,
+                 gpu_layers: int | None = None):
         a = decoder.args
         if capacity + m_max > decoder.rope_cos.shape[0]:
             raise BitMTPError(
@@ -41,7 +42,14 @@ class Engine:
         self.decoder = decoder
         self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity, m_max,
                           dtype=decoder.dtype, device=decoder.device)
-        self.pool = GraphPool(decoder, self.kv, eager=eager, keep_logits=keep_logits)
+        if device_backend == "wgpu":  # whole layers on a Vulkan device, the plan's tail on the CPU
+            from bitmtp.runtime.wgpu_exec import WgpuGraphPool
+
+            self.pool = WgpuGraphPool(decoder, self.kv, gpu_layers=gpu_layers)
+        elif device_backend is not None:
+            raise BitMTPError(f"device_backend: expected None or 'wgpu', got {device_backend!r}")
+        else:
+            self.pool = GraphPool(decoder, self.kv, eager=eager, keep_logits=keep_logits)
         self.prefill_chunk = int(prefill_chunk)
         self.n = 0  # committed tokens whose KV rows [0, n) are materialized (host mirror)
         self.syncs = 0  # device→host reads (tests count them)
@@ -102,8 +110,12 @@ class Engine:
         """Bring small device tensors to the host in ONE transfer (the instrumented sync point).
 
         The tensors are gathered into a float64 staging buffer on the device (token ids < 2^53 are
-        exact in float64) and read with a single ``tolist``; integer tensors come back as ints.
+        exact in float64) and read with a single ``tolist``; integer tensors come back as ints. A pool
+        that keeps outputs on another device (wgpu) brings them all over first, in one read.
         """
+        flush = getattr(self.pool, "flush", None)
+        if flush is not None:
+            flush()
         if len(tensors) == 1:
             self.syncs += 1
             return [tensors[0].tolist()]

@@ -18,6 +18,9 @@ def prepare_verify(draft, verify, arange: torch.Tensor) -> None:
     The verify step runs AR-causally over d_1..d_D at the positions right after P:
     tokens = d_1..d_D, positions = (last pending position) + 1 + [0, D).
     """
+    if getattr(getattr(verify, "pool", None), "device_verify", False):  # wgpu runners: on their device
+        verify.prepare_from_draft(draft)
+        return
     d = verify.tokens.shape[0]
     p = draft.state.pending
     verify.tokens.copy_(draft.out_token[-d:])
@@ -31,6 +34,9 @@ def resolve_verify(verify, next_draft, arange: torch.Tensor) -> None:
     ``decoding.policies.speculative_accept``, as tensor ops); the next pending suffix is ``[v_a]``
     at position (position of d_1) + a. The host learns ``a`` with the next iteration's one read.
     """
+    if getattr(getattr(verify, "pool", None), "device_verify", False):
+        verify.resolve_into(next_draft)
+        return
     agree = (verify.tokens[1:] == verify.out_token[:-1]).long()
     a = 1 + torch.cumprod(agree, 0).sum()
     next_draft.tokens[:1].copy_(verify.out_token.gather(0, (a - 1).view(1)))

@@ -1,0 +1,367 @@
+"""Whole-layer execution on a wgpu device (Vulkan), with a CPU-offloaded tail of layers.
+
+``WgpuGraphPool`` stands in for ``runtime.graphs.GraphPool`` when a model is loaded with
+``backend="wgpu"``: its step runners keep the same host protocol (fill ``tokens`` / ``positions``,
+``run()``, read ``out_token`` / ``out_prob``), but a step runs on the device — embedding gather,
+every device layer (norms, W2A8 or dense projections, RoPE, KV write at the rows' positions,
+masked attention, gated MLP, the mask block's gated LoRA on mask rows), the final norm, the LM head
+and the argmax — and its outputs stay there until the engine reads. ``flush`` brings every pending
+runner's outputs back in ONE read; the verify preparation and resolution of the decode loop run on
+the device too (``step.wgsl``), so a decode iteration costs one readback, as on CUDA.
+
+Layers the offload plan (``bitmtp.offload``) puts on the CPU run through the decoder's own torch
+modules (the csrc/cpu kernels) with their KV in the engine's host ``KVStore``: the step's M hidden
+rows cross to the host and back, and such steps read back at once (the host needs its rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bitmtp.errors import BitMTPError
+from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.model.fuse import Stacked
+from bitmtp.model.layers import DenseLinear
+from bitmtp.ops import TernaryLinear
+from bitmtp.runtime.kv import KVStore
+from bitmtp.runtime.states import ReplayState
+from bitmtp.wgsl_fallback.ops import Ops, TernaryWeight
+from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+class _Proj:
+    """A projection on the device: ternary (T2 words + scales) or dense float32, plus bias."""
+
+    def __init__(self, ops: Ops, module, name: str):
+        r = ops.r
+        if isinstance(module, Stacked):
+            raise BitMTPError(f"{name}: the wgpu backend runs fused projections of one kind; this one mixes "
+                              "ternary and dense parts")
+        self.bias = None if module.bias is None else r.upload(_np(module.bias))
+        if isinstance(module, TernaryLinear):
+            scales = module.scales.detach().float().cpu().numpy()
+            group = module.group_size if module.scales.shape[1] > 1 else None
+            self.weight = TernaryWeight.upload(r, module.weight.cpu().numpy(), scales, module.in_features, group)
+            self.ternary = True
+        elif isinstance(module, DenseLinear):
+            self.weight = r.upload(_np(module.weight))
+            self.ternary = False
+        else:
+            raise BitMTPError(f"{name}: the wgpu backend cannot run a {type(module).__name__}")
+        self.out_features = module.out_features
+
+    def __call__(self, ops: Ops, x: DeviceTensor) -> DeviceTensor:
+        if self.ternary:
+            return ops.ternary_linear(x, self.weight, self.bias)
+        return ops.dense(x, self.weight, self.bias)
+
+
+class _Layer:
+    def __init__(self, ops: Ops, layer, i: int):
+        r = ops.r
+        at, mlp = layer.attn, layer.mlp
+        self.in_norm, self.post_norm = r.upload(_np(layer.in_norm)), r.upload(_np(layer.post_norm))
+        self.qkv = _Proj(ops, at.qkv_proj, f"layers.{i}.qkv")
+        self.o = _Proj(ops, at.o_proj, f"layers.{i}.o")
+        self.gate_up = _Proj(ops, mlp.gate_up_proj, f"layers.{i}.gate_up")
+        self.down = _Proj(ops, mlp.down_proj, f"layers.{i}.down")
+        self.q_norm = None if at.q_norm is None else r.upload(_np(at.q_norm))
+        self.k_norm = None if at.k_norm is None else r.upload(_np(at.k_norm))
+        self.attn_sub = None if at.sub_norm is None else r.upload(_np(at.sub_norm))
+        self.mlp_sub = None if mlp.sub_norm is None else r.upload(_np(mlp.sub_norm))
+
+
+class DeviceModel:
+    """The decoder's device-resident part: layers ``[0, gpu_layers)``, final norm, LM head, embeddings
+    (the LM head's buffer when tied), RoPE tables and the device layers' KV caches."""
+
+    def __init__(self, decoder: Decoder, kv: KVStore, runner: Runner, gpu_layers: int, lm_head_on_gpu: bool = True):
+        a = decoder.args
+        self.decoder, self.args, self.kv = decoder, a, kv
+        self.r, self.ops = runner, Ops(runner)
+        self.gpu_layers = int(gpu_layers)
+        self.layers = [_Layer(self.ops, decoder.layers[i], i) for i in range(self.gpu_layers)]
+        self.norm = runner.upload(_np(decoder.norm))
+        self.lm_head = _Proj(self.ops, decoder.lm_head, "lm_head") if lm_head_on_gpu else None
+        if self.lm_head is not None and a.tie_word_embeddings:
+            self.embed = self.lm_head.weight  # one device copy serves the gather and the LM head
+        else:
+            self.embed = runner.upload(_np(decoder.embed))
+        self.cos, self.sin = runner.upload(_np(decoder.rope_cos)), runner.upload(_np(decoder.rope_sin))
+        rows = kv.capacity + kv.m_max
+        shape = (a.num_kv_heads, rows, a.head_dim)
+        self.kc = [runner.empty(shape) for _ in range(self.gpu_layers)]
+        self.vc = [runner.empty(shape) for _ in range(self.gpu_layers)]
+        self.scale = a.head_dim ** -0.5
+        self.lora: dict[tuple[int, str], tuple[DeviceTensor, DeviceTensor]] = {}
+        self.mask_embedding: DeviceTensor | None = None
+        self.heads = None
+
+    # ---- adapters ------------------------------------------------------------------------------------
+
+    def set_mask_block(self, block) -> None:
+        """Upload a ``MaskBlock``'s mask embedding and fused LoRA factors (B scaled by α/r once)."""
+        r = self.r
+        self.mask_embedding = r.upload(_np(block.mask_embedding).reshape(1, -1))
+        self.lora = {}
+        for (i, group), a in block.a.items():
+            if i < self.gpu_layers:
+                b = block.b[(i, group)] * block.scaling
+                self.lora[(i, group)] = (r.upload(_np(a)), r.upload(_np(b)))
+
+    def set_heads(self, heads) -> None:
+        """Upload ``DraftHeads`` with each head's down projection split into its state and embedding halves
+        (``W_down·[s ‖ e] = W_s·s + W_e·e``: no concatenation on the device)."""
+        h = self.args.hidden_size
+        self.heads = [(self.r.upload(_np(heads.down[k][:, :h])), self.r.upload(_np(heads.down[k][:, h:])),
+                       self.r.upload(_np(heads.up[k])), self.r.upload(_np(heads.norm[k])))
+                      for k in range(heads.down.shape[0])]
+        self.heads_eps = heads.eps
+
+    # ---- one step --------------------------------------------------------------------------------------
+
+    def _lora(self, i: int, group: str, inputs: DeviceTensor, outputs: DeviceTensor, first: int) -> None:
+        factors = self.lora.get((i, group))
+        if factors is None or first >= inputs.shape[0]:
+            return
+        a, b = factors
+        rows = self.ops.slice_rows(inputs, first, inputs.shape[0])
+        delta = self.ops.dense(self.ops.dense(rows, a), b)
+        self.ops.add_into(outputs, delta, first)
+
+    def layer(self, i: int, x: DeviceTensor, positions: DeviceTensor, mask: DeviceTensor,
+              mask_rows: int) -> DeviceTensor:
+        a, ops, lay = self.args, self.ops, self.layers[i]
+        m = x.shape[0]
+        first = m - mask_rows
+        eps = a.rms_norm_eps
+        h = ops.rms_norm(x, lay.in_norm, eps)
+        qkv = lay.qkv(ops, h)
+        if mask_rows:
+            self._lora(i, "qkv", h, qkv, first)
+        q = ops.view(ops.cols(qkv, 0, a.q_size), (m, a.num_heads, a.head_dim))
+        k = ops.view(ops.cols(qkv, a.q_size, a.kv_size), (m, a.num_kv_heads, a.head_dim))
+        v = ops.view(ops.cols(qkv, a.q_size + a.kv_size, a.kv_size), (m, a.num_kv_heads, a.head_dim))
+        if lay.q_norm is not None:
+            q = ops.rms_norm(q, lay.q_norm, eps, a.head_dim)
+            k = ops.rms_norm(k, lay.k_norm, eps, a.head_dim)
+        ops.rope_(q, self.cos, self.sin, positions)
+        ops.rope_(k, self.cos, self.sin, positions)
+        ops.kv_write(k, self.kc[i], positions)
+        ops.kv_write(v, self.vc[i], positions)
+        att = ops.view(ops.attention(q, self.kc[i], self.vc[i], mask, self.scale), (m, a.q_size))
+        if lay.attn_sub is not None:
+            att = ops.rms_norm(att, lay.attn_sub, eps)
+        o = lay.o(ops, att)
+        if mask_rows:
+            self._lora(i, "o", att, o, first)
+        x = ops.add(x, o)
+        h = ops.rms_norm(x, lay.post_norm, eps)
+        gu = lay.gate_up(ops, h)
+        if mask_rows:
+            self._lora(i, "gate_up", h, gu, first)
+        act = ops.gated(gu, "relu2" if a.hidden_act == "relu2" else "silu")
+        if lay.mlp_sub is not None:
+            act = ops.rms_norm(act, lay.mlp_sub, eps)
+        dn = lay.down(ops, act)
+        if mask_rows:
+            self._lora(i, "down", act, dn, first)
+        return ops.add(x, dn)
+
+    def hidden(self, runner: WgpuStepRunner, mask_rows: int) -> DeviceTensor:
+        """Final normed hidden states ``[M, hidden]`` of the runner's rows (device layers, then the CPU
+        tail through the decoder's torch modules)."""
+        ops, st = self.ops, runner.state
+        m = st.width
+        p = m - mask_rows
+        x = self.r.empty((m, self.args.hidden_size))
+        ops.gather(self.embed, runner.dev_tokens, count=p, out=x)
+        if mask_rows:
+            for j in range(p, m):
+                ops.copy_rows(self.mask_embedding, x, j)
+        mask = ops.mask(runner.dev_positions, st.segment, p, out=runner.dev_mask)
+        for i in range(self.gpu_layers):
+            x = self.layer(i, x, runner.dev_positions, mask, mask_rows)
+        if self.gpu_layers < self.args.num_layers:
+            x = self._cpu_tail(runner, x, mask_rows)
+        return ops.rms_norm(x, self.norm, self.args.rms_norm_eps)
+
+    def _cpu_tail(self, runner: WgpuStepRunner, x: DeviceTensor, mask_rows: int) -> DeviceTensor:
+        """Layers ``[gpu_layers, L)`` on the host: the step's rows cross over and back (a read)."""
+        dec = self.decoder
+        m = x.shape[0]
+        p = m - mask_rows
+        host = torch.from_numpy(self.r.read(x)).to(dec.dtype)
+        pos = runner.positions
+        reach = torch.where(torch.arange(m) < p, pos, pos[-1])
+        mask = runner.kv_index[None, :] <= reach[:, None]
+        block = runner.drafter_block if mask_rows else None
+        step = StepInputs(runner.tokens, pos, mask, mask_rows=mask_rows, mask_block=block)
+        with torch.no_grad():
+            host = dec.run_layers(host, step, self.kv, range(self.gpu_layers, self.args.num_layers))
+        return self.r.upload(_np(host))
+
+    def logits_argmax(self, hidden: DeviceTensor, out: DeviceTensor, offset: int) -> None:
+        """LM head over ``hidden`` rows and their argmax/probability into ``out`` at ``offset``."""
+        if self.lm_head is not None:
+            self.ops.argmax(self.lm_head(self.ops, hidden), out, offset)
+            return
+        raise BitMTPError("the LM head is placed on the CPU; this step must run through _host_head")
+
+
+class WgpuStepRunner:
+    """A step runner whose body runs on the wgpu device (see the module docstring)."""
+
+    def __init__(self, pool: WgpuGraphPool, state: ReplayState):
+        m = state.width
+        self.pool, self.state = pool, state
+        r = pool.model.r
+        self.tokens = torch.zeros(m, dtype=torch.long)
+        self.positions = torch.zeros(m, dtype=torch.long)
+        self.out_token = torch.zeros(m, dtype=torch.long)
+        self.out_prob = torch.zeros(m, dtype=torch.float32)
+        self.kv_index = torch.arange(state.segment)
+        self.dev_tokens, self.dev_positions = r.empty((m,), "u32"), r.empty((m,), "u32")
+        self.dev_out = r.empty((2 * m,), "u32")
+        self.dev_mask = r.empty((m, state.segment), "u32")
+        self.device_fed = False  # inputs written on the device (prepare/resolve): do not upload the host's
+        self.drafter_block = None
+        self.replays = 0
+
+    def run(self) -> None:
+        model, r = self.pool.model, self.pool.model.r
+        if not self.device_fed:
+            r.write(self.dev_tokens, self.tokens.numpy().astype(np.uint32))
+            r.write(self.dev_positions, self.positions.numpy().astype(np.uint32))
+        self.device_fed = False
+        st = self.state
+        if st.role == "draft":
+            self._draft(model)
+        else:
+            model.logits_argmax(model.hidden(self, 0), self.dev_out, 0)
+        self.replays += 1
+        self.pool.pending.append(self)
+        if self.pool.sync_each_step:  # offloaded layers: the host needs this step's values now
+            self.pool.flush()
+
+    def _draft(self, model: DeviceModel) -> None:
+        st, ops = self.state, model.ops
+        p, d = st.pending, st.block
+        kind = self.pool.drafter_kind
+        if kind == "mask-block":
+            self.drafter_block = self.pool.drafter.block
+            hidden = model.hidden(self, d - 1)
+            model.logits_argmax(ops.slice_rows(hidden, p - 1, st.width), self.dev_out, st.width - d)
+            return
+        # heads: the pending rows run causally on the base path; the heads recur from the last one
+        hidden = model.hidden(self, 0)
+        s = ops.slice_rows(hidden, p - 1, p)
+        at = st.width - d
+        model.logits_argmax(s, self.dev_out, at)
+        for k in range(d - 1):
+            w_s, w_e, up, norm = model.heads[k]
+            e = ops.gather(model.embed, self.dev_out, count=1, offset=at + k)
+            z = ops.add(ops.dense(s, w_s), ops.dense(e, w_e))
+            s = ops.rms_norm(ops.add(ops.dense(z, up), s), norm, model.heads_eps)
+            model.logits_argmax(s, self.dev_out, at + k + 1)
+
+    # ---- device-side decode-loop bookkeeping (runtime/verify_prep.py dispatches here) -------------------
+
+    def prepare_from_draft(self, draft: WgpuStepRunner) -> None:
+        """This (verify) runner's inputs from ``draft``'s outputs, on the device."""
+        d = self.state.width
+        self.pool.model.ops.prepare_verify(draft.dev_out, draft.dev_positions, draft.state.pending, d,
+                                           self.dev_tokens, self.dev_positions)
+        self.device_fed = True
+
+    def resolve_into(self, next_draft: WgpuStepRunner) -> None:
+        """``next_draft``'s inputs from this (verify) runner's outputs, on the device."""
+        self.pool.model.ops.resolve_verify(self.dev_out, self.dev_positions, self.dev_tokens,
+                                           next_draft.dev_tokens, next_draft.dev_positions)
+        next_draft.device_fed = True
+
+
+class WgpuGraphPool:
+    """The graph pool of the wgpu backend: runners per replay state, one readback per ``flush``."""
+
+    def __init__(self, decoder: Decoder, kv: KVStore, *, runner: Runner | None = None, gpu_layers: int | None = None,
+                 lm_head_on_gpu: bool = True):
+        from bitmtp.wgsl_fallback.runner import default_runner
+
+        a = decoder.args
+        if decoder.device.type != "cpu":
+            raise BitMTPError("backend='wgpu': load the model with device='cpu' (wgpu holds its own copy)")
+        gpu_layers = a.num_layers if gpu_layers is None else int(gpu_layers)
+        if not lm_head_on_gpu:
+            raise BitMTPError("backend='wgpu': an LM head placed on the CPU is not supported yet; raise the "
+                              "budget so the plan keeps the LM head on the device")
+        self.decoder, self.kv = decoder, kv
+        self.model = DeviceModel(decoder, kv, runner or default_runner(), gpu_layers, lm_head_on_gpu)
+        self.runners: dict[ReplayState, WgpuStepRunner] = {}
+        self.pending: list[WgpuStepRunner] = []
+        self.drafter = None
+        self.drafter_kind: str | None = None
+        #: with CPU-offloaded layers the host takes part in every step; verify prep then runs on the host
+        self.sync_each_step = gpu_layers < a.num_layers
+        self.device_verify = not self.sync_each_step
+        self.reads = 0
+        self._staging: DeviceTensor | None = None
+
+    def register_mask(self, role, fn) -> None:
+        raise BitMTPError("backend='wgpu': custom mask functions are not supported (masks are built on the device)")
+
+    def set_drafter(self, drafter) -> None:
+        if drafter is self.drafter:
+            return
+        if hasattr(drafter, "block"):
+            self.model.set_mask_block(drafter.block)
+            self.drafter_kind = "mask-block"
+        elif hasattr(drafter, "heads"):
+            self.model.set_heads(drafter.heads)
+            self.drafter_kind = "heads"
+        elif drafter is not None:
+            raise BitMTPError(f"backend='wgpu': the {getattr(drafter, 'kind', type(drafter).__name__)} drafter "
+                              "does not run on the device (mask-block and heads adapters do)")
+        self.runners = {s: r for s, r in self.runners.items() if s.role != "draft"}
+        self.drafter = drafter
+
+    def get(self, state: ReplayState) -> WgpuStepRunner:
+        runner = self.runners.get(state)
+        if runner is None:
+            if state.role == "draft" and self.drafter is None:
+                raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
+            runner = self.runners[state] = WgpuStepRunner(self, state)
+        return runner
+
+    def flush(self) -> None:
+        """Bring every pending runner's outputs to the host in ONE read (device copies into a staging
+        buffer, then one map)."""
+        if not self.pending:
+            return
+        r = self.model.r
+        total = sum(run.dev_out.shape[0] for run in self.pending)
+        if self._staging is None or self._staging.shape[0] < total:
+            self._staging = r.empty((max(total, 256),), "u32")
+        at = 0
+        for run in self.pending:
+            n = run.dev_out.shape[0]
+            r.copy(run.dev_out.buffer, 0, self._staging.buffer, at * 4, n * 4)
+            at += n
+        raw = r.read(self._staging)[:total]
+        self.reads += 1
+        at = 0
+        for run in self.pending:
+            w = run.dev_out.shape[0] // 2
+            part = raw[at:at + 2 * w]
+            run.out_token.copy_(torch.from_numpy(part[:w].astype(np.int64)))
+            run.out_prob.copy_(torch.from_numpy(part[w:].view(np.float32).copy()))
+            at += 2 * w
+        self.pending = []
+
+
+__all__ = ["WgpuGraphPool", "WgpuStepRunner", "DeviceModel"]
