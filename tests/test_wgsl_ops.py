@@ -284,3 +284,24 @@ def test_verify_prepare_and_resolve_on_device(wg):
         vout = u(torch.cat([verify.out_token, torch.zeros(d, dtype=torch.long)]))
         ops.resolve_verify(vout, u(verify.positions), u(verify.tokens), nt, np_)
         assert nt.numpy()[0] == nxt.tokens[0] and np.array_equal(np_.numpy(), nxt.positions.numpy())
+
+
+@pytest.mark.parametrize("subgroups", ["1", "0"])
+def test_w2a8_reduction_variants(wg, subgroups, monkeypatch, rng):
+    """Subgroup reduction (when the adapter offers it) and the workgroup tree give the same exact integers."""
+    from bitmtp.wgsl_fallback.ops import Ops
+    from bitmtp.wgsl_fallback.runner import Runner
+
+    monkeypatch.setenv("BITMTP_WGPU_SUBGROUPS", subgroups)
+    r = Runner()
+    uses = r.subgroups
+    assert uses == (subgroups == "1" and "subgroup" in r.features)
+    assert ("subgroupAdd(acc" in r.source("w2a8")) == uses
+    ops = Ops(r)
+    _, packed, _, upload = _ternary(rng, 29, 384, "group", 128)
+    x = torch.randn(13, 384, generator=rng)
+    w = upload(r)
+    xq, _, xsum = ops.act_quant(r.upload(x.numpy()), w.group_size)
+    x_q, _ = act_quant_reference(x)
+    assert np.array_equal(ops.w2a8_accumulate(xq, xsum, w).numpy(),
+                          w2a8_accumulate_reference(x_q, packed, 384, 128).numpy())

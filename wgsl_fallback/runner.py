@@ -114,12 +114,36 @@ class Runner:
 
     # ---- shaders and pipelines -------------------------------------------------------------------------
 
+    @property
+    def subgroups(self) -> bool:
+        """Whether shaders use subgroup reductions (the adapter offers the ``subgroup`` feature and
+        ``BITMTP_WGPU_SUBGROUPS`` is not ``0``)."""
+        return "subgroup" in self.features and os.environ.get("BITMTP_WGPU_SUBGROUPS", "1") != "0"
+
+    def source(self, shader: str) -> str:
+        """A shader's WGSL after the small preprocessor: ``//#if SUBGROUP`` / ``//#else`` / ``//#endif``
+        blocks and the ``/*SG_BUILTINS*/`` / ``/*SG_ARGS*/`` placeholders follow :attr:`subgroups`."""
+        sg = self.subgroups
+        out, keep = [], [True]
+        for line in (SHADER_DIR / f"{shader}.wgsl").read_text().splitlines():
+            tag = line.strip()
+            if tag == "//#if SUBGROUP":
+                keep.append(keep[-1] and sg)
+            elif tag == "//#else":
+                keep[-1] = keep[-2] and not keep[-1]
+            elif tag == "//#endif":
+                keep.pop()
+            elif keep[-1]:
+                out.append(line)
+        code = "\n".join(out)
+        builtins = (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32" if sg else "")
+        return code.replace("/*SG_BUILTINS*/", builtins).replace("/*SG_ARGS*/", "lane, sgs" if sg else "0u, 1u")
+
     def pipeline(self, shader: str, entry: str) -> Any:
         key = (shader, entry)
         if key not in self._pipelines:
             if shader not in self._modules:
-                code = (SHADER_DIR / f"{shader}.wgsl").read_text()
-                self._modules[shader] = self.device.create_shader_module(code=code, label=shader)
+                self._modules[shader] = self.device.create_shader_module(code=self.source(shader), label=shader)
             self._pipelines[key] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": self._modules[shader], "entry_point": entry},
                 label=f"{shader}.{entry}")

@@ -37,7 +37,9 @@ const MT: u32 = 16u;
 var<workgroup> red: array<array<i32, MT>, WG>;
 
 // Sum of this thread's words of group g, for every token; reduced across the workgroup into red[0].
-fn group_sums(n: u32, g: u32, tid: u32) {
+// With the adapter's `subgroup` feature (SUBGROUP defined) the first stage is subgroupAdd: one shared
+// store per subgroup instead of a log2(64)-step tree of barriers.
+fn group_sums(n: u32, g: u32, tid: u32, lane: u32, sgs: u32) {
   var acc: array<i32, MT>;
   for (var m = 0u; m < MT; m++) { acc[m] = 0; }
   let row = n * p.Kw;
@@ -52,6 +54,20 @@ fn group_sums(n: u32, g: u32, tid: u32) {
       }
     }
   }
+//#if SUBGROUP
+  let sg = tid / sgs;
+  for (var m = 0u; m < p.M; m++) {
+    let total = subgroupAdd(acc[m]);
+    if (lane == 0u) { red[sg][m] = total; }
+  }
+  workgroupBarrier();
+  if (tid < p.M) {
+    var total: i32 = red[0][tid];
+    for (var k = 1u; k < WG / sgs; k++) { total += red[k][tid]; }
+    red[0][tid] = total;
+  }
+  workgroupBarrier();
+//#else
   for (var m = 0u; m < MT; m++) { red[tid][m] = acc[m]; }
   workgroupBarrier();
   for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
@@ -60,17 +76,18 @@ fn group_sums(n: u32, g: u32, tid: u32) {
     }
     workgroupBarrier();
   }
+//#endif
 }
 
 @compute @workgroup_size(64)
-fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32 /*SG_BUILTINS*/) {
   let n = wid.x + wid.y * p.wg_x;
   if (n >= p.N) { return; }  // uniform per workgroup
   let full_n = n + p.row_offset;
   let srow = select(0u, full_n, p.scale_rows > 1u);
   var total: f32 = 0.0;
   for (var g = 0u; g < p.n_groups; g++) {
-    group_sums(n, g, tid);
+    group_sums(n, g, tid, /*SG_ARGS*/);
     if (tid < p.M) {
       let exact = red[0][tid] - xsum[tid * p.n_groups + g];
       total += f32(exact) * scales[srow * p.n_groups + g];
@@ -85,12 +102,12 @@ fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 @compute @workgroup_size(64)
-fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32 /*SG_BUILTINS*/) {
   let n = wid.x + wid.y * p.wg_x;
   if (n >= p.N) { return; }
   let full_n = n + p.row_offset;
   for (var g = 0u; g < p.n_groups; g++) {
-    group_sums(n, g, tid);
+    group_sums(n, g, tid, /*SG_ARGS*/);
     if (tid < p.M) {
       acc_out[(tid * p.out_stride + full_n) * p.n_groups + g] = red[0][tid] - xsum[tid * p.n_groups + g];
     }
