@@ -6,14 +6,20 @@
 #   2. make this tree importable (editable install; PYTHONPATH fallback if pip cannot build);
 #   3. nvcc compile check of csrc/cuda for this GPU's architecture (registers, spills);
 #   4. python -m pytest -m cuda tests          (the CUDA/Triton kernel tests);
-#   5. python -m pytest bench/test_bench_cuda.py --benchmark-only   (bandwidth and width ratios);
+#   5. python -m pytest --benchmark-only (quick mode) on
+#        bench/kernels/test_bench_cuda.py    Triton and CUDA kernels side by side: M = 1 weight bandwidth
+#                                            as a fraction of copy bandwidth, time(M) / time(1), GB/s per M;
+#        bench/runtime/test_bench_graphs.py  CUDA-graph replay vs eager per replay width M (8 layers);
+#        bench/e2e/test_bench_policies.py    end to end at BitNet-2B shapes (30 layers): speculative /
+#                                            hybrid over AR tokens/s per block size D (oracle drafter);
+#      then python -m bench.compare on its JSON (bench/baselines/<machine kind>.json, if one exists);
 #   6. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
-#   7. one compact table: step results and the benchmark's "bitmtp ratio table".
+#   7. one compact table: step results and the benchmarks' "bitmtp ratio table".
 #
 # Usage: bash bench/gpu_check.sh [--dry-run]
 #   --dry-run  runs the same steps on the CPU, so CI can exercise the script: the setup for real,
 #              a tiny CPU-backend sanity check instead of the CUDA tests, and the GPU commands
-#              printed (the benchmark file only collected) instead of run.
+#              printed (the benchmark files only collected) instead of run.
 # Env: PYTHON (default python), GPU_CHECK_LOG_DIR (default a temporary directory), BUDGET_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +28,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (use --dry-run)"; exit 2 ;;
   esac
 done
@@ -161,21 +167,30 @@ EOF
   else result "CPU sanity (dry-run)" FAIL "see above"
   fi
 else
-  run "pytest -m cuda tests" "$(limit 270 110)" FAIL $PY -m pytest -m cuda tests -q -p no:cacheprovider
+  run "pytest -m cuda tests" "$(limit 200 220)" FAIL $PY -m pytest -m cuda tests -q -p no:cacheprovider
 fi
 
 step "benchmarks"
-BENCH_LOG=$(logfile "pytest bench/test_bench_cuda.py")
+BENCH_FILES="bench/kernels/test_bench_cuda.py bench/runtime/test_bench_graphs.py bench/e2e/test_bench_policies.py"
+BENCH_LOG=$(logfile "pytest bench (GPU)")
+BENCH_JSON="$LOGS/bench_gpu.json"
 if [ $DRY = 1 ]; then
-  echo "+ $PY -m pytest bench/test_bench_cuda.py --benchmark-only -q -p no:cacheprovider   (not run: --dry-run)"
-  if $PY -m pytest bench/test_bench_cuda.py --collect-only -q -p no:cacheprovider; then
-    result "bench collect (dry-run)" ok "bench/test_bench_cuda.py imports and collects"
+  echo "+ $PY -m pytest $BENCH_FILES --benchmark-only --bench-mode quick --benchmark-json $BENCH_JSON   (not run: --dry-run)"
+  echo "+ $PY -m bench.compare $BENCH_JSON   (not run: --dry-run)"
+  # shellcheck disable=SC2086
+  if $PY -m pytest $BENCH_FILES --bench-mode quick --collect-only -q -p no:cacheprovider \
+      && $PY -c "import bench.compare, bench.plots, bench.machine; print('machine kind:', bench.machine.machine_kind())"; then
+    result "bench collect (dry-run)" ok "GPU benchmark files import and collect; bench.compare imports"
   else
-    result "bench collect (dry-run)" FAIL "bench/test_bench_cuda.py does not collect"
+    result "bench collect (dry-run)" FAIL "GPU benchmark files do not collect"
   fi
 else
-  run "pytest bench/test_bench_cuda.py" "$(limit 170 5)" FAIL $PY -m pytest bench/test_bench_cuda.py --benchmark-only -q \
-    -p no:cacheprovider --benchmark-columns=min,median,max
+  # shellcheck disable=SC2086
+  run "pytest bench (GPU)" "$(limit 210 20)" FAIL $PY -m pytest $BENCH_FILES --benchmark-only --bench-mode quick -q \
+    -p no:cacheprovider --benchmark-columns=min,median,max --benchmark-json "$BENCH_JSON"
+  if [ -s "$BENCH_JSON" ]; then
+    run "ratio gate (bench.compare)" "$(limit 30 5)" FAIL $PY -m bench.compare "$BENCH_JSON"
+  fi
 fi
 
 step "compute-sanitizer memcheck (odd shapes: K % 16 != 0, unaligned tensors)"

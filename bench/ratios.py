@@ -35,3 +35,15 @@ def alternating_ratio(
         ta.append(a)
         tb.append(b)
     return statistics.median(ratios), statistics.median(ta), statistics.median(tb)
+
+
+def best_over_best(a: list[float], b: list[float]) -> float:
+    """``max(a) / max(b)``: the ratio of the best throughputs of two contenders measured alternately.
+
+    For whole generations (a second or more each, a few rounds) the best round is the one least
+    disturbed by other processes on a shared machine; a median of per-round ratios would let one
+    disturbed round of either contender move the figure.
+    """
+    if not a or not b:
+        raise ValueError("best_over_best: both contenders need at least one measurement")
+    return max(a) / max(b)

@@ -6,7 +6,10 @@ Figures (recorded into the end-of-run ratio table by ``bench.conftest.record``):
   device-to-device copy bandwidth measured in the same run (``dst.copy_(src)`` of a 512 MiB buffer,
   read + write bytes counted);
 * ``*_t8_over_t1`` / ``*_t16_over_t1`` — time at M = 8 and M = 16 over time at M = 1 (1.0 would be
-  perfect width specialization: the weights are read once whatever M is).
+  perfect width specialization: the weights are read once whatever M is), and ``*_m<M>_GBps``, the
+  packed weight bytes over the time at width M (``python -m bench.plots`` draws it against M).
+
+Gated (``bench.compare``): ``*_bw_frac`` (higher is better) and ``*_t<M>_over_t1`` (lower).
 
 Timing: CUDA events around replays of a CUDA graph holding one launch per weight copy, cycling
 through enough copies (≥ 256 MiB in all) that no launch finds its weights in L2 — a kernel that
@@ -24,7 +27,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from bench.conftest import record
+from bench.conftest import HIGHER, LOWER, by_mode, record
 from bitmtp.formats import pack_t2
 from bitmtp.ops.registry import availability, select
 
@@ -32,8 +35,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an 
 
 # (N, K): down 2560×6912, the o/qkv side 6912×2560 (as N×K), fused gate/up 13824×2560.
 SHAPES = [(2560, 6912), (6912, 2560), (13824, 2560)]
-WIDTHS = (1, 8, 16)
-ROUNDS = 7
+WIDTHS = by_mode((1, 8, 16), (1, 2, 4, 8, 16))
+ROUNDS = by_mode(5, 7)
 REPLAYS = 5
 COPY_BYTES = 512 << 20
 ROTATION_BYTES = 256 << 20  # > 2× the L2 of any current GPU (H100/H200: 50 MiB)
@@ -137,28 +140,33 @@ def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
     figures = dict(shape=f"{n}x{k}", copy_GBps=statistics.median(copy_bw) / 1e9)
     for name in backends:
         figures[f"{name}_m1_us"] = statistics.median(times[name]) * 1e6
+        figures[f"{name}_m1_GBps"] = weight_bytes / statistics.median(times[name]) / 1e9
         figures[f"{name}_bw_frac"] = statistics.median(fracs[name])
-    record(benchmark, **figures)
+    record(benchmark, gates={f"{name}_bw_frac": HIGHER for name in backends}, **figures)
 
 
 @pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
 def test_width_scaling(benchmark, n, k):
     """time(M = 8) / time(M = 1) and time(M = 16) / time(M = 1) for the CUDA and Triton kernels."""
     backends = _backends()
-    _, rot = _setup(n, k, WIDTHS, backends)
+    weight_bytes, rot = _setup(n, k, WIDTHS, backends)
     benchmark.pedantic(lambda: (rot["cuda", 16].graph.replay(), torch.cuda.synchronize()), rounds=5,
                        iterations=1, warmup_rounds=1)
     if benchmark.disabled:
         return
     figures: dict[str, object] = dict(shape=f"{n}x{k}")
+    gates = {}
     for name in backends:
-        r8, r16 = [], []
-        for _ in range(ROUNDS):  # alternate M = 1, 8, 16 within each round
-            t1 = rot[name, 1].seconds_per_launch()
-            t8 = rot[name, 8].seconds_per_launch()
-            t16 = rot[name, 16].seconds_per_launch()
-            r8.append(t8 / t1)
-            r16.append(t16 / t1)
-        figures[f"{name}_t8_over_t1"] = statistics.median(r8)
-        figures[f"{name}_t16_over_t1"] = statistics.median(r16)
-    record(benchmark, **figures)
+        times: dict[int, list[float]] = {m: [] for m in WIDTHS}
+        ratios: dict[int, list[float]] = {m: [] for m in WIDTHS if m != 1}
+        for _ in range(ROUNDS):  # alternate every width within each round
+            for m in WIDTHS:
+                times[m].append(rot[name, m].seconds_per_launch())
+            for m in ratios:
+                ratios[m].append(times[m][-1] / times[1][-1])
+        for m in WIDTHS:
+            figures[f"{name}_m{m}_GBps"] = weight_bytes / statistics.median(times[m]) / 1e9
+        for m, r in ratios.items():
+            figures[f"{name}_t{m}_over_t1"] = statistics.median(r)
+            gates[f"{name}_t{m}_over_t1"] = LOWER
+    record(benchmark, gates=gates, **figures)

@@ -1,0 +1,338 @@
+"""Ratio regression gate over pytest-benchmark JSON runs.
+
+Absolute times on a shared machine are noise (this project's CI host switches its memory bandwidth
+between ~76 and ~44 GB/s for minutes at a time), so the gate compares *ratios* each benchmark
+measured within its own run — kernel bandwidth over measured copy bandwidth, time at width M over
+width 1, hybrid tokens/s over AR tokens/s — against a baseline stored per machine kind
+(``bench/baselines/<kind>.json``, kind from :mod:`bench.machine`).
+
+Input is what ``pytest bench --benchmark-only --benchmark-json RUN.json`` writes (or a run saved with
+``--benchmark-save``/``--benchmark-autosave``, the files ``--benchmark-compare`` reads: same format).
+Each benchmark's ``extra_info`` holds its figures and, under ``gates``, which of them are gated and
+which way is better (``bench.conftest.record``). ``--benchmark-compare`` shows time columns; this
+command shows what the gate decides on.
+
+Usage::
+
+    python -m bench.compare RUN.json                     # gate against bench/baselines/<kind>.json
+    python -m bench.compare RUN.json --baseline FILE     # an explicit baseline
+    python -m bench.compare RUN1.json RUN2.json --spread # run-to-run spread of every gated figure
+    python -m bench.compare RUN1.json [RUN2.json …] --update [--margin 0.3]   # write the baseline
+
+Exit status: 0 the gate passes (or no baseline exists for this machine kind and mode: said, not
+failed, unless ``--require-baseline``), 1 a gated figure regressed beyond its margin (or a baseline
+figure was not measured), 2 bad input (the message says what).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+
+BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
+DEFAULT_MARGIN = 0.25
+FOREIGN_LOAD_WARN = 0.25  # as bench.conftest.FOREIGN_LOAD_WARN
+DIRECTIONS = ("higher", "lower")
+
+
+@dataclass
+class Run:
+    """The gated figures of one pytest-benchmark JSON run."""
+
+    path: Path
+    kind: str | None
+    mode: str
+    datetime: str
+    commit: str
+    #: benchmark fullname -> figure -> (value, direction)
+    figures: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
+    #: mean cores other processes kept busy during the run (bench/conftest.py), if recorded
+    foreign_load: float | None = None
+
+
+@dataclass
+class Row:
+    benchmark: str
+    figure: str
+    direction: str
+    margin: float
+    baseline: float | None
+    now: float | None
+    verdict: str
+
+    @property
+    def delta(self) -> float | None:
+        if self.baseline is None or self.now is None or self.baseline == 0:
+            return None
+        return self.now / self.baseline - 1.0
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in ("REGRESSED", "MISSING")
+
+    def message(self) -> str:
+        if self.verdict == "MISSING":
+            return (f"{self.benchmark}: gated ratio {self.figure} was not measured in this run "
+                    f"(baseline {self.baseline:.4g}; skipped or failed benchmark?)")
+        word = "dropped" if self.direction == "higher" else "rose"
+        return (f"{self.benchmark}: ratio {self.figure} {word} from {self.baseline:.4g} to {self.now:.4g} "
+                f"({self.delta:+.1%}; {self.direction} is better, margin {self.margin:.0%})")
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise BitMTPError(f"{path}: no such file (write one with: pytest bench --benchmark-only "
+                          f"--benchmark-json {path})")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BitMTPError(f"{path}: not JSON ({exc})") from exc
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a pytest-benchmark JSON run; :class:`BitMTPError` says what is wrong with a bad one."""
+    path = Path(path)
+    data = _read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list) \
+            or not isinstance(data.get("machine_info"), dict):
+        raise BitMTPError(f"{path}: not a pytest-benchmark JSON run (expected 'machine_info' and a 'benchmarks' "
+                          f"list, as written by --benchmark-json)")
+    mi = data["machine_info"]
+    commit = data.get("commit_info") or {}
+    run = Run(path, mi.get("bitmtp_machine_kind"), mi.get("bitmtp_bench_mode", "quick"), str(data.get("datetime", "")),
+              str(commit.get("id", "")) if isinstance(commit, dict) else "",
+              foreign_load=mi.get("bitmtp_foreign_load"))
+    for i, b in enumerate(data["benchmarks"]):
+        if not isinstance(b, dict) or not isinstance(b.get("extra_info", {}), dict) \
+                or not (b.get("fullname") or b.get("name")):
+            raise BitMTPError(f"{path}: benchmarks[{i}] is not a pytest-benchmark entry (no name or extra_info)")
+        name = b.get("fullname") or b["name"]
+        extra = b.get("extra_info", {})
+        gates = extra.get("gates", {})
+        if not isinstance(gates, dict):
+            raise BitMTPError(f"{path}: {name}: extra_info.gates must map figure -> 'higher'/'lower'")
+        figs = {}
+        for fig, direction in gates.items():
+            value = extra.get(fig)
+            if direction not in DIRECTIONS or not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise BitMTPError(f"{path}: {name}: gated figure {fig!r} needs a number and a direction in "
+                                  f"{DIRECTIONS}, got {value!r} / {direction!r}")
+            figs[fig] = (float(value), direction)
+        if figs:
+            run.figures[name] = figs
+    return run
+
+
+def baseline_path(kind: str) -> Path:
+    return BASELINE_DIR / f"{kind}.json"
+
+
+def load_baseline(path: str | Path) -> dict[str, Any]:
+    """Read a baseline file (see :func:`update_baseline` for its layout)."""
+    path = Path(path)
+    data = _read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("modes"), dict):
+        raise BitMTPError(f"{path}: not a bitmtp benchmark baseline (expected a 'modes' object; write one with "
+                          f"python -m bench.compare RUN.json --update)")
+    for mode, section in data["modes"].items():
+        benches = section.get("benchmarks") if isinstance(section, dict) else None
+        if not isinstance(benches, dict):
+            raise BitMTPError(f"{path}: modes.{mode} has no 'benchmarks' object")
+        for name, figs in benches.items():
+            for fig, spec in figs.items():
+                ok = isinstance(spec, dict) and isinstance(spec.get("value"), (int, float)) \
+                    and spec.get("direction") in DIRECTIONS and isinstance(spec.get("margin"), (int, float)) \
+                    and 0 <= spec["margin"] < 10
+                if not ok:
+                    raise BitMTPError(f"{path}: modes.{mode}.{name}.{fig}: expected value, direction "
+                                      f"({'/'.join(DIRECTIONS)}) and margin (a fraction, e.g. 0.25), got {spec!r}")
+    return data
+
+
+def compare(run: Run, section: dict[str, Any], margin: float | None = None) -> list[Row]:
+    """One :class:`Row` per gated figure of the baseline ``section`` (and per new gated figure of the run).
+    ``margin`` replaces every figure's stored margin when given."""
+    rows = []
+    for name, figs in section["benchmarks"].items():
+        for fig, spec in figs.items():
+            m = spec["margin"] if margin is None else margin
+            base, direction = float(spec["value"]), spec["direction"]
+            now = run.figures.get(name, {}).get(fig)
+            if now is None:
+                rows.append(Row(name, fig, direction, m, base, None, "MISSING"))
+                continue
+            value = now[0]
+            if direction == "higher":
+                verdict = "REGRESSED" if value < base * (1 - m) else "better" if value > base * (1 + m) else "ok"
+            else:
+                verdict = "REGRESSED" if value > base * (1 + m) else "better" if value < base * (1 - m) else "ok"
+            rows.append(Row(name, fig, direction, m, base, value, verdict))
+    for name, figs in run.figures.items():
+        for fig, (value, direction) in figs.items():
+            if fig not in section["benchmarks"].get(name, {}):
+                rows.append(Row(name, fig, direction, DEFAULT_MARGIN if margin is None else margin, None, value, "new"))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """The ratio-delta table (Markdown)."""
+    out = ["| benchmark | figure | better | baseline | now | delta % | margin | verdict |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = "" if r.baseline is None else f"{r.baseline:.4g}"
+        now = "" if r.now is None else f"{r.now:.4g}"
+        delta = "" if r.delta is None else f"{r.delta * 100:+.1f}"
+        out.append(f"| {r.benchmark} | {r.figure} | {r.direction} | {base} | {now} | {delta} | {r.margin:.0%} "
+                   f"| {r.verdict} |")
+    return "\n".join(out)
+
+
+def spread(runs: list[Run]) -> list[tuple[str, str, float, float, float]]:
+    """``(benchmark, figure, min, max, max/min - 1)`` per gated figure measured in every run."""
+    out = []
+    first = runs[0]
+    for name, figs in first.figures.items():
+        for fig in figs:
+            vals = [r.figures.get(name, {}).get(fig, (None,))[0] for r in runs]
+            if any(v is None for v in vals):
+                continue
+            lo, hi = min(vals), max(vals)
+            out.append((name, fig, lo, hi, (hi / lo - 1) if lo > 0 else float("inf")))
+    return out
+
+
+def update_baseline(runs: list[Run], path: Path, margin: float | None = None,
+                    spread_factor: float | None = None) -> dict[str, Any]:
+    """Write (or update) the baseline at ``path`` from ``runs`` (one machine kind, one mode): each gated
+    figure's value is the median over the runs; its margin is ``margin`` if given, else the margin
+    already stored for it, else :data:`DEFAULT_MARGIN` — widened, with ``spread_factor`` and several
+    runs, to ``spread_factor`` × the figure's observed spread (max/min − 1), rounded up to 5%, capped
+    at 90%. Other modes in the file are kept."""
+    kinds = {r.kind for r in runs}
+    modes = {r.mode for r in runs}
+    if len(modes) != 1:
+        raise BitMTPError(f"--update: runs of different modes ({', '.join(sorted(modes))}); one mode per update")
+    if len(kinds) != 1:
+        raise BitMTPError(f"--update: runs of different machine kinds ({', '.join(sorted(map(str, kinds)))})")
+    mode = modes.pop()
+    kind = kinds.pop()
+    data = load_baseline(path) if path.exists() else {"machine_kind": kind, "modes": {}}
+    old = data["modes"].get(mode, {}).get("benchmarks", {})
+    benches: dict[str, dict[str, Any]] = {}
+    for name in runs[0].figures:
+        for fig, (_, direction) in runs[0].figures[name].items():
+            vals = [r.figures[name][fig][0] for r in runs if fig in r.figures.get(name, {})]
+            m = margin if margin is not None else old.get(name, {}).get(fig, {}).get("margin", DEFAULT_MARGIN)
+            if spread_factor and len(vals) > 1 and min(vals) > 0:
+                wide = math.ceil(spread_factor * (max(vals) / min(vals) - 1) * 20) / 20
+                m = min(0.9, max(m, wide))
+            benches.setdefault(name, {})[fig] = {"value": round(statistics.median(vals), 6), "direction": direction,
+                                                 "margin": m}
+    data["machine_kind"] = kind
+    data["modes"][mode] = {
+        "updated": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "source": {"runs": len(runs), "commit": runs[0].commit, "datetime": [r.datetime for r in runs]},
+        "benchmarks": benches,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON run(s) (--benchmark-json output)")
+    p.add_argument("--baseline", type=Path, help="baseline file (default: bench/baselines/<run's machine kind>.json)")
+    p.add_argument("--margin", type=float, help="replace every figure's margin (a fraction: 0.25 = 25%%)")
+    p.add_argument("--update", action="store_true", help="write/update the baseline from the run(s) instead")
+    p.add_argument("--spread", action="store_true", help="print the run-to-run spread of the gated figures")
+    p.add_argument("--spread-factor", type=float,
+                   help="with --update and several runs: widen each margin to this × the figure's observed spread")
+    p.add_argument("--require-baseline", action="store_true", help="fail (exit 2) when no baseline exists")
+    args = p.parse_args(argv)
+    try:
+        return _main(args)
+    except BitMTPError as exc:
+        print(f"bench.compare: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.margin is not None and not 0 <= args.margin < 10:
+        raise BitMTPError(f"--margin {args.margin}: expected a fraction such as 0.25")
+    runs = [load_run(p) for p in args.runs]
+    if args.spread:
+        for r in runs:
+            print(f"{r.path}: foreign load {r.foreign_load if r.foreign_load is not None else 'not recorded'}")
+        print("| benchmark | figure | min | max | spread % |\n|---|---|---|---|---|")
+        for name, fig, lo, hi, s in spread(runs):
+            print(f"| {name} | {fig} | {lo:.4g} | {hi:.4g} | {s * 100:.1f} |")
+        return 0
+    kind = runs[0].kind
+    if args.baseline is None and kind is None:
+        raise BitMTPError(f"{runs[0].path}: the run names no machine kind (not written by bench/conftest.py?); "
+                          f"pass --baseline")
+    path = args.baseline or baseline_path(kind)
+    if args.update:
+        for r in runs:
+            if r.foreign_load is not None and r.foreign_load > FOREIGN_LOAD_WARN:
+                print(f"warning: {r.path}: other processes kept {r.foreign_load:.2f} cores busy during the run")
+        if not any(r.figures for r in runs):
+            raise BitMTPError("--update: the run(s) hold no gated figures (was it run with --benchmark-disable?)")
+        data = update_baseline(runs, path, args.margin, args.spread_factor)
+        n = sum(len(f) for f in data["modes"][runs[0].mode]["benchmarks"].values())
+        print(f"wrote {path}: {n} gated figures, mode {runs[0].mode}, machine kind {data['machine_kind']}")
+        return 0
+    if len(runs) > 1:
+        raise BitMTPError("compare takes one run (several only with --update or --spread)")
+    run = runs[0]
+    if not path.exists():
+        if args.baseline is not None or args.require_baseline:
+            raise BitMTPError(f"{path}: no baseline for machine kind {kind!r}; record one with "
+                              f"python -m bench.compare {run.path} --update")
+        print(f"bench.compare: no baseline for machine kind {kind!r} ({path} does not exist): nothing to gate. "
+              f"Record one with: python -m bench.compare {run.path} --update")
+        return 0
+    baseline = load_baseline(path)
+    section = baseline["modes"].get(run.mode)
+    if section is None:
+        msg = f"{path}: no {run.mode!r}-mode baseline (modes: {', '.join(baseline['modes']) or 'none'})"
+        if args.require_baseline:
+            raise BitMTPError(msg)
+        print(f"bench.compare: {msg}: nothing to gate")
+        return 0
+    if kind is not None and baseline.get("machine_kind") not in (None, kind):
+        print(f"bench.compare: note: baseline is for machine kind {baseline['machine_kind']!r}, this run {kind!r}")
+    if not run.figures:
+        raise BitMTPError(f"{run.path}: no gated figures in this run (run with --benchmark-only, not "
+                          f"--benchmark-disable)")
+    rows = compare(run, section, args.margin)
+    print(f"ratio gate: {run.path} (mode {run.mode}, machine kind {kind}) against {path}")
+    if run.foreign_load is not None and run.foreign_load > FOREIGN_LOAD_WARN:
+        print(f"warning: other processes kept {run.foreign_load:.2f} cores busy during this run: its ratios may be "
+              f"disturbed (rerun on a quiet machine before believing a regression)")
+    print(format_table(rows))
+    failed = [r for r in rows if r.failed]
+    for r in rows:
+        if r.verdict == "new":
+            print(f"note: {r.benchmark}: {r.figure} is gated but not in the baseline (--update adds it)")
+    if failed:
+        print(f"\nbench gate FAILED: {len(failed)} of {sum(r.baseline is not None for r in rows)} gated ratios:")
+        for r in failed:
+            print(f"  {r.message()}")
+        return 1
+    print(f"\nbench gate passed: {len(rows)} ratios within their margins")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""End-to-end benchmarks: whole generations (speedup over AR on the same runtime, committed tokens/iteration)."""

@@ -1,0 +1,68 @@
+"""Machine kind: the key under which benchmark baselines are stored (``bench/baselines/<kind>.json``).
+
+Ratios (kernel time over copy time, hybrid over AR tokens/s, …) are stable across machines of one
+kind and differ between kinds, so a baseline holds for every machine whose kind matches. The kind is
+
+    <arch>-<cpu model>-<logical cores>c[-<gpu name>]
+
+lower-cased, every run of characters other than ``[a-z0-9]`` folded to one ``-``; for example
+``x86_64-amd-epyc-2c`` or ``x86_64-intel-xeon-platinum-8480-32c-nvidia-h200``. The CPU model is the
+first ``model name`` of ``/proc/cpuinfo`` (``platform.processor()`` elsewhere); the GPU is CUDA device
+0 when torch sees one. ``BITMTP_MACHINE_KIND`` overrides the whole string (a CI fleet whose hosts
+report different model names but are one kind, say).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+ENV_VAR = "BITMTP_MACHINE_KIND"
+
+
+def slug(text: str) -> str:
+    """``text`` lower-cased with every run of characters outside ``[a-z0-9_]`` folded to one ``-``."""
+    return re.sub(r"[^a-z0-9_]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown-cpu"
+
+
+def gpu_name() -> str | None:
+    """CUDA device 0's name, or None without a visible GPU (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def machine_kind(*, arch: str | None = None, cpu: str | None = None, cores: int | None = None,
+                 gpu: str | None | bool = True) -> str:
+    """This machine's kind (see the module docstring); the keyword arguments replace a detected part
+    (``gpu=None`` or ``False``: no GPU part), so tests can build kinds of other machines."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env and arch is None and cpu is None and cores is None and gpu is True:
+        return slug(env)
+    parts = [arch or platform.machine() or "unknown-arch", cpu or cpu_model(), f"{cores or os.cpu_count() or 1}c"]
+    g = gpu_name() if gpu is True else (gpu or None)
+    if g:
+        parts.append(g)
+    return "-".join(slug(p) for p in parts)
+
+
+if __name__ == "__main__":
+    print(machine_kind())

@@ -1,0 +1,73 @@
+"""Synthetic models for the benchmarks: BitNet b1.58-2B-4T shapes with random ternary weights.
+
+The benchmarks measure cost, not quality, so random weights at the real shapes (hidden 2560,
+intermediate 6912, 20 heads / 5 KV heads of 128, vocab 128256, tied dense LM head) stream exactly
+the bytes the real model streams. ``layers`` and ``vocab`` shrink the model for quick mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitmtp.formats.ternary import words_per_row
+from bitmtp.model.args import ModelArgs
+from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
+from bitmtp.model.layers import DenseLinear
+from bitmtp.ops import TernaryLinear
+
+BITNET2B_LAYERS = 30
+BITNET2B_VOCAB = 128256
+
+
+def random_t2(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Random T2 words with every 2-bit code in {0, 1, 2} (code 3 is folded to 1)."""
+    w = torch.randint(0, 2**32, (n, words_per_row(k)), generator=g, dtype=torch.int64)
+    w &= ~((w & (w >> 1) & 0x55555555) << 1)
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = BITNET2B_VOCAB,
+                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Decoder:
+    """A decoder with BitNet-2B shapes and random ternary weights (``layers`` of them, ``vocab`` rows of
+    the tied embedding / LM head in ``dtype``), built on the CPU and moved to ``device``."""
+    a = ModelArgs(family="bitnet", vocab_size=vocab, hidden_size=2560, num_layers=layers, num_heads=20,
+                  num_kv_heads=5, head_dim=128, intermediate_size=6912, hidden_act="relu2",
+                  tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=4096)
+    g = torch.Generator().manual_seed(seed)
+
+    def tl(n: int, k: int) -> TernaryLinear:
+        return TernaryLinear(k, n, random_t2(n, k, g), torch.rand(1, 1, generator=g) * 0.05 + 0.01)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype)
+
+    blocks = []
+    for _ in range(layers):
+        attn = Attention(a, tl(a.q_size, 2560), tl(a.kv_size, 2560), tl(a.kv_size, 2560), tl(2560, a.q_size),
+                         sub_norm=ones(a.q_size))
+        mlp = MLP(a, tl(6912, 2560), tl(6912, 2560), tl(2560, 6912), sub_norm=ones(6912))
+        blocks.append(Layer(a, attn, mlp, ones(2560), ones(2560)))
+    embed = (torch.randn(a.vocab_size, 2560, generator=g) * 0.02).to(dtype)
+    decoder = Decoder(a, embed, blocks, ones(2560), DenseLinear(embed), max_positions=1024)
+    return decoder.to(device) if torch.device(device).type != "cpu" else decoder
+
+
+def streamed_bytes(decoder: Decoder) -> tuple[int, int]:
+    """``(ternary bytes, LM-head bytes)`` one decode step reads: packed weights + scales, dense head."""
+    ternary = sum(m.weight.numel() * 4 + m.scales.numel() * 4
+                  for m in decoder.modules() if isinstance(m, TernaryLinear))
+    head = decoder.lm_head.weight.numel() * decoder.lm_head.weight.element_size()
+    return ternary, head
+
+
+_SHARED: dict[tuple[int, int, int], Decoder] = {}
+
+
+def shared_bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = BITNET2B_VOCAB) -> Decoder:
+    """A CPU :func:`bitnet2b_decoder` built once per session and shared by the benchmark modules (the
+    30-layer one takes seconds to build and gigabytes to hold; engines own the KV, not the decoder)."""
+    key = (layers, seed, vocab)
+    if key not in _SHARED:
+        _SHARED.clear()  # hold one at a time
+        _SHARED[key] = bitnet2b_decoder(layers, seed, vocab)
+    return _SHARED[key]

@@ -1,0 +1,163 @@
+"""Plots (PNG, matplotlib Agg) from a pytest-benchmark JSON run of the suite.
+
+    python -m bench.plots RUN.json [--out bench/out/plots]
+
+writes
+
+* ``speedup_vs_block.png`` — end-to-end speedup over AR against block size D, one line per policy
+  (``bench/e2e/test_bench_policies.py``: ``<policy>_over_ar`` per ``D``);
+* ``kernel_bandwidth_vs_width.png`` — W2A8 kernel weight bandwidth (packed bytes / time, GB/s)
+  against replay width M, one line per shape (and backend on a GPU), with the streaming-read (CPU)
+  or copy (GPU) bandwidth measured in the same run as a dashed line
+  (``bench/kernels/test_bench_cpu_kernels.py``: ``weights_GBps`` per ``M``;
+  ``bench/kernels/test_bench_cuda.py``: ``<backend>_m<M>_GBps``).
+
+A plot whose figures the run lacks is skipped with a note; a run with none of them is an error
+(exit 2), as are a missing file and a file that is not a pytest-benchmark JSON run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "plots"
+
+
+def load_benchmarks(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(benchmarks, machine_info)`` of a pytest-benchmark JSON run."""
+    if not path.is_file():
+        raise BitMTPError(f"{path}: no such file (write one with: pytest bench --benchmark-only "
+                          f"--benchmark-json {path})")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BitMTPError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise BitMTPError(f"{path}: not a pytest-benchmark JSON run (no 'benchmarks' list)")
+    return data["benchmarks"], data.get("machine_info", {})
+
+
+def speedup_series(benchmarks: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """policy -> [(D, speedup over AR)] from the end-to-end policy benchmarks."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for b in benchmarks:
+        info = b.get("extra_info", {})
+        if "test_policies_over_ar" not in b.get("fullname", "") or "D" not in info:
+            continue
+        for key, value in info.items():
+            if key.endswith("_over_ar") and isinstance(value, (int, float)):
+                series[key[: -len("_over_ar")]].append((int(info["D"]), float(value)))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def bandwidth_series(benchmarks: list[dict[str, Any]]) -> tuple[dict[str, list[tuple[int, float]]], dict[str, float]]:
+    """``(line -> [(M, GB/s)], reference name -> GB/s)`` from the kernel benchmarks."""
+    series: dict[str, dict[int, float]] = defaultdict(dict)
+    refs: dict[str, list[float]] = defaultdict(list)
+    for b in benchmarks:
+        info = b.get("extra_info", {})
+        shape = info.get("shape")
+        if shape is None:
+            continue
+        name = b.get("fullname", "")
+        if "test_bench_cpu_kernels.py" in name and "M" in info and "weights_GBps" in info:
+            series[f"cpu {shape}"][int(info["M"])] = float(info["weights_GBps"])
+            if "read_GBps" in info:
+                refs["CPU streaming read"].append(float(info["read_GBps"]))
+        for key, value in info.items():  # CUDA: <backend>_m<M>_GBps
+            m = re.fullmatch(r"(\w+?)_m(\d+)_GBps", key)
+            if m and isinstance(value, (int, float)):
+                series[f"{m.group(1)} {shape}"][int(m.group(2))] = float(value)
+        if "copy_GBps" in info and "test_bench_cuda.py" in name:
+            refs["GPU copy (read + write)"].append(float(info["copy_GBps"]))
+    lines = {k: sorted(v.items()) for k, v in series.items() if len(v) > 1}
+    return lines, {k: statistics.median(v) for k, v in refs.items()}
+
+
+def write_plots(run: Path, out: Path) -> list[Path]:
+    """Write every plot the run has figures for into ``out``; return the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benchmarks, machine = load_benchmarks(run)
+    title_tail = f"{machine.get('bitmtp_machine_kind', '?')}, {machine.get('bitmtp_bench_mode', '?')} mode"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    speed = speedup_series(benchmarks)
+    if speed:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for policy, pts in sorted(speed.items()):
+            ax.plot([d for d, _ in pts], [s for _, s in pts], marker="o", label=policy)
+        ax.axhline(1.0, color="gray", lw=0.8, ls=":", label="AR")
+        ax.set_xscale("log", base=2)
+        ds = sorted({d for pts in speed.values() for d, _ in pts})
+        ax.set_xticks(ds, [str(d) for d in ds])
+        ax.set_xlabel("block size D")
+        ax.set_ylabel("tokens/s over AR (same runtime)")
+        ax.set_title(f"Speedup vs block size (oracle drafter)\n{title_tail}", fontsize=10)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        written.append(out / "speedup_vs_block.png")
+        fig.tight_layout()
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    else:
+        print(f"bench.plots: {run}: no test_policies_over_ar figures: speedup_vs_block.png skipped")
+
+    lines, refs = bandwidth_series(benchmarks)
+    if lines:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for label, pts in sorted(lines.items()):
+            ax.plot([m for m, _ in pts], [g for _, g in pts], marker="o", label=label)
+        for label, gbps in refs.items():
+            ax.axhline(gbps, ls="--", lw=1, color="gray")
+            ax.annotate(f"{label} {gbps:.0f} GB/s", (0.01, gbps), xycoords=("axes fraction", "data"), fontsize=8,
+                        va="bottom", color="gray")
+        ms = sorted({m for pts in lines.values() for m, _ in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_xlabel("replay width M (tokens per call)")
+        ax.set_ylabel("packed weight bytes / kernel time (GB/s)")
+        ax.set_title(f"W2A8 kernel bandwidth vs width\n{title_tail}", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        written.append(out / "kernel_bandwidth_vs_width.png")
+        fig.tight_layout()
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    else:
+        print(f"bench.plots: {run}: no kernel width figures: kernel_bandwidth_vs_width.png skipped")
+    if not written:
+        raise BitMTPError(f"{run}: none of the plotted figures are in this run (run pytest bench --benchmark-only, "
+                          f"not --benchmark-disable)")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.plots", description="Benchmark plots (PNG) from a JSON run.")
+    p.add_argument("run", type=Path, help="pytest-benchmark JSON run (--benchmark-json output)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    args = p.parse_args(argv)
+    try:
+        for path in write_plots(args.run, args.out):
+            print(f"wrote {path}")
+    except BitMTPError as exc:
+        print(f"bench.plots: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
