@@ -152,8 +152,10 @@ def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cp
         raise BitMTPError(f"vram_budget: {exc}") from exc
     ternary = all(isinstance(m, TernaryLinear) for layer in decoder.layers
                   for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
-    kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=4, kv_dtype_bytes=4, ternary=ternary,
-              force_cpu_layers=cpu_layers)  # the WGSL kernels keep dense weights and KV in float32
+    # dense weights keep a bf16/f16 model's 16 bits on the device (else float32); the KV cache is float32
+    dense_bytes = 2 if decoder.dtype in (torch.bfloat16, torch.float16) else 4
+    kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=dense_bytes, kv_dtype_bytes=4, ternary=ternary,
+              force_cpu_layers=cpu_layers)
     try:
         runner = default_runner()
     except BackendUnavailableError as exc:

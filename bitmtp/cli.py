@@ -94,7 +94,7 @@ def _print_plan(args: argparse.Namespace) -> int:
 
         limit = default_runner().max_binding_bytes
     plan = plan_offload(model_args, budget, capacity=args.capacity, dense_dtype_bytes=args.dense_bytes,
-                        kv_dtype_bytes=args.dense_bytes, ternary=ternary, max_binding_bytes=limit,
+                        kv_dtype_bytes=args.kv_bytes, ternary=ternary, max_binding_bytes=limit,
                         force_cpu_layers=args.cpu_layers, name=name)
     print(plan.table())
     return 0
@@ -266,8 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "llama3-8b-1.58, smollm2-135m")
     info.add_argument("--vram-budget", metavar="BYTES", help="budget for --plan (default 3.9GB)")
     info.add_argument("--cpu-layers", type=int, metavar="N", help="force the last N layers onto the CPU (--plan)")
-    info.add_argument("--dense-bytes", type=int, default=4,
-                      help="bytes per dense weight / KV element in the plan (default 4: the WGSL kernels' float32)")
+    info.add_argument("--dense-bytes", type=int, default=2,
+                      help="bytes per dense weight (embeddings, LM head) in the plan: 2 for a model loaded in "
+                           "bfloat16/float16 (the default; the device keeps 16-bit dense weights), 4 for float32")
+    info.add_argument("--kv-bytes", type=int, default=4, help="bytes per KV element (default 4: the device's f32)")
     info.set_defaults(func=_cmd_info)
     gen = sub.add_parser(
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",

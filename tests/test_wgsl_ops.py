@@ -305,3 +305,22 @@ def test_w2a8_reduction_variants(wg, subgroups, monkeypatch, rng):
     x_q, _ = act_quant_reference(x)
     assert np.array_equal(ops.w2a8_accumulate(xq, xsum, w).numpy(),
                           w2a8_accumulate_reference(x_q, packed, 384, 128).numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m", [1, 16])
+def test_dense_and_gather_with_16_bit_weights(wg, dtype, m, rng):
+    """bf16 / f16 dense weights stay 16-bit on the device (packed pairs, K odd included) and widen exactly."""
+    from bitmtp.wgsl_fallback.ops import DenseWeight
+
+    r, ops = wg
+    n, k = 37, 71
+    w = torch.randn(n, k, generator=rng).to(dtype)
+    x = torch.randn(m, k, generator=rng)
+    dw = DenseWeight.upload(r, w, chunk_rows=10)
+    assert dw.kind == {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
+    assert dw.data.nbytes == n * (k + 1) // 2 * 4 if dtype != torch.float32 else n * k * 4
+    _close(ops.dense(r.upload(x.numpy()), dw).numpy(), (x.double() @ w.double().T).numpy())
+    tokens = np.array([36, 0, 5], np.uint32)
+    got = ops.gather(dw, r.upload(tokens)).numpy()
+    assert np.array_equal(got, w.float().numpy()[tokens])  # exact widening

@@ -1,13 +1,29 @@
-// Dense float32 linear y = x @ W^T (+ bias) with 16-token register tiling: one workgroup per output row,
-// each weight element loaded once for all M <= 16 tokens. Used for the LM head and dense checkpoints.
+// Dense linear y = x @ W^T (+ bias) with 16-token register tiling: one workgroup per output row, each
+// weight element loaded once for all M <= 16 tokens; float32 math. Used for the LM head and dense
+// checkpoints. Weights are float32, or (BF16 / F16 defined) 16-bit pairs packed in u32 words — half the
+// device memory of a bf16/f16 checkpoint's dense tensors, widened exactly to f32 in registers.
 
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, out_stride: u32, row_offset: u32, wg_x: u32, _p: u32 }
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, out_stride: u32, row_offset: u32, wg_x: u32, K2: u32 }
 
 const WG: u32 = 64u;
 const MT: u32 = 16u;
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;        // [M, K]
+//#if BF16
+@group(0) @binding(1) var<storage, read> w: array<u32>;        // [N, K2] bf16 pairs (this chunk's rows)
+fn weight(i: u32, k: u32) -> f32 {
+  let word = w[i * p.K2 + k / 2u];
+  return bitcast<f32>(select(word << 16u, word & 0xFFFF0000u, (k & 1u) == 1u));
+}
+//#else
+//#if F16
+@group(0) @binding(1) var<storage, read> w: array<u32>;        // [N, K2] f16 pairs
+fn weight(i: u32, k: u32) -> f32 { return unpack2x16float(w[i * p.K2 + k / 2u])[k & 1u]; }
+//#else
 @group(0) @binding(1) var<storage, read> w: array<f32>;        // [N, K] (this chunk's rows)
+fn weight(i: u32, k: u32) -> f32 { return w[i * p.K + k]; }
+//#endif
+//#endif
 @group(0) @binding(2) var<storage, read> bias: array<f32>;     // [full N]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [M, out_stride]
 @group(0) @binding(4) var<uniform> p: Params;
@@ -20,9 +36,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (n >= p.N) { return; }
   var acc: array<f32, MT>;
   for (var m = 0u; m < MT; m++) { acc[m] = 0.0; }
-  let row = n * p.K;
   for (var k = tid; k < p.K; k += WG) {
-    let wk = w[row + k];
+    let wk = weight(n, k);
     for (var m = 0u; m < p.M; m++) { acc[m] += wk * x[m * p.K + k]; }
   }
   for (var m = 0u; m < MT; m++) { red[tid][m] = acc[m]; }

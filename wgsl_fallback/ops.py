@@ -56,6 +56,47 @@ class TernaryWeight:
         return cls(runner.upload(packed, "u32", chunk_rows=chunk_rows), runner.upload(scales, "f32"), n, k, group)
 
 
+@dataclass
+class DenseWeight:
+    """A dense matrix on the device: float32 ``[N, K]``, or bf16 / f16 pairs packed in u32 words
+    ``[N, ceil(K/2)]`` (half the memory; the shaders widen them to float32 exactly)."""
+
+    data: DeviceTensor
+    n: int
+    k: int
+    kind: str  # "f32" | "bf16" | "f16"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    @property
+    def defines(self) -> frozenset[str]:
+        return frozenset() if self.kind == "f32" else frozenset({self.kind.upper()})
+
+    @classmethod
+    def upload(cls, runner: Runner, weight, *, chunk_rows: int | None = None) -> DenseWeight:
+        """From a torch tensor (float32 / bfloat16 / float16 kept as they are; other floats as float32)."""
+        import torch
+
+        w = weight.detach().cpu().contiguous()
+        n, k = w.shape
+        if w.dtype in (torch.bfloat16, torch.float16):
+            kind = "bf16" if w.dtype == torch.bfloat16 else "f16"
+            bits = w.view(torch.int16).numpy().view(np.uint16)
+            if k % 2:
+                bits = np.concatenate([bits, np.zeros((n, 1), np.uint16)], axis=1)
+            words = np.ascontiguousarray(bits).view(np.uint32)  # element 2j in the low half (little-endian)
+            return cls(runner.upload(words, "u32", chunk_rows=chunk_rows), n, k, kind)
+        return cls(runner.upload(w.to(torch.float32).numpy(), "f32", chunk_rows=chunk_rows), n, k, "f32")
+
+
+def _dense_parts(w) -> tuple[DeviceTensor, int, int, str, frozenset[str]]:
+    if isinstance(w, DenseWeight):
+        return w.data, w.n, w.k, w.kind, w.defines
+    return w, w.shape[0], w.shape[1], "f32", frozenset()
+
+
 class Ops:
     """WGSL implementations of the decoder's ops on one :class:`Runner`."""
 
@@ -117,22 +158,24 @@ class Ops:
 
     # ---- dense -----------------------------------------------------------------------------------------
 
-    def dense(self, x: DeviceTensor, w: DeviceTensor, bias: DeviceTensor | None = None) -> DeviceTensor:
-        """``y = x @ w.T (+ bias)`` in float32; ``w`` may be row-chunked (a large LM head)."""
+    def dense(self, x: DeviceTensor, w: DeviceTensor | DenseWeight, bias: DeviceTensor | None = None) -> DeviceTensor:
+        """``y = x @ w.T (+ bias)`` in float32; ``w`` (float32, or a bf16/f16 :class:`DenseWeight`) may be
+        row-chunked (a large LM head)."""
         m, k = x.shape
-        n = w.shape[0]
-        if w.shape[1] != k:
-            raise ShapeError(f"dense: x has K={k}, weight has shape {w.shape}")
+        data, n, wk, _, defines = _dense_parts(w)
+        if wk != k:
+            raise ShapeError(f"dense: x has K={k}, weight has shape {(n, wk)}")
         if m > MAX_TOKENS:
             return self._tiled(x, lambda part: self.dense(part, w, bias), n)
         out = self.r.empty((m, n), "f32")
-        for i, chunk in enumerate(w.chunks):
-            start = i * w.rows_per_chunk
-            rows = min(w.rows_per_chunk, n - start)
+        k2 = data.shape[1]
+        for i, chunk in enumerate(data.chunks):
+            start = i * data.rows_per_chunk
+            rows = min(data.rows_per_chunk, n - start)
             grid = self.r.grid(rows)
-            params = self.r.uniform("8I", m, rows, k, int(bias is not None), n, start, grid[0], 0)
+            params = self.r.uniform("8I", m, rows, k, int(bias is not None), n, start, grid[0], k2)
             self.r.dispatch("dense", "main", {0: x, 1: chunk, 2: bias if bias is not None else self._zero, 3: out,
-                                              4: params}, grid)
+                                              4: params}, grid, defines)
         return out
 
     def _tiled(self, x: DeviceTensor, fn, n: int) -> DeviceTensor:
@@ -288,17 +331,19 @@ class Ops:
         self.r.dispatch("step", "resolve", {0: verify_out, 1: verify_pos, 2: verify_tok, 3: tokens, 4: positions,
                                             5: params}, (1, 1, 1))
 
-    def gather(self, table: DeviceTensor, tokens: DeviceTensor, count: int | None = None, offset: int = 0,
-               out: DeviceTensor | None = None) -> DeviceTensor:
+    def gather(self, table: DeviceTensor | DenseWeight, tokens: DeviceTensor, count: int | None = None,
+               offset: int = 0, out: DeviceTensor | None = None) -> DeviceTensor:
         """Embedding rows ``table[tokens[offset : offset + count]]`` → ``f32[count, H]`` (into ``out``'s first
         rows when given). A row-chunked table (a tied LM head larger than one binding) is gathered per chunk."""
-        m, h = (count or tokens.shape[0]), table.shape[1]
+        data, v, h, _, defines = _dense_parts(table)
+        m = count or tokens.shape[0]
         out = out or self.r.empty((m, h), "f32")
-        for i, chunk in enumerate(table.chunks):
-            start = i * table.rows_per_chunk
-            rows = min(table.rows_per_chunk, table.shape[0] - start)
+        for i, chunk in enumerate(data.chunks):
+            start = i * data.rows_per_chunk
+            rows = min(data.rows_per_chunk, v - start)
             params = self.r.uniform("8I", m, h, offset, start, rows, 0, 0, 0)
-            self.r.dispatch("gather", "main", {0: chunk, 1: tokens, 2: out, 3: params}, (-(-(m * h) // 64), 1, 1))
+            self.r.dispatch("gather", "main", {0: chunk, 1: tokens, 2: out, 3: params}, (-(-(m * h) // 64), 1, 1),
+                            defines)
         return out
 
     @staticmethod
@@ -309,4 +354,4 @@ class Ops:
         return DeviceTensor(tuple(shape), t.dtype, t.chunks, shape[0], t.runner)
 
 
-__all__ = ["Ops", "TernaryWeight", "MAX_TOKENS", "MAX_SEGMENT"]
+__all__ = ["Ops", "TernaryWeight", "DenseWeight", "MAX_TOKENS", "MAX_SEGMENT"]

@@ -105,8 +105,8 @@ class Runner:
         device_limit = int(self.device.limits["max-storage-buffer-binding-size"])
         self.max_binding_bytes = min(device_limit, max_binding_bytes or device_limit)
         self.max_workgroups = int(self.device.limits["max-compute-workgroups-per-dimension"])
-        self._modules: dict[str, Any] = {}
-        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._modules: dict[tuple[str, frozenset[str]], Any] = {}
+        self._pipelines: dict[tuple[str, str, frozenset[str]], Any] = {}
         self._encoder = None
         #: dispatches recorded and host reads done (tests count them)
         self.dispatches = 0
@@ -120,15 +120,17 @@ class Runner:
         ``BITMTP_WGPU_SUBGROUPS`` is not ``0``)."""
         return "subgroup" in self.features and os.environ.get("BITMTP_WGPU_SUBGROUPS", "1") != "0"
 
-    def source(self, shader: str) -> str:
-        """A shader's WGSL after the small preprocessor: ``//#if SUBGROUP`` / ``//#else`` / ``//#endif``
-        blocks and the ``/*SG_BUILTINS*/`` / ``/*SG_ARGS*/`` placeholders follow :attr:`subgroups`."""
+    def source(self, shader: str, defines: frozenset[str] = frozenset()) -> str:
+        """A shader's WGSL after the small preprocessor: ``//#if NAME`` / ``//#else`` / ``//#endif``
+        blocks keep what ``defines`` (plus ``SUBGROUP`` when :attr:`subgroups`) select, and the
+        ``/*SG_BUILTINS*/`` / ``/*SG_ARGS*/`` placeholders follow :attr:`subgroups`."""
         sg = self.subgroups
+        names = set(defines) | ({"SUBGROUP"} if sg else set())
         out, keep = [], [True]
         for line in (SHADER_DIR / f"{shader}.wgsl").read_text().splitlines():
             tag = line.strip()
-            if tag == "//#if SUBGROUP":
-                keep.append(keep[-1] and sg)
+            if tag.startswith("//#if "):
+                keep.append(keep[-1] and tag[len("//#if "):].strip() in names)
             elif tag == "//#else":
                 keep[-1] = keep[-2] and not keep[-1]
             elif tag == "//#endif":
@@ -139,13 +141,15 @@ class Runner:
         builtins = (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32" if sg else "")
         return code.replace("/*SG_BUILTINS*/", builtins).replace("/*SG_ARGS*/", "lane, sgs" if sg else "0u, 1u")
 
-    def pipeline(self, shader: str, entry: str) -> Any:
-        key = (shader, entry)
+    def pipeline(self, shader: str, entry: str, defines: frozenset[str] = frozenset()) -> Any:
+        key = (shader, entry, defines)
         if key not in self._pipelines:
-            if shader not in self._modules:
-                self._modules[shader] = self.device.create_shader_module(code=self.source(shader), label=shader)
+            mkey = (shader, defines)
+            if mkey not in self._modules:
+                self._modules[mkey] = self.device.create_shader_module(code=self.source(shader, defines),
+                                                                       label=shader)
             self._pipelines[key] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": self._modules[shader], "entry_point": entry},
+                layout="auto", compute={"module": self._modules[mkey], "entry_point": entry},
                 label=f"{shader}.{entry}")
         return self._pipelines[key]
 
@@ -219,9 +223,10 @@ class Runner:
 
     # ---- dispatch --------------------------------------------------------------------------------------
 
-    def dispatch(self, shader: str, entry: str, bindings: dict[int, Any], groups: tuple[int, int, int]) -> None:
+    def dispatch(self, shader: str, entry: str, bindings: dict[int, Any], groups: tuple[int, int, int],
+                 defines: frozenset[str] = frozenset()) -> None:
         """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage)."""
-        pipeline = self.pipeline(shader, entry)
+        pipeline = self.pipeline(shader, entry, defines)
         entries = []
         for index, buf in sorted(bindings.items()):
             if isinstance(buf, DeviceTensor):
@@ -255,9 +260,12 @@ class Runner:
             self._encoder = None
 
     def sync(self) -> None:
-        """Submit and wait for the device to finish (for timing)."""
+        """Submit and wait for the device to finish (for timing): mapping a 4-byte buffer waits for every
+        submitted command (``on_submitted_work_done_sync`` is broken in wgpu 0.32's ctypes)."""
         self.submit()
-        self.device.queue.on_submitted_work_done_sync()
+        if getattr(self, "_fence", None) is None:
+            self._fence = self.device.create_buffer(size=16, usage=self._usage())
+        self.device.queue.read_buffer(self._fence, 0, 4)
 
 
 _DEFAULT: Runner | None = None

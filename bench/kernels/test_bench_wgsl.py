@@ -7,7 +7,8 @@ Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothin
   median of the per-round ratios. Goal ≥ 4 (the 16-token tile decodes each packed word once).
 * ``readbacks_per_iteration`` — device→host reads of a whole speculative / hybrid generation on the
   wgpu backend, over its engine reads (prefill + one per iteration): goal 1.
-* the offload plan of BitNet b1.58-2B-4T and of an 8B ternary model under 3.9 GB (``plan_*``).
+* the offload plan of BitNet b1.58-2B-4T and of an 8B ternary model under 3.9 GB (``plan_*``), loaded
+  in bfloat16 (dense weights 16-bit on the device, KV float32).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def test_offload_plan_4gb(benchmark, preset):
     from bitmtp.offload import DEFAULT_VRAM_BUDGET, LAVAPIPE_MAX_BINDING_BYTES, PRESETS, plan_offload
 
     def plan():
-        return plan_offload(PRESETS[preset], DEFAULT_VRAM_BUDGET, dense_dtype_bytes=4, kv_dtype_bytes=4,
+        return plan_offload(PRESETS[preset], DEFAULT_VRAM_BUDGET, dense_dtype_bytes=2, kv_dtype_bytes=4,
                             max_binding_bytes=LAVAPIPE_MAX_BINDING_BYTES, name=preset)
 
     p = benchmark.pedantic(plan, rounds=3, iterations=1)

@@ -26,7 +26,7 @@ from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
-from bitmtp.wgsl_fallback.ops import Ops, TernaryWeight
+from bitmtp.wgsl_fallback.ops import DenseWeight, Ops, TernaryWeight
 from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
 
 
@@ -48,8 +48,8 @@ class _Proj:
             group = module.group_size if module.scales.shape[1] > 1 else None
             self.weight = TernaryWeight.upload(r, module.weight.cpu().numpy(), scales, module.in_features, group)
             self.ternary = True
-        elif isinstance(module, DenseLinear):
-            self.weight = r.upload(_np(module.weight))
+        elif isinstance(module, DenseLinear):  # bf16 / f16 weights stay 16-bit on the device
+            self.weight = DenseWeight.upload(r, module.weight)
             self.ternary = False
         else:
             raise BitMTPError(f"{name}: the wgpu backend cannot run a {type(module).__name__}")
@@ -91,7 +91,7 @@ class DeviceModel:
         if self.lm_head is not None and a.tie_word_embeddings:
             self.embed = self.lm_head.weight  # one device copy serves the gather and the LM head
         else:
-            self.embed = runner.upload(_np(decoder.embed))
+            self.embed = DenseWeight.upload(runner, decoder.embed)
         self.cos, self.sin = runner.upload(_np(decoder.rope_cos)), runner.upload(_np(decoder.rope_sin))
         rows = kv.capacity + kv.m_max
         shape = (a.num_kv_heads, rows, a.head_dim)
