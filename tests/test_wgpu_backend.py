@@ -140,3 +140,14 @@ def test_cli_generate_and_plan(device_runner, tmp_path, capsys):
     assert "Offload plan for llama3-8b-1.58" in out and "on the CPU" in out
     assert cli.main(["info", "--plan", "--preset", "nope"]) == 2
     assert "preset" in capsys.readouterr().err
+
+
+def test_long_prompt_several_prefill_chunks_and_arena_reuse(device_runner):
+    """150 prompt tokens = prefill chunks of 64, 64, 22: two steps of one replay state recorded before any
+    read (their token uploads and reused arena buffers must not clobber each other)."""
+    hf = tiny_model("bitnet", seed=9)
+    prompt = [(7 * i) % 97 for i in range(1, 151)]
+    want = bitmtp.load(hf, quantize="ternary", adapter=None).generate_ar(prompt, 12).tokens
+    dev = bitmtp.load(hf, quantize="ternary", adapter=None, backend="wgpu")
+    assert dev.generate_ar(prompt, 12).tokens == want
+    assert dev.generate_ar(prompt, 12).tokens == want  # again: every arena slot reused

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,8 @@ class Runner:
         self._modules: dict[tuple[str, frozenset[str]], Any] = {}
         self._pipelines: dict[tuple[str, str, frozenset[str]], Any] = {}
         self._encoder = None
+        self._arenas: dict[Any, _Arena] = {}
+        self._arena: _Arena | None = None
         #: dispatches recorded and host reads done (tests count them)
         self.dispatches = 0
         self.reads = 0
@@ -159,9 +163,42 @@ class Runner:
         u = self.wgpu.BufferUsage
         return u.STORAGE | u.COPY_SRC | u.COPY_DST
 
+    @contextmanager
+    def arena(self, key: Any) -> Iterator[None]:
+        """Within this block, :meth:`empty`, :meth:`uniform` and bind groups come from ``key``'s arena and
+        are reused by the next block with the same key (a replay state records the same allocations every
+        step). Re-entering an arena whose work is not submitted yet submits first: its uniforms are about
+        to be rewritten, and queue writes land before the commands of the next submission."""
+        arena = self._arenas.setdefault(key, _Arena())
+        if arena.pending:
+            self.submit()
+        arena.i_buf = arena.i_uni = 0
+        outer, self._arena = self._arena, arena
+        arena.pending = True
+        try:
+            yield
+        finally:
+            self._arena = outer
+
     def empty(self, shape: tuple[int, ...], dtype: str = "f32", *, chunk_rows: int | None = None) -> DeviceTensor:
-        """An uninitialized device tensor (zero-filled by wgpu), split by rows if it exceeds one binding."""
+        """An uninitialized device tensor (zero-filled by wgpu), split by rows if it exceeds one binding;
+        inside :meth:`arena`, the arena's slot for this request."""
         shape = tuple(int(s) for s in shape)
+        a = self._arena
+        if a is not None and chunk_rows is None:
+            i = a.i_buf
+            a.i_buf += 1
+            if i < len(a.buffers) and a.buffers[i][:2] == (shape, dtype):
+                return a.buffers[i][2]
+            t = self._new_tensor(shape, dtype, None)
+            if i < len(a.buffers):
+                a.buffers[i] = (shape, dtype, t)
+            else:
+                a.buffers.append((shape, dtype, t))
+            return t
+        return self._new_tensor(shape, dtype, chunk_rows)
+
+    def _new_tensor(self, shape: tuple[int, ...], dtype: str, chunk_rows: int | None) -> DeviceTensor:
         if dtype not in _DTYPES:
             raise BitMTPError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
         if not shape or min(shape) <= 0:
@@ -194,7 +231,10 @@ class Runner:
         return t
 
     def write(self, t: DeviceTensor, array: np.ndarray) -> None:
-        """Overwrite ``t`` with ``array`` (same number of elements)."""
+        """Overwrite ``t`` with ``array`` (same number of elements). Queue writes land before the next
+        submission's commands, so pending commands (which may read ``t``) are submitted first."""
+        if self._encoder is not None:
+            self.submit()
         arr = np.ascontiguousarray(array, dtype=_DTYPES[t.dtype]).reshape(t.shape)
         for i, buf in enumerate(t.chunks):
             part = arr[i * t.rows_per_chunk:(i + 1) * t.rows_per_chunk]
@@ -214,11 +254,28 @@ class Runner:
         return np.concatenate(parts).reshape(t.shape)
 
     def uniform(self, fmt: str, *values: Any) -> Any:
+        """A uniform buffer holding ``struct.pack(fmt, *values)`` (an arena slot, rewritten only when the
+        values change, inside :meth:`arena`)."""
         data = struct.pack(fmt, *values)
         data += b"\0" * (-len(data) % 16)
+        a = self._arena
+        if a is not None:
+            i = a.i_uni
+            a.i_uni += 1
+            if i < len(a.uniforms) and a.uniforms[i][0].size == len(data):
+                buf, old = a.uniforms[i]
+                if old != data:
+                    self.device.queue.write_buffer(buf, 0, data)
+                    a.uniforms[i] = (buf, data)
+                return buf
         u = self.wgpu.BufferUsage
         buf = self.device.create_buffer(size=len(data), usage=u.UNIFORM | u.COPY_DST)
         self.device.queue.write_buffer(buf, 0, data)
+        if a is not None:
+            if i < len(a.uniforms):
+                a.uniforms[i] = (buf, data)
+            else:
+                a.uniforms.append((buf, data))
         return buf
 
     # ---- dispatch --------------------------------------------------------------------------------------
@@ -227,12 +284,15 @@ class Runner:
                  defines: frozenset[str] = frozenset()) -> None:
         """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage)."""
         pipeline = self.pipeline(shader, entry, defines)
-        entries = []
-        for index, buf in sorted(bindings.items()):
-            if isinstance(buf, DeviceTensor):
-                buf = buf.buffer
-            entries.append({"binding": index, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-        group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        bufs = [(i, b.buffer if isinstance(b, DeviceTensor) else b) for i, b in sorted(bindings.items())]
+        a = self._arena
+        key = (shader, entry, defines, tuple(bufs)) if a is not None else None  # buffers in the key stay alive
+        group = a.groups.get(key) if a is not None else None
+        if group is None:
+            entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in bufs]
+            group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            if a is not None:
+                a.groups[key] = group
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()
         compute = self._encoder.begin_compute_pass()
@@ -258,6 +318,8 @@ class Runner:
         if self._encoder is not None:
             self.device.queue.submit([self._encoder.finish()])
             self._encoder = None
+        for arena in self._arenas.values():
+            arena.pending = False
 
     def sync(self) -> None:
         """Submit and wait for the device to finish (for timing): mapping a 4-byte buffer waits for every
@@ -266,6 +328,18 @@ class Runner:
         if getattr(self, "_fence", None) is None:
             self._fence = self.device.create_buffer(size=16, usage=self._usage())
         self.device.queue.read_buffer(self._fence, 0, 4)
+
+
+class _Arena:
+    """Buffers, uniforms and bind groups of one replay state, reused step after step: a state records
+    the same sequence of allocations every time, so the i-th request gets the i-th slot."""
+
+    def __init__(self) -> None:
+        self.buffers: list[tuple[tuple[int, ...], str, DeviceTensor]] = []
+        self.uniforms: list[tuple[Any, bytes]] = []
+        self.groups: dict[tuple, Any] = {}
+        self.i_buf = self.i_uni = 0
+        self.pending = False  # recorded into the open (unsubmitted) encoder
 
 
 _DEFAULT: Runner | None = None

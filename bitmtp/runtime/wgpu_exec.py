@@ -235,15 +235,16 @@ class WgpuStepRunner:
 
     def run(self) -> None:
         model, r = self.pool.model, self.pool.model.r
-        if not self.device_fed:
-            r.write(self.dev_tokens, self.tokens.numpy().astype(np.uint32))
-            r.write(self.dev_positions, self.positions.numpy().astype(np.uint32))
-        self.device_fed = False
-        st = self.state
-        if st.role == "draft":
-            self._draft(model)
-        else:
-            model.logits_argmax(model.hidden(self, 0), self.dev_out, 0)
+        # the state's arena: its intermediates, uniforms and bind groups are reused step after step
+        with r.arena(self.state):
+            if not self.device_fed:
+                r.write(self.dev_tokens, self.tokens.numpy().astype(np.uint32))
+                r.write(self.dev_positions, self.positions.numpy().astype(np.uint32))
+            self.device_fed = False
+            if self.state.role == "draft":
+                self._draft(model)
+            else:
+                model.logits_argmax(model.hidden(self, 0), self.dev_out, 0)
         self.replays += 1
         self.pool.pending.append(self)
         if self.pool.sync_each_step:  # offloaded layers: the host needs this step's values now
