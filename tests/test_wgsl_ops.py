@@ -58,7 +58,7 @@ def test_act_quant_exact(wg, m, k, group, rng):
     x = torch.randn(m, k, generator=rng) * (torch.rand(m, 1, generator=rng) * 20 + 0.01)
     xq, s, xsum = ops.act_quant(r.upload(x.numpy()), group)
     want_q, want_s = act_quant_reference(x)
-    got_q = xq.numpy().view(np.int8).reshape(m, -1)
+    got_q = np.ascontiguousarray(xq.numpy().T).view(np.int8).reshape(m, -1)  # stored token-minor [K/4, M]
     assert np.array_equal(got_q[:, :k], want_q.numpy()) and not got_q[:, k:].any()  # padding is zero
     assert np.array_equal(s.numpy(), want_s.numpy())
     groups = [want_q[:, lo:lo + group].to(torch.int64).sum(1) for lo in range(0, k, group)]

@@ -1,14 +1,15 @@
 // Per-token absmax int8 quantization (the A8 of W2A8), as bitmtp.formats.quantize_activations:
 //   s = 127 / max(max|x|, 1e-5);  x_q = clamp(round_half_even(x * s), -128, 127)
-// x_q is packed four int8 to a u32 (K padded with zeros to K4 * 4), plus each scale group's sum of x_q
-// (the W2A8 kernel's "-sum x" term). One workgroup per token row.
+// x_q is packed four int8 to a u32 (K padded with zeros to K4 * 4), stored token-minor: word i of token m
+// at xq[i * M + m], so the W2A8 kernel's 16-token tile reads one word position of all tokens from one
+// cache line. Plus each scale group's sum of x_q (the W2A8 kernel's "-sum x" term). One workgroup per token.
 
 struct Params { M: u32, K: u32, K4: u32, group: u32, n_groups: u32, _a: u32, _b: u32, _c: u32 }
 
 const WG: u32 = 64u;
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;            // [M, K]
-@group(0) @binding(1) var<storage, read_write> xq: array<u32>;     // [M, K4]
+@group(0) @binding(1) var<storage, read_write> xq: array<u32>;     // [K4, M]
 @group(0) @binding(2) var<storage, read_write> s_out: array<f32>;  // [M]
 @group(0) @binding(3) var<storage, read_write> xsum: array<i32>;   // [M, n_groups]
 @group(0) @binding(4) var<uniform> p: Params;
@@ -44,7 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let k = 4u * i + b;
       if (k < p.K) { word |= (u32(q(x[base + k], s)) & 0xFFu) << (8u * b); }
     }
-    xq[m * p.K4 + i] = word;
+    xq[i * p.M + m] = word;
   }
   for (var g = tid; g < p.n_groups; g += WG) {
     var total: i32 = 0;

@@ -107,11 +107,11 @@ class Ops:
     # ---- W2A8 ------------------------------------------------------------------------------------------
 
     def act_quant(self, x: DeviceTensor, group_size: int) -> tuple[DeviceTensor, DeviceTensor, DeviceTensor]:
-        """``(x_q packed u32[M, Kp/4], s f32[M], xsum i32[M, n_groups])`` of ``x f32[M, K]``."""
+        """``(x_q packed u32[Kp/4, M] (token-minor), s f32[M], xsum i32[M, n_groups])`` of ``x f32[M, K]``."""
         m, k = x.shape
         k4 = -(-k // WORDS_PER_GROUP) * 4
         n_groups = -(-k // group_size)
-        xq = self.r.empty((m, k4), "u32")
+        xq = self.r.empty((k4, m), "u32")
         s = self.r.empty((m,), "f32")
         xsum = self.r.empty((m, n_groups), "i32")
         params = self.r.uniform("8I", m, k, k4, group_size, n_groups, 0, 0, 0)
@@ -119,7 +119,7 @@ class Ops:
         return xq, s, xsum
 
     def _w2a8(self, entry: str, xq, s, xsum, w: TernaryWeight, bias, out) -> None:
-        m = xq.shape[0]
+        m = xq.shape[1]
         if m > MAX_TOKENS:
             raise ShapeError(f"w2a8: at most {MAX_TOKENS} tokens per dispatch, got {m}")
         gw = w.group_size // WORDS_PER_GROUP if w.n_groups > 1 else w.kw
@@ -134,18 +134,18 @@ class Ops:
                 b.update({3: s, 4: w.scales, 5: bias if bias is not None else self._zero, 6: out})
             else:
                 b[7] = out
-            self.r.dispatch("w2a8", entry, b, grid)
+            self.r.dispatch("w2a8", entry, b, grid, constants=(("TOKENS", m),))
 
     def w2a8(self, xq, s, xsum, w: TernaryWeight, bias: DeviceTensor | None = None,
              out: DeviceTensor | None = None) -> DeviceTensor:
         """``y f32[M, N]`` from quantized activations; ``out`` may be a preallocated buffer."""
-        out = out or self.r.empty((xq.shape[0], w.n), "f32")
+        out = out or self.r.empty((xq.shape[1], w.n), "f32")
         self._w2a8("linear", xq, s, xsum, w, bias, out)
         return out
 
     def w2a8_accumulate(self, xq, xsum, w: TernaryWeight) -> DeviceTensor:
         """The exact integer accumulators ``i32[M, N, n_groups]`` (Σ c·x_q − Σ x_q per group)."""
-        out = self.r.empty((xq.shape[0], w.n, w.n_groups), "i32")
+        out = self.r.empty((xq.shape[1], w.n, w.n_groups), "i32")
         self._w2a8("accumulate", xq, None, xsum, w, None, out)
         return out
 

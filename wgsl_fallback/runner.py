@@ -145,16 +145,21 @@ class Runner:
         builtins = (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32" if sg else "")
         return code.replace("/*SG_BUILTINS*/", builtins).replace("/*SG_ARGS*/", "lane, sgs" if sg else "0u, 1u")
 
-    def pipeline(self, shader: str, entry: str, defines: frozenset[str] = frozenset()) -> Any:
-        key = (shader, entry, defines)
+    def pipeline(self, shader: str, entry: str, defines: frozenset[str] = frozenset(),
+                 constants: tuple[tuple[str, int], ...] = ()) -> Any:
+        """The compute pipeline of ``shader.entry`` (cached) with preprocessor ``defines`` and WGSL
+        ``override`` ``constants`` (e.g. the token width a kernel is specialized for)."""
+        key = (shader, entry, defines, constants)
         if key not in self._pipelines:
             mkey = (shader, defines)
             if mkey not in self._modules:
                 self._modules[mkey] = self.device.create_shader_module(code=self.source(shader, defines),
                                                                        label=shader)
-            self._pipelines[key] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": self._modules[mkey], "entry_point": entry},
-                label=f"{shader}.{entry}")
+            stage = {"module": self._modules[mkey], "entry_point": entry}
+            if constants:
+                stage["constants"] = dict(constants)
+            self._pipelines[key] = self.device.create_compute_pipeline(layout="auto", compute=stage,
+                                                                       label=f"{shader}.{entry}")
         return self._pipelines[key]
 
     # ---- tensors ---------------------------------------------------------------------------------------
@@ -281,12 +286,12 @@ class Runner:
     # ---- dispatch --------------------------------------------------------------------------------------
 
     def dispatch(self, shader: str, entry: str, bindings: dict[int, Any], groups: tuple[int, int, int],
-                 defines: frozenset[str] = frozenset()) -> None:
+                 defines: frozenset[str] = frozenset(), constants: tuple[tuple[str, int], ...] = ()) -> None:
         """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage)."""
-        pipeline = self.pipeline(shader, entry, defines)
+        pipeline = self.pipeline(shader, entry, defines, constants)
         bufs = [(i, b.buffer if isinstance(b, DeviceTensor) else b) for i, b in sorted(bindings.items())]
         a = self._arena
-        key = (shader, entry, defines, tuple(bufs)) if a is not None else None  # buffers in the key stay alive
+        key = (shader, entry, defines, constants, tuple(bufs)) if a is not None else None  # keeps buffers alive
         group = a.groups.get(key) if a is not None else None
         if group is None:
             entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in bufs]

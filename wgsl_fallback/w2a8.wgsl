@@ -23,8 +23,12 @@ struct Params {
 
 const WG: u32 = 64u;
 const MT: u32 = 16u;
+// The step's token count as a pipeline constant (one pipeline per width 1..16, like the CUDA kernels'
+// width specialization): the token loops then have constant bounds, the compiler unrolls them and keeps
+// the accumulators in registers. Must equal p.M.
+override TOKENS: u32 = 16u;
 
-@group(0) @binding(0) var<storage, read> xq: array<u32>;       // [M, K4]
+@group(0) @binding(0) var<storage, read> xq: array<u32>;       // [K4, M] (token-minor)
 @group(0) @binding(1) var<storage, read> xsum: array<i32>;     // [M, n_groups]
 @group(0) @binding(2) var<storage, read> w: array<u32>;        // [N, Kw]
 @group(0) @binding(3) var<storage, read> act_scale: array<f32>; // [M]
@@ -41,22 +45,22 @@ var<workgroup> red: array<array<i32, MT>, WG>;
 // store per subgroup instead of a log2(64)-step tree of barriers.
 fn group_sums(n: u32, g: u32, tid: u32, lane: u32, sgs: u32) {
   var acc: array<i32, MT>;
-  for (var m = 0u; m < MT; m++) { acc[m] = 0; }
+  for (var m = 0u; m < TOKENS; m++) { acc[m] = 0; }
   let row = n * p.Kw;
   let end = (g + 1u) * p.gw;
   for (var j = g * p.gw + tid; j < end; j += WG) {
     let word = w[row + j];
     for (var s = 0u; s < 4u; s++) {
       let codes = (word >> (2u * s)) & 0x03030303u;
-      let xi = 4u * j + s;
-      for (var m = 0u; m < p.M; m++) {
-        acc[m] += dot4I8Packed(codes, xq[m * p.K4 + xi]);
+      let xi = (4u * j + s) * TOKENS;
+      for (var m = 0u; m < TOKENS; m++) {
+        acc[m] += dot4I8Packed(codes, xq[xi + m]);
       }
     }
   }
 //#if SUBGROUP
   let sg = tid / sgs;
-  for (var m = 0u; m < p.M; m++) {
+  for (var m = 0u; m < TOKENS; m++) {
     let total = subgroupAdd(acc[m]);
     if (lane == 0u) { red[sg][m] = total; }
   }
@@ -68,11 +72,11 @@ fn group_sums(n: u32, g: u32, tid: u32, lane: u32, sgs: u32) {
   }
   workgroupBarrier();
 //#else
-  for (var m = 0u; m < MT; m++) { red[tid][m] = acc[m]; }
+  for (var m = 0u; m < TOKENS; m++) { red[tid][m] = acc[m]; }
   workgroupBarrier();
   for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
     if (tid < stride) {
-      for (var m = 0u; m < p.M; m++) { red[tid][m] += red[tid + stride][m]; }
+      for (var m = 0u; m < TOKENS; m++) { red[tid][m] += red[tid + stride][m]; }
     }
     workgroupBarrier();
   }
