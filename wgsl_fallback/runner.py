@@ -110,6 +110,7 @@ class Runner:
         self._modules: dict[tuple[str, frozenset[str]], Any] = {}
         self._pipelines: dict[tuple[str, str, frozenset[str]], Any] = {}
         self._encoder = None
+        self._pass = None
         self._arenas: dict[Any, _Arena] = {}
         self._arena: _Arena | None = None
         #: dispatches recorded and host reads done (tests count them)
@@ -298,17 +299,23 @@ class Runner:
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             if a is not None:
                 a.groups[key] = group
-        if self._encoder is None:
-            self._encoder = self.device.create_command_encoder()
-        compute = self._encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        compute.set_bind_group(0, group)
-        compute.dispatch_workgroups(*groups)
-        compute.end()
+        if self._pass is None:  # consecutive dispatches share one compute pass (ordered, writes visible)
+            if self._encoder is None:
+                self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+        self._pass.set_pipeline(pipeline)
+        self._pass.set_bind_group(0, group)
+        self._pass.dispatch_workgroups(*groups)
         self.dispatches += 1
+
+    def _end_pass(self) -> None:
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
 
     def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None:
         """Record a buffer-to-buffer copy (byte offsets and size multiples of 4)."""
+        self._end_pass()  # copies are recorded outside compute passes
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()
         self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
@@ -320,6 +327,7 @@ class Runner:
         return (self.max_workgroups, -(-n // self.max_workgroups), 1)
 
     def submit(self) -> None:
+        self._end_pass()
         if self._encoder is not None:
             self.device.queue.submit([self._encoder.finish()])
             self._encoder = None
