@@ -18,6 +18,7 @@ from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
 MAX_TOKENS = 16  # register tile of the linear shaders: wider steps run in slices of 16 rows
 MAX_SEGMENT = 4096  # attention keeps a row's scores in workgroup memory (attention.wgsl MAX_L)
 WORDS_PER_GROUP = 16  # T2: 16 weights per 32-bit word
+DENSE_ROWS_PER_GROUP = 4  # dense.wgsl ROWS
 
 
 @dataclass
@@ -172,10 +173,10 @@ class Ops:
         for i, chunk in enumerate(data.chunks):
             start = i * data.rows_per_chunk
             rows = min(data.rows_per_chunk, n - start)
-            grid = self.r.grid(rows)
+            grid = self.r.grid(-(-rows // DENSE_ROWS_PER_GROUP))
             params = self.r.uniform("8I", m, rows, k, int(bias is not None), n, start, grid[0], k2)
             self.r.dispatch("dense", "main", {0: x, 1: chunk, 2: bias if bias is not None else self._zero, 3: out,
-                                              4: params}, grid, defines)
+                                              4: params}, grid, defines, (("TOKENS", m),))
         return out
 
     def _tiled(self, x: DeviceTensor, fn, n: int) -> DeviceTensor:
