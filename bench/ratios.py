@@ -47,3 +47,19 @@ def best_over_best(a: list[float], b: list[float]) -> float:
     if not a or not b:
         raise ValueError("best_over_best: both contenders need at least one measurement")
     return max(a) / max(b)
+
+
+def cuda_event_time(fn: Callable[[], object], reps: int, *, warm: bool = False) -> float:
+    """Seconds per call of ``fn`` on the current CUDA stream, from CUDA events around ``reps`` back-to-back
+    calls; ``warm=True`` makes one untimed call first (otherwise ``fn`` must already be warm)."""
+    import torch
+
+    if warm:
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps

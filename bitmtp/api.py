@@ -142,24 +142,21 @@ def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
 def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cpu_layers: int | None):
     """The offload plan of a wgpu model, checked against the device (errors show the plan)."""
     from bitmtp.errors import BackendUnavailableError
-    from bitmtp.offload import DEFAULT_VRAM_BUDGET, LAVAPIPE_MAX_BINDING_BYTES, parse_bytes, plan_offload
-    from bitmtp.ops import TernaryLinear
+    from bitmtp.offload import DEFAULT_VRAM_BUDGET, parse_bytes, plan_offload
     from bitmtp.wgsl_fallback.runner import default_runner
 
     try:
         budget = DEFAULT_VRAM_BUDGET if vram_budget is None else parse_bytes(vram_budget)
     except BitMTPError as exc:
         raise BitMTPError(f"vram_budget: {exc}") from exc
-    ternary = all(isinstance(m, TernaryLinear) for layer in decoder.layers
-                  for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
     # dense weights keep a bf16/f16 model's 16 bits on the device (else float32); the KV cache is float32
     dense_bytes = 2 if decoder.dtype in (torch.bfloat16, torch.float16) else 4
-    kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=dense_bytes, kv_dtype_bytes=4, ternary=ternary,
+    kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=dense_bytes, kv_dtype_bytes=4, ternary=decoder.ternary,
               force_cpu_layers=cpu_layers)
     try:
         runner = default_runner()
     except BackendUnavailableError as exc:
-        plan = plan_offload(decoder.args, budget, max_binding_bytes=LAVAPIPE_MAX_BINDING_BYTES, **kw)
+        plan = plan_offload(decoder.args, budget, **kw)  # no device: no binding limit to split against
         raise BackendUnavailableError(f"{exc}\nThe plan that could not run:\n{plan.table()}") from exc
     plan = plan_offload(decoder.args, budget, max_binding_bytes=runner.max_binding_bytes, **kw)
     if not plan.lm_head_on_gpu:

@@ -76,12 +76,9 @@ def _print_plan(args: argparse.Namespace) -> int:
         model_args, name, ternary = PRESETS[args.preset], args.preset, True
     elif args.model or args.default_model:
         import bitmtp
-        from bitmtp.ops import TernaryLinear
 
         model = bitmtp.load(args.model or default_model_path(), capacity=args.capacity, adapter=None)
-        model_args, name = model.args, str(model.source)
-        ternary = all(isinstance(m, TernaryLinear) for layer in model.decoder.layers
-                      for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+        model_args, name, ternary = model.args, str(model.source), model.decoder.ternary
     else:
         raise BitMTPError("--plan needs a model: --preset NAME, --model PATH or --default-model")
     budget = parse_bytes(args.vram_budget) if args.vram_budget else DEFAULT_VRAM_BUDGET

@@ -8,8 +8,6 @@ plan. Runs on Mesa lavapipe in CI (BITMTP_REQUIRE_WGPU=1 turns a missing adapter
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import bitmtp
@@ -17,6 +15,7 @@ from bitmtp.errors import BackendUnavailableError, BitMTPError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape
 from bitmtp.model.adapters import init_adapter_tensors
 from tests.hf_models import FAMILIES, tiny_model
+from tests.wgpu_device import device_runner_or_skip
 
 pytestmark = pytest.mark.wgpu
 PROMPT = [1, 5, 7, 9, 11, 3, 4, 60]
@@ -25,14 +24,7 @@ DRAFTER = {"llama": "mask-block", "qwen3": "heads", "bitnet": "mask-block"}
 
 @pytest.fixture(scope="module")
 def device_runner():
-    from bitmtp.wgsl_fallback.runner import default_runner
-
-    try:
-        return default_runner()
-    except BackendUnavailableError as exc:
-        if os.environ.get("BITMTP_REQUIRE_WGPU") == "1":
-            raise
-        pytest.skip(str(exc))
+    return device_runner_or_skip()
 
 
 def _adapter(model, kind):

@@ -8,8 +8,6 @@ lavapipe in CI); skipped without one unless BITMTP_REQUIRE_WGPU=1 (CI sets it, s
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -23,6 +21,7 @@ from bitmtp.ops.reference import (
     w2a8_accumulate_reference,
     w2a8_linear_q_reference,
 )
+from tests.wgpu_device import device_runner_or_skip
 
 pytestmark = pytest.mark.wgpu
 MS = [1, 3, 8, 15, 16]
@@ -31,14 +30,8 @@ MS = [1, 3, 8, 15, 16]
 @pytest.fixture(scope="module")
 def wg():
     from bitmtp.wgsl_fallback.ops import Ops
-    from bitmtp.wgsl_fallback.runner import Runner
 
-    try:
-        runner = Runner()
-    except BackendUnavailableError as exc:
-        if os.environ.get("BITMTP_REQUIRE_WGPU") == "1":
-            raise
-        pytest.skip(str(exc))
+    runner = device_runner_or_skip()
     return runner, Ops(runner)
 
 

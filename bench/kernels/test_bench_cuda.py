@@ -22,12 +22,12 @@ bench/ratios.py. The pytest-benchmark timing itself is the CUDA kernel's M = 1 g
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from bench.conftest import HIGHER, LOWER, by_mode, record
+from bench.ratios import cuda_event_time
 from bitmtp.formats import pack_t2
 from bitmtp.ops.registry import availability, select
 
@@ -42,15 +42,6 @@ COPY_BYTES = 512 << 20
 ROTATION_BYTES = 256 << 20  # > 2× the L2 of any current GPU (H100/H200: 50 MiB)
 
 
-def _event_time(fn: Callable[[], object], reps: int) -> float:
-    """Seconds per call of ``fn`` (already warm), from CUDA events around ``reps`` back-to-back calls."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
 
 
 class _Rotation:
@@ -76,7 +67,7 @@ class _Rotation:
         torch.cuda.synchronize()
 
     def seconds_per_launch(self) -> float:
-        return _event_time(self.graph.replay, REPLAYS) / self.launches
+        return cuda_event_time(self.graph.replay, REPLAYS) / self.launches
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +122,7 @@ def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
     times: dict[str, list[float]] = {name: [] for name in backends}
     copy_bw = []
     for _ in range(ROUNDS):  # alternate: copy, cuda, triton, copy, cuda, triton, …
-        bw = 2 * COPY_BYTES / _event_time(lambda: dst.copy_(src), 3)
+        bw = 2 * COPY_BYTES / cuda_event_time(lambda: dst.copy_(src), 3)
         copy_bw.append(bw)
         for name in backends:
             t = rot[name, 1].seconds_per_launch()

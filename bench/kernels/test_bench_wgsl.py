@@ -19,18 +19,13 @@ import torch
 
 from bench.conftest import by_mode, record
 from bench.ratios import alternating_ratio
-from bitmtp.errors import BackendUnavailableError
 from bitmtp.formats import pack_t2
+from tests.wgpu_device import device_runner_or_skip
 
 
 @pytest.fixture(scope="module")
 def runner():
-    from bitmtp.wgsl_fallback.runner import default_runner
-
-    try:
-        return default_runner()
-    except BackendUnavailableError as exc:
-        pytest.skip(str(exc))
+    return device_runner_or_skip()
 
 
 SHAPE = by_mode((2560, 2560), (2560, 6912))  # (N, K)

@@ -11,13 +11,13 @@ there is nothing to compare — steps always run eagerly — so the file is skip
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from bench.conftest import HIGHER, by_mode, record
 from bench.models import BITNET2B_LAYERS, bitnet2b_decoder
+from bench.ratios import cuda_event_time
 from bitmtp.runtime import Engine, ReplayState
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA graphs)")
@@ -28,16 +28,6 @@ REPS = 20
 PROMPT = list(range(100, 164))
 
 
-def _event_time(fn: Callable[[], object], reps: int) -> float:
-    """Seconds per call of ``fn`` from CUDA events around ``reps`` back-to-back calls (one warm call first)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +61,8 @@ def test_graph_replay_vs_eager(benchmark, engines, m):
     assert g_run.graph is not None, "the graphed engine did not capture its step"
     ratios, tg, te = [], [], []
     for _ in range(ROUNDS):  # alternate graph replay and eager launches
-        t_graph = _event_time(g_run.run, REPS)
-        t_eager = _event_time(e_run.run, REPS)
+        t_graph = cuda_event_time(g_run.run, REPS, warm=True)
+        t_eager = cuda_event_time(e_run.run, REPS, warm=True)
         ratios.append(t_eager / t_graph)
         tg.append(t_graph)
         te.append(t_eager)

@@ -297,7 +297,8 @@ def decode_ternary(data: np.ndarray, kind: str, n: int, k: int, name: str,
             raise FormatError(f"tensor {name!r}: its {SCALE_PREFIX}* scales disagree with the {kind} block scales")
         return w, exact_scales, group
     if kind == "TQ1_0":
-        values = torch.from_numpy(np.ascontiguousarray(_gguf().dequantize(data, _gguf().GGMLQuantizationType.TQ1_0)))
+        gguf = _gguf()
+        values = torch.from_numpy(np.ascontiguousarray(gguf.dequantize(data, gguf.GGMLQuantizationType.TQ1_0)))
         values = values.reshape(n, k).to(torch.float32)
         d = values.abs().reshape(n, k // TQ_BLOCK, TQ_BLOCK).amax(-1)
         safe = torch.where(d > 0, d, torch.ones_like(d)).repeat_interleave(TQ_BLOCK, dim=1)

@@ -19,7 +19,7 @@ from bitmtp.errors import BitMTPError
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.fuse import fuse_rows
 from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables
-from bitmtp.ops import attention
+from bitmtp.ops import TernaryLinear, attention
 
 
 class Attention(nn.Module):
@@ -109,6 +109,12 @@ class Decoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.device
+
+    @property
+    def ternary(self) -> bool:
+        """Whether every layer's projections are ternary (W2A8) rather than dense."""
+        return all(isinstance(m, TernaryLinear) for layer in self.layers
+                   for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
 
     def hidden_states(self, step: StepInputs, kv) -> torch.Tensor:
         """Run all layers for the step's rows, writing their K/V into ``kv`` in place."""

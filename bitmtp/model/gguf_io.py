@@ -140,9 +140,9 @@ def _hyperparameters(args: ModelArgs, arch: str) -> dict[str, G.GGUFField]:
     return keys
 
 
-def _tensors_out(decoder: Decoder, adapter, exact_scales: bool) -> Iterator[G.TensorOut]:
-    args = decoder.args
-    for hf, value in decoder_state(decoder).items():
+def _tensors_out(args: ModelArgs, state: dict[str, Any], adapter, exact_scales: bool) -> Iterator[G.TensorOut]:
+    """The tensors to write, from :func:`decoder_state` (computed once: it unpacks every ternary weight)."""
+    for hf, value in state.items():
         name = G.gguf_name(hf)
         heads = _qk_heads(args, hf)
         if isinstance(value, _Ternary):
@@ -221,15 +221,14 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
     state = decoder_state(decoder)
     n_tensors = len(state) + (0 if plain else sum(isinstance(v, _Ternary) for v in state.values())) + (
         len(adapter[1]) if adapter is not None else 0)
-    del state
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_tensors, desc=f"encoding {Path(path).name}", unit="tensor", leave=False)
     try:
-        return G.write_gguf(path, arch, fields.items(), _tensors_out(decoder, adapter, not plain), overwrite=overwrite,
-                            progress=(lambda _n: bar.update(1)) if bar is not None else None)
+        return G.write_gguf(path, arch, fields.items(), _tensors_out(args, state, adapter, not plain),
+                            overwrite=overwrite, progress=(lambda _n: bar.update(1)) if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()

@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 
 
+def _on_device(runner) -> bool:
+    """Runners of a pool that keeps the decode loop's bookkeeping on its device (wgpu) do it themselves."""
+    return getattr(getattr(runner, "pool", None), "device_verify", False)
+
+
 def prepare_verify(draft, verify, arange: torch.Tensor) -> None:
     """Write the verify step's static inputs from the draft step's outputs, on the device.
 
@@ -18,7 +23,7 @@ def prepare_verify(draft, verify, arange: torch.Tensor) -> None:
     The verify step runs AR-causally over d_1..d_D at the positions right after P:
     tokens = d_1..d_D, positions = (last pending position) + 1 + [0, D).
     """
-    if getattr(getattr(verify, "pool", None), "device_verify", False):  # wgpu runners: on their device
+    if _on_device(verify):
         verify.prepare_from_draft(draft)
         return
     d = verify.tokens.shape[0]
@@ -34,7 +39,7 @@ def resolve_verify(verify, next_draft, arange: torch.Tensor) -> None:
     ``decoding.policies.speculative_accept``, as tensor ops); the next pending suffix is ``[v_a]``
     at position (position of d_1) + a. The host learns ``a`` with the next iteration's one read.
     """
-    if getattr(getattr(verify, "pool", None), "device_verify", False):
+    if _on_device(verify):
         verify.resolve_into(next_draft)
         return
     agree = (verify.tokens[1:] == verify.out_token[:-1]).long()

@@ -80,15 +80,15 @@ class DeviceModel:
     """The decoder's device-resident part: layers ``[0, gpu_layers)``, final norm, LM head, embeddings
     (the LM head's buffer when tied), RoPE tables and the device layers' KV caches."""
 
-    def __init__(self, decoder: Decoder, kv: KVStore, runner: Runner, gpu_layers: int, lm_head_on_gpu: bool = True):
+    def __init__(self, decoder: Decoder, kv: KVStore, runner: Runner, gpu_layers: int):
         a = decoder.args
         self.decoder, self.args, self.kv = decoder, a, kv
         self.r, self.ops = runner, Ops(runner)
         self.gpu_layers = int(gpu_layers)
         self.layers = [_Layer(self.ops, decoder.layers[i], i) for i in range(self.gpu_layers)]
         self.norm = runner.upload(_np(decoder.norm))
-        self.lm_head = _Proj(self.ops, decoder.lm_head, "lm_head") if lm_head_on_gpu else None
-        if self.lm_head is not None and a.tie_word_embeddings:
+        self.lm_head = _Proj(self.ops, decoder.lm_head, "lm_head")
+        if a.tie_word_embeddings:
             self.embed = self.lm_head.weight  # one device copy serves the gather and the LM head
         else:
             self.embed = DenseWeight.upload(runner, decoder.embed)
@@ -200,7 +200,7 @@ class DeviceModel:
         pos = runner.positions
         reach = torch.where(torch.arange(m) < p, pos, pos[-1])
         mask = runner.kv_index[None, :] <= reach[:, None]
-        block = runner.drafter_block if mask_rows else None
+        block = runner.pool.drafter.block if mask_rows else None
         step = StepInputs(runner.tokens, pos, mask, mask_rows=mask_rows, mask_block=block)
         with torch.no_grad():
             host = dec.run_layers(host, step, self.kv, range(self.gpu_layers, self.args.num_layers))
@@ -208,10 +208,7 @@ class DeviceModel:
 
     def logits_argmax(self, hidden: DeviceTensor, out: DeviceTensor, offset: int) -> None:
         """LM head over ``hidden`` rows and their argmax/probability into ``out`` at ``offset``."""
-        if self.lm_head is not None:
-            self.ops.argmax(self.lm_head(self.ops, hidden), out, offset)
-            return
-        raise BitMTPError("the LM head is placed on the CPU; this step must run through _host_head")
+        self.ops.argmax(self.lm_head(self.ops, hidden), out, offset)
 
 
 class WgpuStepRunner:
@@ -230,7 +227,6 @@ class WgpuStepRunner:
         self.dev_out = r.empty((2 * m,), "u32")
         self.dev_mask = r.empty((m, state.segment), "u32")
         self.device_fed = False  # inputs written on the device (prepare/resolve): do not upload the host's
-        self.drafter_block = None
         self.replays = 0
 
     def run(self) -> None:
@@ -255,7 +251,6 @@ class WgpuStepRunner:
         p, d = st.pending, st.block
         kind = self.pool.drafter_kind
         if kind == "mask-block":
-            self.drafter_block = self.pool.drafter.block
             hidden = model.hidden(self, d - 1)
             model.logits_argmax(ops.slice_rows(hidden, p - 1, st.width), self.dev_out, st.width - d)
             return
@@ -290,19 +285,17 @@ class WgpuStepRunner:
 class WgpuGraphPool:
     """The graph pool of the wgpu backend: runners per replay state, one readback per ``flush``."""
 
-    def __init__(self, decoder: Decoder, kv: KVStore, *, runner: Runner | None = None, gpu_layers: int | None = None,
-                 lm_head_on_gpu: bool = True):
+    def __init__(self, decoder: Decoder, kv: KVStore, *, runner: Runner | None = None, gpu_layers: int | None = None):
+        """Layers ``[0, gpu_layers)`` (default all) and the LM head on the device (the API refuses plans that
+        put the LM head on the CPU: not implemented)."""
         from bitmtp.wgsl_fallback.runner import default_runner
 
         a = decoder.args
         if decoder.device.type != "cpu":
             raise BitMTPError("backend='wgpu': load the model with device='cpu' (wgpu holds its own copy)")
         gpu_layers = a.num_layers if gpu_layers is None else int(gpu_layers)
-        if not lm_head_on_gpu:
-            raise BitMTPError("backend='wgpu': an LM head placed on the CPU is not supported yet; raise the "
-                              "budget so the plan keeps the LM head on the device")
         self.decoder, self.kv = decoder, kv
-        self.model = DeviceModel(decoder, kv, runner or default_runner(), gpu_layers, lm_head_on_gpu)
+        self.model = DeviceModel(decoder, kv, runner or default_runner(), gpu_layers)
         self.runners: dict[ReplayState, WgpuStepRunner] = {}
         self.pending: list[WgpuStepRunner] = []
         self.drafter = None
@@ -312,9 +305,6 @@ class WgpuGraphPool:
         self.device_verify = not self.sync_each_step
         self.reads = 0
         self._staging: DeviceTensor | None = None
-
-    def register_mask(self, role, fn) -> None:
-        raise BitMTPError("backend='wgpu': custom mask functions are not supported (masks are built on the device)")
 
     def set_drafter(self, drafter) -> None:
         if drafter is self.drafter:
@@ -358,9 +348,9 @@ class WgpuGraphPool:
         at = 0
         for run in self.pending:
             w = run.dev_out.shape[0] // 2
-            part = raw[at:at + 2 * w]
-            run.out_token.copy_(torch.from_numpy(part[:w].astype(np.int64)))
-            run.out_prob.copy_(torch.from_numpy(part[w:].view(np.float32).copy()))
+            ids, probs = Ops.split_argmax(raw[at:at + 2 * w])
+            run.out_token.copy_(torch.from_numpy(ids))
+            run.out_prob.copy_(torch.from_numpy(probs.copy()))
             at += 2 * w
         self.pending = []
 
