@@ -52,6 +52,33 @@ def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = 
     return decoder.to(device) if torch.device(device).type != "cpu" else decoder
 
 
+SMOLLM2_LAYERS = 30
+
+
+def smollm2_shaped_decoder(layers: int = SMOLLM2_LAYERS, seed: int = 0) -> Decoder:
+    """A dense float32 decoder with SmolLM2-135M's shapes (hidden 576, intermediate 1536, 9 heads over 3
+    KV heads of 64, vocab 49152, tied LM head) and random weights: the small-model case where a CPU
+    step's cost is per-op dispatch as much as bytes."""
+    a = ModelArgs(family="llama", vocab_size=49152, hidden_size=576, num_layers=layers, num_heads=9, num_kv_heads=3,
+                  head_dim=64, intermediate_size=1536, tie_word_embeddings=True, rope_theta=100000.0,
+                  max_position_embeddings=2048)
+    g = torch.Generator().manual_seed(seed)
+
+    def dl(n: int, k: int) -> DenseLinear:
+        return DenseLinear(torch.randn(n, k, generator=g) * k**-0.5)
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    blocks = []
+    for _ in range(layers):
+        attn = Attention(a, dl(a.q_size, 576), dl(a.kv_size, 576), dl(a.kv_size, 576), dl(576, a.q_size))
+        mlp = MLP(a, dl(1536, 576), dl(1536, 576), dl(576, 1536))
+        blocks.append(Layer(a, attn, mlp, norm(576), norm(576)))
+    embed = torch.randn(a.vocab_size, 576, generator=g) * 0.05
+    return Decoder(a, embed, blocks, norm(576), DenseLinear(embed), max_positions=1024)
+
+
 def streamed_bytes(decoder: Decoder) -> tuple[int, int]:
     """``(ternary bytes, LM-head bytes)`` one decode step reads: packed weights + scales, dense head."""
     ternary = sum(m.weight.numel() * 4 + m.scales.numel() * 4

@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -59,9 +60,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
                             eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed)
     cfg.data_description = (f"{', '.join(map(str, data))} (train split, {len(windows)} windows of {cfg.seq_len} "
                             f"tokens, shuffled with seed {cfg.seed})")
-    print(f"bitmtp: training a {cfg.mode} adapter (D={cfg.block_size}, rank {cfg.rank}) on {len(windows)} windows "
+    what = "full fine-tune (all weights, NTP + MTP)" if cfg.mode == "full" else f"{cfg.mode} adapter"
+    print(f"bitmtp: training a {what} (D={cfg.block_size}, rank {cfg.rank}) on {len(windows)} windows "
           f"of {cfg.seq_len} tokens; checkpoints in {cfg.out}.ckpt", file=sys.stderr)
-    res = train(model.decoder, windows, cfg, progress=not args.no_progress)
+    export = None
+    if cfg.mode == "full":
+        export = dict(tokenizer=model.tokenizer, tokenizer_fields=model.gguf_tokenizer_fields,
+                      name=f"{Path(str(model.source)).stem}-bitmtp-full")
+    res = train(model.decoder, windows, cfg, progress=not args.no_progress, export=export)
     print(f"bitmtp: wrote {res.path} after {res.steps} steps, {res.tokens} tokens, {res.seconds / 60:.1f} min; "
           f"block accuracy (k=1..{cfg.block_size - 1}): {', '.join(f'{a:.2f}' for a in res.accuracy)}",
           file=sys.stderr)
@@ -162,13 +168,15 @@ def add_commands(sub) -> None:
                     "gamma^k CE at block position k; with self-distillation (default) the targets are the base "
                     "model's own greedy predictions. Checkpoints go to OUT.ckpt every --checkpoint-every steps; "
                     "--resume continues an interrupted run.")
-    tr.add_argument("--out", required=True, help="adapter folder to write (refused if it exists, see --overwrite)")
+    tr.add_argument("--out", required=True, help="adapter folder to write (--mode full: a .gguf file); refused if it "
+                                                  "exists, see --overwrite")
     tr.add_argument("--data", nargs="+", metavar="PATH",
                     help="files, folders or .jsonl ('text' or chat 'messages'); 'stdlib' = Python's standard "
                          "library (default)")
-    tr.add_argument("--mode", default="mask-block", choices=["mask-block", "heads"],
+    tr.add_argument("--mode", default="mask-block", choices=["mask-block", "heads", "full"],
                     help="mask-block: mask embedding + gated LoRA on mask rows (default); heads: Divine recurrent "
-                         "draft heads")
+                         "draft heads; full: joint NTP+MTP fine-tune of every weight (ternary layers by absmean "
+                         "STE) written as one GGUF with its adapter - meant for a GPU (--device cuda)")
     tr.add_argument("--block-size", type=int, default=8, metavar="D", help="tokens drafted per iteration (default 8)")
     tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8)")
     tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (scaling alpha/rank; default: scaling 1)")

@@ -109,3 +109,17 @@ def test_bench_plot_and_info(tiny, tmp_path, capsys, monkeypatch):
     # --debug shows the traceback instead of one line
     with pytest.raises(bitmtp.BitMTPError):
         cli.main(["--debug", "eval-acceptance", "--prompts", "chat", "--no-progress"])
+
+
+def test_train_full_mode_writes_one_gguf(tiny, tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.py").write_text("def f(x):\n    return x + 1\n" * 40)
+    out = tmp_path / "tuned.gguf"
+    argv = ["train", "--mode", "full", "--data", str(tmp_path / "data"), "--out", str(out), "--max-steps", "3",
+            "--seq-len", "32", "--block-size", "4", "--anchors", "4", "--no-progress"]
+    assert cli.main(argv) == 0
+    model = bitmtp.load(out, capacity=128)
+    assert model.adapter_config.targets == [] and model.adapter_config.training["steps"] == 3
+    assert "full fine-tune" in capsys.readouterr().err
+    assert cli.main(argv[:-9] + ["--out", str(tmp_path / "folder"), "--no-progress"]) == 2  # not a .gguf
+    assert ".gguf" in capsys.readouterr().err

@@ -93,7 +93,9 @@ class AdapterConfig:
             raise FormatError(f"rank: must be >= 1, got {self.rank}")
         if self.kind == "mask-block":
             bad = [t for t in self.targets if t not in TARGETS]
-            if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+            # an empty list is a mask embedding without LoRA: the adapter of a ``full`` fine-tune, whose
+            # mask rows run the (fine-tuned) base weights themselves
+            if bad or len(set(self.targets)) != len(self.targets):
                 raise FormatError(f"targets: expected distinct names from {TARGETS}, got {self.targets}")
         if not 0 < float(self.discount_gamma) <= 1:
             raise FormatError(f"discount_gamma: must be in (0, 1], got {self.discount_gamma}")

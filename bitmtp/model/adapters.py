@@ -26,6 +26,7 @@ from torch import nn
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
 from bitmtp.model.layers import rms_norm
+from bitmtp.ops import dense_linear
 
 #: fused projection group -> the adapter targets it holds, in the decoder's output order
 GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
@@ -65,7 +66,8 @@ class MaskBlock(nn.Module):
         a = self.a.get((layer, group))
         if a is None:
             return None
-        out = (x.to(a.dtype) @ a.T) @ self.b[(layer, group)].T
+        # through the dense-linear op: on the cpu backend the same kernel as the fused layers' LoRA
+        out = dense_linear(dense_linear(x.to(a.dtype), a), self.b[(layer, group)])
         return out * self.scaling if self.scaling != 1.0 else out
 
 

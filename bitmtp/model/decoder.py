@@ -18,8 +18,9 @@ from torch import nn
 from bitmtp.errors import BitMTPError
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.fuse import fuse_rows
-from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables
+from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables, silu
 from bitmtp.ops import TernaryLinear, attention
+from bitmtp.ops.fused_layers import Dims, FusedPlan, FusedUnsupported, LayerSpec, fused_enabled, kv_pointer_table
 
 
 class Attention(nn.Module):
@@ -51,7 +52,7 @@ class MLP(nn.Module):
         if adapt is not None:
             gu = adapt("gate_up", x, gu)
         g, u = gu.split(self.args.intermediate_size, dim=-1)
-        h = torch.relu(g).square() if self.args.hidden_act == "relu2" else torch.nn.functional.silu(g)
+        h = torch.relu(g).square() if self.args.hidden_act == "relu2" else silu(g)
         h = h * u
         if self.sub_norm is not None:
             h = rms_norm(h, self.sub_norm, self.args.rms_norm_eps)
@@ -101,6 +102,42 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.rope_theta, args.rope_scaling, n_pos)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._fused: FusedPlan | None = None
+        self._fused_unsupported: str | None = None  # why this model cannot build a plan
+        #: why the last step did not use the fused CPU layers ("" when it did, None before any step)
+        self.fused_reason: str | None = None
+
+    def _apply(self, fn, recurse=True):
+        self.invalidate_native()  # tensors move: the native table would dangle
+        return super()._apply(fn, recurse)
+
+    def invalidate_native(self) -> None:
+        """Forget the native fused-layers plan: call after replacing modules or tensors in place (the
+        plan points at the old ones); the next step rebuilds it."""
+        self._fused, self._fused_unsupported, self.fused_reason = None, None, None
+
+    def fused_plan(self) -> FusedPlan | None:
+        """The native fused-layers plan (``bitmtp.ops.fused_layers``) when this decoder can use it,
+        else None with the reason in :attr:`fused_reason`. Checked per call for the switches
+        (``BITMTP_FUSED``, requested backend, op overrides); the table itself is built once."""
+        ok, why = fused_enabled(self.device, self.backend)
+        if not ok:
+            self.fused_reason = why
+            return None
+        if self._fused is None and self._fused_unsupported is None:
+            a = self.args
+            try:
+                specs = [LayerSpec(ly.attn.qkv_proj, ly.attn.o_proj, ly.mlp.gate_up_proj, ly.mlp.down_proj,
+                                   ly.in_norm, ly.post_norm, ly.attn.q_norm, ly.attn.k_norm, ly.attn.sub_norm,
+                                   ly.mlp.sub_norm)
+                         for ly in self.layers]
+                dims = Dims(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, a.intermediate_size,
+                            a.rms_norm_eps, a.hidden_act == "relu2")
+                self._fused = FusedPlan(specs, dims)
+            except FusedUnsupported as exc:
+                self._fused_unsupported = str(exc)
+        self.fused_reason = "" if self._fused is not None else self._fused_unsupported
+        return self._fused
 
     @property
     def dtype(self) -> torch.dtype:
@@ -138,6 +175,11 @@ class Decoder(nn.Module):
         r = step.mask_rows
         cos = self.rope_cos[step.positions].to(x.dtype)
         sin = self.rope_sin[step.positions].to(x.dtype)
+        plan = self.fused_plan()
+        if plan is not None:
+            out = self._run_fused(plan, x, step, kv, layers, cos, sin)
+            if out is not None:
+                return out
         for i in layers:
             layer = self.layers[i]
             at = layer.attn
@@ -164,6 +206,31 @@ class Decoder(nn.Module):
             h = rms_norm(x, layer.post_norm, a.rms_norm_eps)
             x = x + layer.mlp(h, adapt)
         return x
+
+    def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos, sin) -> torch.Tensor | None:
+        """All ``layers`` in one native call, or None when this KV store or mask block cannot take it."""
+        try:
+            table = getattr(kv, "_fused_kv_table", None)
+            if table is None:  # the store's buffers never move (runtime/kv.py): build once per store
+                table = kv._fused_kv_table = kv_pointer_table(kv.k, kv.v, plan.dims)
+            lora, scaling, first = None, 1.0, 0
+            if step.mask_rows:
+                lora, scaling = self._fused_lora(plan, step.mask_block)
+                first = step.tokens.shape[0] - step.mask_rows
+        except (FusedUnsupported, AttributeError):
+            return None
+        return plan.run(x, step.positions, cos, sin, step.mask, kv.k, kv.v, list(layers),
+                        attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
+                        lora_scaling=scaling, kv_table=table)
+
+    @staticmethod
+    def _fused_lora(plan: FusedPlan, block) -> tuple[torch.Tensor, float]:
+        """The mask block's LoRA table for ``plan``, cached on the block with the tensors it points at."""
+        cached = getattr(block, "_fused_lora", None)
+        if cached is None or cached[0] is not plan:
+            table, keep = plan.lora_table({key: (block.a[key], block.b[key]) for key in block.a})
+            cached = block._fused_lora = (plan, table, keep)
+        return cached[1], block.scaling
 
     @staticmethod
     def _gated_lora(block, layer: int, first_mask_row: int):

@@ -11,12 +11,22 @@ from bitmtp.ops import dense_linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Row-wise RMSNorm exactly as transformers' Llama/Qwen3/BitNet RMSNorm computes it (float32
-    statistics, weight applied after casting back)."""
+    """Row-wise RMSNorm as transformers' Llama/Qwen3/BitNet RMSNorm computes it (float32 values,
+    weight applied after casting back), except that the mean of squares is summed in float64 and
+    then rounded to float32. That makes the statistic independent of the summation order, so the
+    fused native layers (csrc/cpu/layers.cpp, a sequential double sum) get the same float32 value
+    as this function: in ternary models a 1-ulp difference here can flip an int8 activation."""
     dtype = x.dtype
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    var = xf.double().pow(2).mean(-1, keepdim=True).float()
+    xf = xf * torch.rsqrt(var + eps)
     return weight * xf.to(dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU evaluated in float64 and rounded to ``x``'s dtype: as order- and library-independent as
+    :func:`rms_norm` (float32 ``exp`` differs by an ulp between torch's vector code and libm)."""
+    return torch.nn.functional.silu(x.double()).to(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

@@ -115,6 +115,23 @@ def select(op: str, device: torch.device, backend: str | None = None) -> Callabl
     return impl
 
 
+def requested_backend(backend: str | None = None) -> str | None:
+    """The backend a call would be pinned to: ``backend`` if given, else ``BITMTP_BACKEND``, else None."""
+    return _requested(backend)
+
+
+def overridden(backend: str) -> bool:
+    """Whether any op of ``backend`` is currently replaced through :func:`override`."""
+    return any(name == backend for name, _ in _OVERRIDES)
+
+
+def backend(name: str) -> Backend | None:
+    """The loaded backend object ``name`` (None when it failed to load)."""
+    if name not in _LOADERS:
+        raise BitMTPError(f"unknown backend {name!r}; known backends: {', '.join(_LOADERS)}")
+    return _load(name)
+
+
 def _auto(op: str, device: torch.device) -> str:
     order = PREFERENCE.get(device.type, ("torch",))
     skipped = []
@@ -157,4 +174,7 @@ __all__ = [
     "available_backends",
     "select",
     "override",
+    "overridden",
+    "requested_backend",
+    "backend",
 ]

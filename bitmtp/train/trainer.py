@@ -1,10 +1,10 @@
-"""Training MTP adapters on a frozen base: ``mask-block`` (gated LoRA, default) and ``heads``.
+"""Training MTP adapters: ``mask-block`` (gated LoRA on a frozen base, default), ``heads`` (frozen
+base) and ``full`` (joint NTP + MTP fine-tune of every weight, ``bitmtp.train.full``).
 
 Objective (DESIGN.md "Training"): sequences get blocks of D − 1 mask rows after sampled anchors
-(``bitmtp.train.masks``); the loss is Σ_k γ^k · CE at block position k, averaged over blocks. The
-NTP term of the joint objective is constant here — the base is frozen and the gated LoRA never
-touches sequence rows — so it is not computed (it matters for the ``full`` fine-tune, which this
-module does not implement yet).
+(``bitmtp.train.masks``); the loss is Σ_k γ^k · CE at block position k, averaged over blocks. In
+the frozen-base modes the NTP term of the joint objective is constant — the gated LoRA never
+touches sequence rows — so it is not computed; ``full`` adds it.
 
 Self-distillation (``self_distill=True``): block targets are the base model's own greedy
 predictions under teacher forcing (the argmax of its sequence rows) instead of the corpus tokens,
@@ -12,7 +12,8 @@ so drafts learn what verification accepts.
 
 Checkpoints (trainable tensors, optimizer, step, RNG, data order) are written atomically every
 ``checkpoint_every`` steps to ``<out>.ckpt``; ``resume=True`` continues from there. The adapter
-folder is written once at the end (atomically) with the provenance in its config.
+folder (``full``: one GGUF file with the new base and its adapter) is written once at the end,
+atomically, with the provenance in its config.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from bitmtp.model.decoder import Decoder
 from bitmtp.train.forward import HeadsParams, MaskBlockParams, TrainView
 from bitmtp.train.masks import packed_layout, sample_anchors
 
-MODES = ("mask-block", "heads")
+MODES = ("mask-block", "heads", "full")
 
 
 @dataclass
@@ -67,8 +68,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.mode not in MODES:
-            raise BitMTPError(f"mode: expected one of {MODES} (the 'full' fine-tune is not implemented yet), "
-                              f"got {self.mode!r}")
+            raise BitMTPError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        if self.mode == "full":
+            if not str(self.out).endswith(".gguf"):
+                raise BitMTPError(f"out: the full fine-tune writes one GGUF file (base + adapter); give a path "
+                                  f"ending in .gguf, got {self.out}")
+            if self.init_from:
+                raise BitMTPError("init_from: continues an adapter of a frozen base; the full mode fine-tunes "
+                                  "the base itself (start from a checkpoint of it with --model instead)")
         if not 2 <= self.block_size <= 16:
             raise BitMTPError(f"block_size: D must be in 2..16, got {self.block_size}")
         if self.max_steps < 1:
@@ -117,7 +124,7 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
         targets = greedy[:, lay.block_targets - 1]
     else:
         targets = tokens[:, lay.block_targets]
-    return _weighted_ce(logits, targets, lay.block_k, block_size, gamma)
+    return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma)
 
 
 def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
@@ -141,10 +148,10 @@ def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, ancho
     logits_t = torch.stack(logits, 2).flatten(1, 2)
     targets_t = torch.stack(targets, 2).flatten(1, 2)
     k_t = torch.stack(ks, 1).flatten()
-    return _weighted_ce(logits_t, targets_t, k_t, block_size, gamma)
+    return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma)
 
 
-def _weighted_ce(logits, targets, block_k, block_size, gamma):
+def weighted_block_ce(logits, targets, block_k, block_size, gamma):
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
     weight = gamma ** block_k.to(ce.dtype)  # λ_k = γ^k
     n_blocks = targets.shape[0] * (targets.shape[1] // (block_size - 1))
@@ -170,8 +177,13 @@ def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decod
     return {k: v.float() for k, v in tensors.items()}
 
 
-def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``)."""
+def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True,
+          export: dict | None = None) -> TrainResult:
+    """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``).
+
+    ``full`` mode fine-tunes ``decoder`` itself: on return it holds the trained weights, and
+    ``cfg.out`` is a GGUF file of it with its adapter (``export``: extra keyword arguments of
+    ``bitmtp.model.gguf_io.export_gguf`` — tokenizer, tokenizer_fields, name)."""
     cfg.validate()
     if not windows:
         raise BitMTPError("data: no training windows")
@@ -183,19 +195,26 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     use_cuda = device.type == "cuda"
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    view = TrainView(decoder, torch.float32)
+    view = TrainView(decoder, torch.float32) if cfg.mode != "full" else None  # full: FullParams builds its own
     kind = cfg.mode
-    config = AdapterConfig(kind=kind, block_size=cfg.block_size, rank=cfg.rank, base=BaseShape.of(decoder.args),
-                           targets=list(cfg.targets), discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha,
-                           fingerprint=base_fingerprint(decoder))
-    if cfg.init_from:
+    config = AdapterConfig(kind="mask-block" if kind == "full" else kind, block_size=cfg.block_size, rank=cfg.rank,
+                           base=BaseShape.of(decoder.args), targets=[] if kind == "full" else list(cfg.targets),
+                           discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha, fingerprint=base_fingerprint(decoder))
+    if kind == "full":
+        init = {}  # a mask embedding only (no LoRA targets): mask rows run the fine-tuned weights themselves
+    elif cfg.init_from:
         init = _tensors_to_continue(cfg, config, decoder)
     else:
         init = init_adapter_tensors(config, seed=cfg.seed)
         if kind == "mask-block":
             # start the mask embedding at the mean token embedding: a neutral "some token" input
             init["mask_embedding"] = decoder.embed.detach().float().mean(0).cpu()
-    if kind == "mask-block":
+    if kind == "full":
+        from bitmtp.train.full import FullParams, full_loss
+
+        params = FullParams(decoder, decoder.embed.detach().float().mean(0)).to(device)
+        view, loss_fn = params.view, full_loss
+    elif kind == "mask-block":
         params = MaskBlockParams(config, init).to(device)
         loss_fn = mask_block_loss
     else:
@@ -268,6 +287,15 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     }
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.save_dtype]
     tensors = {k: v.to(dtype) for k, v in params.tensors().items()}
-    path = save_adapter(cfg.out, config, tensors, overwrite=cfg.overwrite or cfg.resume)
+    if kind == "full":
+        from bitmtp.model.gguf_io import export_gguf
+        from bitmtp.train.full import write_back
+
+        write_back(params, decoder)
+        config.fingerprint = base_fingerprint(decoder)  # the new base's
+        path = export_gguf(decoder, cfg.out, adapter=(config, tensors), overwrite=cfg.overwrite or cfg.resume,
+                           progress=progress, **(export or {}))
+    else:
+        path = save_adapter(cfg.out, config, tensors, overwrite=cfg.overwrite or cfg.resume)
     shutil.rmtree(ckpt, ignore_errors=True)
     return TrainResult(path, step, seen_tokens, seconds, losses, recent)

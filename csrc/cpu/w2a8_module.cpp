@@ -17,37 +17,13 @@
 #endif
 
 #include "attention.h"
-#include "dense_cpu.h"
-#include "w2a8_cpu.h"
+#include "layers.h"
+#include "linear_run.h"
 
 namespace py = pybind11;
 using namespace bitmtp_cpu;
 
 namespace {
-
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-bool has_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-bool has_avx512_vnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
-
-int best_isa() { return has_avx512_vnni() ? kAvx512 : (has_avx2() ? kAvx2 : kScalar); }
-
-const char* isa_name(int isa) { return isa == kAvx512 ? "avx512_vnni" : (isa == kAvx2 ? "avx2" : "scalar"); }
 
 py::dict cpu_features() {
   py::dict d;
@@ -64,93 +40,19 @@ py::dict cpu_features() {
   return d;
 }
 
-// One contiguous row range per thread (a multiple of 8 rows): each thread streams one long run of
-// memory that the kernels' software prefetch covers end to end. Handing out small blocks
-// dynamically instead cost a DRAM stall at every block start (W2A8 M = 1, 6912x2560: ~250 us vs
-// ~200 us); a fork-join stalls on a descheduled thread either way.
-template <typename Fn>
-void split_rows(int64_t N, int threads, Fn fn) {
-#pragma omp parallel num_threads(threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
-    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
-    if (n0 < n1) fn(static_cast<int>(n0), static_cast<int>(n1));
-  }
-}
-
 void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument(msg);
 }
 
-// Shared by w2a8_linear and w2a8_accumulate: y and/or acc. Tokens go in chunks of kMaxWidth; each
-// chunk streams the weights once (rows split across threads), applying every word to all tokens.
+// Shared by w2a8_linear and w2a8_accumulate: y and/or acc (linear_run.cpp).
 void run(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, int64_t KW, uintptr_t scales_ptr,
          int64_t scale_rows, int64_t NG, int64_t G, uintptr_t act_scale_ptr, uintptr_t bias_ptr, uintptr_t y_ptr,
          uintptr_t acc_ptr, int isa, int threads) {
-  require(M >= 1, "x_q: M must be >= 1, got " + std::to_string(M));
-  require(K >= 1 && N >= 1, "weight: K and N must be >= 1");
-  require(KW == (K + 15) / 16, "weight: " + std::to_string(KW) + " words per row do not match K=" + std::to_string(K));
-  require(NG >= 1 && G >= 1 && (NG == 1 || G % 16 == 0) && NG == (K + G - 1) / G,
-          "group_size: G=" + std::to_string(G) + " with " + std::to_string(NG) + " groups does not fit K=" +
-              std::to_string(K));
-  require(y_ptr || acc_ptr, "out: nothing to write");
-  require(!y_ptr || (scales_ptr && act_scale_ptr), "scales/act_scale: required for the float output");
-  require(scale_rows == 1 || scale_rows == N, "scales: rows must be 1 or N");
-  require(x_ptr && w_ptr, "x_q/weight: null pointer");
-  if (isa < 0) isa = best_isa();
-  require(isa <= best_isa(), std::string("isa: ") + isa_name(isa) + " is not supported by this CPU (best: " +
-                                 isa_name(best_isa()) + ")");
-  require(isa >= kScalar && isa <= kAvx512, "isa: unknown value");
-
-  const int8_t* x = reinterpret_cast<const int8_t*>(x_ptr);
-  const int gw = NG == 1 ? static_cast<int>(KW) : static_cast<int>(G / 16);
-  // Activation rows are copied zero-padded so every SIMD step may load 64 bytes from any word
-  // offset without reading past the row: stride >= KW*16 + 48, a multiple of 64.
-  const int64_t stride = ((KW * 16 + 48 + 63) / 64) * 64;
-  std::vector<int8_t> xbuf(static_cast<size_t>(std::min<int64_t>(M, kMaxWidth) * stride + 64), 0);
-  std::vector<int32_t> xsum(static_cast<size_t>(kMaxWidth * NG), 0);
-  void (*rows)(const W2A8Args&, int, int) = isa == kAvx512 ? rows_avx512 : (isa == kAvx2 ? rows_avx2 : rows_scalar);
-  if (threads <= 0) threads = 1;
-
   py::gil_scoped_release release;
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxWidth) {
-    const int mc = static_cast<int>(std::min<int64_t>(kMaxWidth, M - m0));
-    for (int m = 0; m < mc; ++m) {
-      const int8_t* src = x + (m0 + m) * K;
-      int8_t* dst = xbuf.data() + m * stride;
-      std::memcpy(dst, src, static_cast<size_t>(K));
-      std::memset(dst + K, 0, static_cast<size_t>(stride - K));
-      for (int64_t g = 0; g < NG; ++g) {
-        const int64_t lo = g * G, hi = std::min<int64_t>(lo + G, K);
-        int32_t s = 0;
-        for (int64_t k = lo; k < hi; ++k) s += src[k];
-        xsum[m * NG + g] = s;
-      }
-    }
-    W2A8Args a;
-    a.x = xbuf.data();
-    a.x_stride = stride;
-    a.M = mc;
-    a.xsum = xsum.data();
-    a.w = reinterpret_cast<const uint32_t*>(w_ptr);
-    a.KW = static_cast<int>(KW);
-    a.NG = static_cast<int>(NG);
-    a.GW = gw;
-    a.scales = reinterpret_cast<const float*>(scales_ptr);
-    a.scale_row_stride = scale_rows == 1 ? 0 : static_cast<int>(NG);
-    a.act_scale = act_scale_ptr ? reinterpret_cast<const float*>(act_scale_ptr) + m0 : nullptr;
-    a.bias = reinterpret_cast<const float*>(bias_ptr);
-    a.y = y_ptr ? reinterpret_cast<float*>(y_ptr) + m0 * N : nullptr;
-    a.y_stride = N;
-    a.acc = acc_ptr ? reinterpret_cast<int32_t*>(acc_ptr) + m0 * N * NG : nullptr;
-    a.acc_stride_m = N * NG;
-    split_rows(N, threads, [&](int n0, int n1) { rows(a, n0, n1); });
-  }
+  w2a8_run(reinterpret_cast<const int8_t*>(x_ptr), M, K, reinterpret_cast<const uint32_t*>(w_ptr), N, KW,
+           reinterpret_cast<const float*>(scales_ptr), scale_rows, NG, G, reinterpret_cast<const float*>(act_scale_ptr),
+           reinterpret_cast<const float*>(bias_ptr), reinterpret_cast<float*>(y_ptr), reinterpret_cast<int32_t*>(acc_ptr),
+           isa, threads);
 }
 
 // Streaming-read probe: sums a buffer with `threads` threads. Benchmarks divide bytes by its time to
@@ -166,22 +68,12 @@ uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
   return s;
 }
 
-// Dense float32 linear: y[M][N] = x[M][K] . w[N][K]^T (+ bias), rows split across threads as one
-// contiguous range each (the same streaming scheme as the W2A8 kernel).
+// Dense float32 linear: y[M][N] = x[M][K] . w[N][K]^T (+ bias) (linear_run.cpp).
 void dense(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, uintptr_t bias_ptr, uintptr_t y_ptr,
            int isa, int threads) {
-  require(M >= 1 && K >= 1 && N >= 1, "dense: M, K and N must be >= 1");
-  require(x_ptr && w_ptr && y_ptr, "dense: null pointer");
-  if (isa < 0) isa = best_isa();
-  require(isa <= best_isa(), std::string("isa: ") + isa_name(isa) + " is not supported by this CPU");
-  DenseArgs a{reinterpret_cast<const float*>(x_ptr), static_cast<int>(M), static_cast<int>(K),
-              reinterpret_cast<const float*>(w_ptr), reinterpret_cast<const float*>(bias_ptr),
-              reinterpret_cast<float*>(y_ptr), static_cast<int>(N)};
-  void (*rows)(const DenseArgs&, int, int) =
-      isa == kAvx512 ? dense_rows_avx512 : (isa == kAvx2 ? dense_rows_avx2 : dense_rows_scalar);
-  if (threads <= 0) threads = 1;
   py::gil_scoped_release release;
-  split_rows(N, threads, [&](int n0, int n1) { rows(a, n0, n1); });
+  dense_run(reinterpret_cast<const float*>(x_ptr), M, K, reinterpret_cast<const float*>(w_ptr), N,
+            reinterpret_cast<const float*>(bias_ptr), reinterpret_cast<float*>(y_ptr), isa, threads);
 }
 
 void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
@@ -197,6 +89,42 @@ void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t 
   attention_rows(a);
 }
 
+// Every layer of one decoder step (layers.cpp); pointers validated by bitmtp/ops/fused_layers.py.
+void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads, int head_dim, int inter,
+                        uintptr_t table, uintptr_t kv, uintptr_t lora, int lora_first_row, double lora_scaling,
+                        uintptr_t layer_ids, int num_layers_run, uintptr_t cos, uintptr_t sin, uintptr_t positions,
+                        uintptr_t mask, int S, int L, double eps, double attn_scale, bool relu2, int isa, int threads) {
+  require(x && table && kv && layer_ids && cos && sin && positions && mask, "fused layers: null pointer");
+  FusedStep s;
+  s.x = reinterpret_cast<float*>(x);
+  s.M = M;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.inter = inter;
+  s.table = reinterpret_cast<const int64_t*>(table);
+  s.kv = reinterpret_cast<const int64_t*>(kv);
+  s.lora = reinterpret_cast<const int64_t*>(lora);
+  s.lora_first_row = lora_first_row;
+  s.lora_scaling = static_cast<float>(lora_scaling);
+  s.layer_ids = reinterpret_cast<const int64_t*>(layer_ids);
+  s.num_layers_run = num_layers_run;
+  s.cos = reinterpret_cast<const float*>(cos);
+  s.sin = reinterpret_cast<const float*>(sin);
+  s.positions = reinterpret_cast<const int64_t*>(positions);
+  s.mask = reinterpret_cast<const uint8_t*>(mask);
+  s.S = S;
+  s.L = L;
+  s.eps = static_cast<float>(eps);
+  s.attn_scale = static_cast<float>(attn_scale);
+  s.relu2 = relu2;
+  s.isa = resolve_isa(isa);
+  s.threads = threads > 0 ? threads : 1;
+  py::gil_scoped_release release;
+  fused_layers(s);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cpu_w2a8, m) {
@@ -209,6 +137,12 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
         py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
         py::arg("threads"), "Row-deterministic masked attention on float32 buffers");
+  m.def("fused_layers", &fused_layers_entry, py::arg("x"), py::arg("M"), py::arg("hidden"), py::arg("heads"),
+        py::arg("kv_heads"), py::arg("head_dim"), py::arg("inter"), py::arg("table"), py::arg("kv"), py::arg("lora"),
+        py::arg("lora_first_row"), py::arg("lora_scaling"), py::arg("layer_ids"), py::arg("num_layers_run"),
+        py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("mask"), py::arg("S"), py::arg("L"),
+        py::arg("eps"), py::arg("attn_scale"), py::arg("relu2"), py::arg("isa"), py::arg("threads"),
+        "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout)");
   m.def("stream_read", &stream_read, py::arg("ptr"), py::arg("nbytes"), py::arg("threads"),
         "Sum a buffer of uint64 with `threads` threads (a streaming-read bandwidth probe)");
   m.def("run", &run, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"), py::arg("KW"),

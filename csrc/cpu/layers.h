@@ -1,0 +1,43 @@
+// Fused decoder layers: every layer of one decoder step in a single native call (layers.cpp).
+//
+// Python describes the model once as an int64 "layer table" (bitmtp/ops/fused_layers.py mirrors
+// these field numbers) and each step passes the rows' activations, positions, RoPE rows and mask.
+#pragma once
+
+#include <stdint.h>
+
+namespace bitmtp_cpu {
+
+// Fields of one projection inside a layer-table row.
+enum ProjField { kPKind, kPWeight, kPBias, kPScales, kPScaleRows, kPGroup, kPK, kPN, kProjFields };
+enum ProjKind { kDense = 0, kTernary = 1 };
+// The projections of a layer, in table order (q/k/v and gate/up are fused, see bitmtp/model/fuse.py).
+enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
+// Fields after the projections: the layer's norm weights (0 = absent).
+enum LayerField { kInNorm = kNumProj * kProjFields, kPostNorm, kQNorm, kKNorm, kAttnSubNorm, kMlpSubNorm, kLayerFields };
+// LoRA table: per layer and projection, A [rank][K], B [N][rank] (0 = no delta) and the rank.
+enum LoraField { kLA, kLB, kLRank, kLoraFields };
+
+struct FusedStep {
+  float* x;                   // [M][hidden] residual stream, updated in place
+  int M, hidden, heads, kv_heads, head_dim, inter;
+  const int64_t* table;       // [num_layers][kLayerFields]
+  const int64_t* kv;          // [num_layers][2]: K and V buffers, float32 [kv_heads][S][head_dim]
+  const int64_t* lora;        // [num_layers][kNumProj][kLoraFields], or null
+  int lora_first_row;         // rows >= this get the LoRA deltas (the mask rows of a draft step)
+  float lora_scaling;
+  const int64_t* layer_ids;   // the layers to run, in order
+  int num_layers_run;
+  const float* cos;           // [M][head_dim]
+  const float* sin;           // [M][head_dim]
+  const int64_t* positions;   // [M]
+  const uint8_t* mask;        // [M][L], 1 = may attend
+  int S, L;
+  float eps, attn_scale;
+  bool relu2;                 // BitNet's squared ReLU instead of SiLU
+  int isa, threads;
+};
+
+void fused_layers(const FusedStep& s);
+
+}  // namespace bitmtp_cpu

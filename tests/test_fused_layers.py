@@ -1,0 +1,217 @@
+"""Fused CPU decoder layers (bitmtp/ops/fused_layers.py, csrc/cpu/layers.cpp).
+
+Rules stated per test:
+* a fused step equals the per-op step bit for bit, hidden states and the KV rows it writes
+  (``torch.equal``): the projections, attention and activation quantization are the same kernels,
+  and RMSNorm / SiLU evaluate in float64 and round to float32 on both paths, so neither depends on a
+  summation order or an exp implementation — in ternary models one ulp would flip an int8;
+* a row's result is bit-identical whatever the step's width: a width-M step equals M one-row
+  steps, hidden states and KV rows compared with ``torch.equal`` (the lossless-speculative invariant);
+* greedy generation through the fused path equals the per-op path token for token;
+* the gated LoRA of a mask-block draft step changes only the mask rows, as the per-op path does;
+* the fused path is off (and says why) for BITMTP_FUSED=0, another backend, an overridden cpu op
+  or a non-float32 model; bad input raises BitMTPError.
+Outputs are poisoned first (KV rows to be written hold NaN) so an unwritten element shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.model.adapters import MaskBlock
+from bitmtp.model.decoder import StepInputs
+from bitmtp.ops import registry
+from bitmtp.runtime.kv import KVStore
+from tests.hf_models import tiny_model
+from tests.test_mtp_decoding import random_adapter
+
+pytest.importorskip("transformers")
+cpu_backend = pytest.importorskip("bitmtp.ops.backends.cpu_backend")
+try:
+    ISAS = cpu_backend.supported_isas()
+except ImportError:
+    ISAS = []
+pytestmark = pytest.mark.skipif(not ISAS, reason="native CPU extension not built")
+
+FAMILIES = ["llama", "qwen3", "bitnet"]
+WIDTHS = [1, 3, 8, 15, 16]
+# hidden 72 (not a power of two), intermediate 100, head_dim 18, 4 heads over 2 KV heads
+SHAPE = dict(hidden_size=72, intermediate_size=100, num_attention_heads=4, num_key_value_heads=2, head_dim=18,
+             num_hidden_layers=3, initializer_range=0.2)
+
+
+@pytest.fixture(scope="module", params=[(f, q) for f in FAMILIES for q in (None, "ternary")],
+                ids=lambda p: f"{p[0]}-{p[1] or 'dense'}")
+def model(request):
+    family, quantize = request.param
+    shape = dict(SHAPE)
+    if family == "bitnet":
+        quantize = None  # BitNet checkpoints are ternary already
+    return bitmtp.load(tiny_model(family, seed=5, **shape), capacity=300, quantize=quantize, adapter=None)
+
+
+def _kv(model) -> KVStore:
+    a = model.args
+    return KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity=300, m_max=16)
+
+
+def _step(dec, kv, tokens, start, *, mask_rows=0, block=None, segment=None):
+    m = len(tokens)
+    pos = torch.arange(start, start + m)
+    seg = segment or kv.segment_for(start + m)
+    reach = pos.clone()
+    if mask_rows:
+        reach[m - mask_rows :] = pos[-1]  # mask rows see the whole block
+    mask = torch.arange(seg)[None, :] <= reach[:, None]
+    return dec.hidden_states(StepInputs(torch.tensor(tokens), pos, mask, mask_rows, block), kv)
+
+
+def _prefilled(model, fused: bool, monkeypatch, n=21, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, model.args.vocab_size, (n,), generator=g).tolist()
+    kv = _kv(model)
+    with monkeypatch.context() as mp:
+        mp.setenv("BITMTP_FUSED", "1" if fused else "0")
+        _step(model.decoder, kv, prompt, 0)
+    return kv, prompt
+
+
+def _clone(kv: KVStore) -> KVStore:
+    out = KVStore(len(kv.k), kv.k[0].shape[0], kv.k[0].shape[2], kv.capacity, kv.m_max)
+    for a, b in zip(out.k + out.v, kv.k + kv.v, strict=True):
+        a.copy_(b)
+    return out
+
+
+def _poison(kv: KVStore, rows: range) -> None:
+    for t in kv.k + kv.v:
+        t[:, rows.start : rows.stop] = float("nan")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert torch.equal(a, b), f"max |difference| {(a - b).abs().max().item():.3g}"
+
+
+def test_fused_plan_is_used(model, monkeypatch):
+    dec = model.decoder
+    assert dec.fused_plan() is not None, dec.fused_reason
+    calls = []
+    plan = dec.fused_plan()
+    real = plan.run
+    monkeypatch.setattr(plan, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    bitmtp.generate(model, input_ids=[5, 6, 7], max_new_tokens=3, policy="ar", eos_token_id=[])
+    assert calls  # prefill and each AR step go through the native call
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_fused_step_matches_per_op_step(model, monkeypatch, width, isa):
+    kv_f, prompt = _prefilled(model, False, monkeypatch)
+    kv_p = _clone(kv_f)
+    n = len(prompt)
+    tokens = torch.randint(3, model.args.vocab_size, (width,), generator=torch.Generator().manual_seed(width)).tolist()
+    _poison(kv_f, range(n, n + width))
+    _poison(kv_p, range(n, n + width))
+    with cpu_backend.forced_isa(isa):
+        monkeypatch.setenv("BITMTP_FUSED", "1")
+        fused = _step(model.decoder, kv_f, tokens, n)
+        monkeypatch.setenv("BITMTP_FUSED", "0")
+        per_op = _step(model.decoder, kv_p, tokens, n)
+    assert torch.isfinite(fused).all()
+    _same(fused, per_op)
+    for a, b in zip(kv_f.k + kv_f.v, kv_p.k + kv_p.v, strict=True):
+        assert torch.isfinite(a[:, : n + width]).all()  # every written row was written
+        _same(a[:, : n + width], b[:, : n + width])
+
+
+@pytest.mark.parametrize("width", [3, 8, 15, 16])
+def test_fused_rows_do_not_depend_on_width(model, monkeypatch, width):
+    monkeypatch.setenv("BITMTP_FUSED", "1")
+    kv_wide, prompt = _prefilled(model, True, monkeypatch, seed=1)
+    kv_one = _clone(kv_wide)
+    n = len(prompt)
+    tokens = torch.randint(3, model.args.vocab_size, (width,), generator=torch.Generator().manual_seed(7)).tolist()
+    _poison(kv_wide, range(n, n + width))
+    _poison(kv_one, range(n, n + width))
+    # a larger segment for the wide step: the read length must not matter either
+    wide = _step(model.decoder, kv_wide, tokens, n, segment=kv_wide.rows)
+    rows = torch.cat([_step(model.decoder, kv_one, [t], n + i) for i, t in enumerate(tokens)])
+    assert torch.equal(wide, rows)
+    for a, b in zip(kv_wide.k + kv_wide.v, kv_one.k + kv_one.v, strict=True):
+        assert torch.equal(a[:, : n + width], b[:, : n + width])
+
+
+def test_fused_greedy_equals_per_op_greedy(model, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        ids = torch.randint(3, model.args.vocab_size, (9,), generator=g).tolist()
+        monkeypatch.setenv("BITMTP_FUSED", "1")
+        fused = bitmtp.generate(model, input_ids=ids, max_new_tokens=24, policy="ar", eos_token_id=[]).token_ids
+        monkeypatch.setenv("BITMTP_FUSED", "0")
+        per_op = bitmtp.generate(model, input_ids=ids, max_new_tokens=24, policy="ar", eos_token_id=[]).token_ids
+        assert fused == per_op
+
+
+@pytest.mark.parametrize("mask_rows", [1, 7, 15])
+def test_fused_gated_lora_matches_per_op(model, monkeypatch, mask_rows):
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=16)
+    block = MaskBlock(cfg, tensors)
+    kv_f, prompt = _prefilled(model, False, monkeypatch, seed=2)
+    kv_p = _clone(kv_f)
+    n = len(prompt)
+    tokens = [11] + [0] * mask_rows  # one pending row, then mask rows (their ids are ignored)
+    monkeypatch.setenv("BITMTP_FUSED", "1")
+    fused = _step(model.decoder, kv_f, tokens, n, mask_rows=mask_rows, block=block)
+    monkeypatch.setenv("BITMTP_FUSED", "0")
+    per_op = _step(model.decoder, kv_p, tokens, n, mask_rows=mask_rows, block=block)
+    plain = _step(model.decoder, _clone(kv_p), tokens, n, mask_rows=mask_rows, block=MaskBlock(
+        cfg, {k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}))
+    _same(fused, per_op)
+    assert not torch.allclose(per_op[1:], plain[1:], atol=1e-3)  # the deltas matter on mask rows …
+    monkeypatch.setenv("BITMTP_FUSED", "1")
+    pending = _step(model.decoder, _clone(kv_p), tokens[:1], n)
+    assert torch.equal(fused[:1], pending)  # … and the pending row is the base model's, bit for bit
+
+
+def test_switches_turn_the_fused_path_off(model, monkeypatch):
+    dec = model.decoder
+    monkeypatch.setenv("BITMTP_FUSED", "0")
+    assert dec.fused_plan() is None and "BITMTP_FUSED=0" in dec.fused_reason
+    monkeypatch.delenv("BITMTP_FUSED")
+    monkeypatch.setenv("BITMTP_BACKEND", "torch")
+    assert dec.fused_plan() is None and "'torch'" in dec.fused_reason
+    monkeypatch.delenv("BITMTP_BACKEND")
+    with registry.override("cpu", "dense_linear", lambda *a, **k: None):
+        assert dec.fused_plan() is None and "overridden" in dec.fused_reason
+    assert dec.fused_plan() is not None
+
+
+def test_non_float32_model_takes_the_per_op_path():
+    m = bitmtp.load(tiny_model("llama", seed=1, **SHAPE), capacity=64, dtype=torch.bfloat16, adapter=None)
+    assert m.decoder.fused_plan() is None
+    assert "float32" in m.decoder.fused_reason
+    out = bitmtp.generate(m, input_ids=[4, 5, 6], max_new_tokens=4, policy="ar", eos_token_id=[])
+    assert len(out.token_ids) == 4
+
+
+def test_bad_input(model):
+    dec = model.decoder
+    plan = dec.fused_plan()
+    a = model.args
+    kv = _kv(model)
+    x = torch.randn(2, a.hidden_size)
+    cos, sin = dec.rope_cos[:2], dec.rope_sin[:2]
+    mask = torch.ones(2, 256, dtype=torch.bool)
+    with pytest.raises(BitMTPError, match="position"):
+        plan.run(x, torch.tensor([0, kv.rows]), cos, sin, mask, kv.k, kv.v, [0], attn_scale=0.25)
+    with pytest.raises(BitMTPError, match="mask"):
+        plan.run(x, torch.tensor([0, 1]), cos, sin, torch.ones(3, 256, dtype=torch.bool), kv.k, kv.v, [0],
+                 attn_scale=0.25)
+    with pytest.raises(BitMTPError, match="layers"):
+        plan.run(x, torch.tensor([0, 1]), cos, sin, mask, kv.k, kv.v, [a.num_layers], attn_scale=0.25)
+    with pytest.raises(BitMTPError, match="hidden|shape"):
+        plan.run(torch.randn(2, a.hidden_size + 1), torch.tensor([0, 1]), cos, sin, mask, kv.k, kv.v, [0],
+                 attn_scale=0.25)
