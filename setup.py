@@ -59,7 +59,7 @@ def _cpu_extension() -> list[Extension]:
             sources=sorted(glob("csrc/cpu/*.cpp")),
             include_dirs=[pybind11.get_include(), "csrc/cpu"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-fvisibility=hidden"],
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fvisibility=hidden"],
             extra_link_args=["-fopenmp"],
         )
     ]

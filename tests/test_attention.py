@@ -59,3 +59,22 @@ def test_bad_shapes(rng):
         attention(q, k, v, torch.ones(5, 400, dtype=torch.bool), 0.1)
     with pytest.raises(ShapeError, match="k"):
         attention(q, k[:, :, :5], v[:, :, :5], mask, 0.1)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
+@pytest.mark.parametrize("d", [16, 24, 64, 70])  # lanes: whole 16-blocks, a tail, odd head dims
+def test_cpu_isa_paths_give_the_same_bits(d, rng):
+    """The scalar, AVX2 and AVX-512 builds of the attention loop run the same float operations in the
+    same order (no contraction), so their outputs are bitwise equal (poisoned output first)."""
+    from bitmtp.ops.backends import cpu_backend
+
+    q, k, v, mask = _inputs(rng, m=15, h=9, kvh=3, d=d)
+    outs = []
+    for isa in cpu_backend.supported_isas():
+        with cpu_backend.forced_isa(isa):
+            out = attention(q, k, v, mask, d**-0.5, backend="cpu")
+        assert torch.isfinite(out).all()
+        outs.append(out)
+    assert len(outs) >= 2
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])

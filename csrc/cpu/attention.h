@@ -14,8 +14,13 @@ struct AttentionArgs {
   int M, H, KVH, D, S, L;
   float scale;
   int threads;
+  int isa;              // 0 scalar (baseline), 1 AVX2, 2 AVX-512: the same bits, wider vectors
 };
 
+// Dispatches on a.isa (already checked against the CPU by the caller).
 void attention_rows(const AttentionArgs& a);
+void attention_rows_scalar(const AttentionArgs& a, float* scratch_f, int* scratch_i);
+void attention_rows_avx2(const AttentionArgs& a, float* scratch_f, int* scratch_i);
+void attention_rows_avx512(const AttentionArgs& a, float* scratch_f, int* scratch_i);
 
 }  // namespace bitmtp_cpu

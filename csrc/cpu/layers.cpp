@@ -188,7 +188,7 @@ void fused_layers(const FusedStep& s) {
       }
     }
     AttentionArgs aa{q.data(), kbuf, vbuf, s.mask, att.data(), M, s.heads, s.kv_heads, D, s.S, s.L, s.attn_scale,
-                     s.threads};
+                     s.threads, s.isa};
     attention_rows(aa);
     if (t[kAttnSubNorm]) rms_norm_rows(att.data(), M, qs, ptr<const float>(t[kAttnSubNorm]), s.eps, att.data());
     project(t + kO * kProjFields, lora_of(kO), s, att.data(), o.data(), w);

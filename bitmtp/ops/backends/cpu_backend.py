@@ -143,7 +143,7 @@ class CpuBackend:
         self._check("k", k, torch.float32)
         self._check("v", v, torch.float32)
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
-                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads())
+                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads(), self._isa())
         return out
 
     def dense_linear(self, x, weight, bias=None):

@@ -1,0 +1,18 @@
+// Attention, avx2 path (attention_body.inc). Called only after CPUID confirms the ISA.
+#pragma GCC target("avx2,fma")
+#include <math.h>
+#include <stdint.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "attention.h"
+
+namespace bitmtp_cpu {
+
+#define ATTN_ROWS attention_rows_avx2
+#include "attention_body.inc"
+#undef ATTN_ROWS
+
+}  // namespace bitmtp_cpu
