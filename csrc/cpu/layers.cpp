@@ -40,10 +40,17 @@ void rms_norm_rows(const float* x, int rows, int n, const float* w, float eps, f
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + static_cast<int64_t>(r) * n;
     float* yr = y + static_cast<int64_t>(r) * n;
-    double ss = 0.0;
-    for (int i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    // Squares of floats are exact in double and the sum's rounding error (~1e-16) vanishes when the
+    // mean is rounded to float32, so eight independent partial sums (no serial add chain: 7 us per
+    // 6912-wide row) give the value torch's float64 mean gives.
+    double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) part[j] += static_cast<double>(xr[i + j]) * xr[i + j];
+    for (; i < n; ++i) part[0] += static_cast<double>(xr[i]) * xr[i];
+    const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
-    for (int i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+    for (int k = 0; k < n; ++k) yr[k] = w[k] * (xr[k] * inv);
   }
 }
 
@@ -59,8 +66,12 @@ void act_quant_rows(const float* x, int rows, int k, int8_t* q, float* s) {
     const float sc = (1.0f / std::max(amax, 1e-5f)) * 127.0f;
     s[r] = sc;
     int8_t* qr = q + static_cast<int64_t>(r) * k;
+    // Round half to even by the 1.5 * 2^23 trick (|x * sc| <= 128 here): plain adds that vectorize on
+    // any x86-64, where nearbyintf is a libm call per element without SSE4.1 (~0.5 ms per BitNet-2B
+    // layer at 15 rows).
+    constexpr float kMagic = 12582912.0f;
     for (int i = 0; i < k; ++i) {
-      const float v = std::nearbyint(xr[i] * sc);  // the default rounding mode: half to even
+      const float v = (xr[i] * sc + kMagic) - kMagic;
       qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
     }
   }
