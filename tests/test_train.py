@@ -239,3 +239,28 @@ def test_frozen_view_of_an_unfused_projection_runs_its_parts():
     ref = torch.cat([FrozenProjection(tern, torch.float32)(x), FrozenProjection(dense, torch.float32)(x)], -1)
     assert torch.equal(view(x), ref)
     torch.testing.assert_close(view(x)[:, 24:], x @ dense.weight.T)
+
+
+def test_heads_base_state_cache(model):
+    """The frozen base's hidden states are computed once per window: a second visit is a cache hit
+    returning the same tensors; the heads loss on cached states equals the uncached loss up to the
+    cache's float16 storage (rtol 1e-2); past max_bytes windows are computed but not kept."""
+    from bitmtp.formats.adapters import AdapterConfig, BaseShape
+    from bitmtp.model.adapters import init_adapter_tensors
+    from bitmtp.train.forward import HeadsParams
+    from bitmtp.train.trainer import BaseStateCache, heads_loss
+
+    view = TrainView(model.decoder)
+    tokens = torch.tensor(_windows(n=3, length=40))
+    cache = BaseStateCache(view)
+    first = cache.get([0, 1, 2], tokens)
+    again = cache.get([2, 0], tokens[[2, 0]])
+    assert cache.hits == 2 and len(cache.store) == 3
+    assert torch.equal(again[0], first[0][[2, 0]]) and torch.equal(again[1], first[1][[2, 0]])
+    cfg = AdapterConfig(kind="heads", block_size=4, rank=4, base=BaseShape.of(model.args))
+    params = HeadsParams(cfg, init_adapter_tensors(cfg, seed=0, zero_init_b=False), eps=model.args.rms_norm_eps)
+    cached, _ = heads_loss(view, params, tokens, [3, 17, 30], 4, 0.8, True, states=first)
+    plain, _ = heads_loss(view, params, tokens, [3, 17, 30], 4, 0.8, True)
+    torch.testing.assert_close(cached, plain, rtol=1e-2, atol=1e-3)
+    tiny = BaseStateCache(view, max_bytes=0)
+    assert torch.equal(tiny.get([0], tokens[:1])[1], first[1][:1]) and not tiny.store

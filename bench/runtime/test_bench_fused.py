@@ -54,7 +54,8 @@ def test_fused_over_per_op(benchmark, shapes):
     seg = eng.kv.segment_for(n + 2 * BLOCK)
     cfg = AdapterConfig("mask-block", BLOCK, 8, BaseShape.of(dec.args))
     eng.pool.set_drafter(MaskBlockDrafter(dec, MaskBlock(cfg, init_adapter_tensors(cfg, zero_init_b=False))))
-    runners = {"ar": eng.pool.get(ReplayState(1, seg, "ar")), "verify8": eng.pool.get(ReplayState(BLOCK, seg, "verify")),
+    runners = {"ar": eng.pool.get(ReplayState(1, seg, "ar")),
+               "verify8": eng.pool.get(ReplayState(BLOCK, seg, "verify")),
                "draft15": eng.pool.get(ReplayState(2 * BLOCK - 1, seg, "draft", BLOCK))}
     for r in runners.values():
         r.tokens.copy_(torch.randint(100, 1000, r.tokens.shape))

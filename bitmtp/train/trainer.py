@@ -127,14 +127,58 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
     return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma)
 
 
-def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
-               gamma: float, self_distill: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Heads: s_0 = the base's hidden state at the anchor, teacher-forced chain over the true tokens."""
-    bsz, t_len = tokens.shape
+def base_states(view: TrainView, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen base's final hidden states ``[B, T, hidden]`` and greedy next tokens ``[B, T]`` of
+    ``tokens`` (causal, no grad): everything the heads loss needs from the base."""
+    t_len = tokens.shape[1]
     with torch.no_grad():
         causal = torch.ones(t_len, t_len, dtype=torch.bool, device=tokens.device).tril()
         hidden = view.hidden(view.embed[tokens], torch.arange(t_len, device=tokens.device), causal[None])
-        greedy = view.logits(hidden).argmax(-1) if self_distill else None
+        return hidden, view.logits(hidden).argmax(-1)
+
+
+class BaseStateCache:
+    """:func:`base_states` per training window, computed on a window's first visit and kept (float16
+    hidden states on the host: 256 × 576 × 2 bytes = 295 kB a SmolLM2 window). The base is frozen,
+    so from the second epoch on a heads step costs only the heads and their LM-head calls."""
+
+    def __init__(self, view: TrainView, max_bytes: int = 2 << 30):
+        self.view = view
+        self.store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.hits = 0
+        self.max_bytes = max_bytes  # past this, windows are recomputed rather than kept
+        self.nbytes = 0
+
+    def get(self, window_ids: list[int], tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        missing = [i for i, w in enumerate(window_ids) if w not in self.store]
+        self.hits += len(window_ids) - len(missing)
+        if missing:
+            hidden, greedy = base_states(self.view, tokens[missing])
+            computed = {}
+            for j, i in enumerate(missing):
+                entry = (hidden[j].to("cpu", torch.float16), greedy[j].cpu())
+                computed[window_ids[i]] = entry
+                size = entry[0].numel() * 2 + entry[1].numel() * 8
+                if self.nbytes + size <= self.max_bytes:
+                    self.store[window_ids[i]] = entry
+                    self.nbytes += size
+            pairs = [self.store.get(w) or computed[w] for w in window_ids]
+        else:
+            pairs = [self.store[w] for w in window_ids]
+        dev = tokens.device
+        return (torch.stack([h for h, _ in pairs]).to(dev, self.view.dtype),
+                torch.stack([g for _, g in pairs]).to(dev))
+
+
+def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
+               gamma: float, self_distill: bool, states: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads: s_0 = the base's hidden state at the anchor, teacher-forced chain over the true tokens.
+    ``states``: the windows' :func:`base_states` when cached (:class:`BaseStateCache`)."""
+    bsz, t_len = tokens.shape
+    hidden, greedy = states if states is not None else base_states(view, tokens)
+    if not self_distill:
+        greedy = None
     anc = torch.tensor(anchors, device=tokens.device)
     state = hidden[:, anc]  # [B, A, H]
     logits, targets, ks = [], [], []
@@ -220,6 +264,8 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     else:
         params = HeadsParams(config, init, eps=decoder.args.rms_norm_eps).to(device)
         loss_fn = heads_loss
+    # heads train on a frozen base: its hidden states are computed once per window (BaseStateCache)
+    cache = BaseStateCache(view) if kind == "heads" else None
     opt = torch.optim.AdamW(params.parameters(), lr=cfg.lr, weight_decay=0.0)
     order = torch.randperm(len(windows), generator=gen).tolist()
     step, seen_tokens, elapsed, losses, accs = 0, 0, 0.0, [], []
@@ -254,7 +300,9 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda):
-                loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill)
+                extra = {"states": cache.get(idx, tokens)} if cache is not None else {}
+                loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill,
+                                    **extra)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params.parameters(), 1.0)
