@@ -175,7 +175,7 @@ def test_data_sources_and_bad_input(model, tmp_path):
     with pytest.raises(BitMTPError, match="exists"):
         train(model.decoder, _windows(), TrainConfig(out=str(tmp_path / "out")), progress=False)
     with pytest.raises(BitMTPError, match="mode"):
-        train(model.decoder, _windows(), TrainConfig(out=str(tmp_path / "x"), mode="full"), progress=False)
+        train(model.decoder, _windows(), TrainConfig(out=str(tmp_path / "x"), mode="everything"), progress=False)
 
 
 def test_non_utf8_files_are_skipped_with_a_warning(tmp_path, caplog):
