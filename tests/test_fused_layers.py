@@ -212,6 +212,8 @@ def test_bad_input(model):
                  attn_scale=0.25)
     with pytest.raises(BitMTPError, match="layers"):
         plan.run(x, torch.tensor([0, 1]), cos, sin, mask, kv.k, kv.v, [a.num_layers], attn_scale=0.25)
+    with pytest.raises(BitMTPError, match="layers' buffers"):
+        plan.run(x, torch.tensor([0, 1]), cos, sin, mask, kv.k[:1], kv.v[:1], [0], attn_scale=0.25)
     with pytest.raises(BitMTPError, match="hidden|shape"):
         plan.run(torch.randn(2, a.hidden_size + 1), torch.tensor([0, 1]), cos, sin, mask, kv.k, kv.v, [0],
                  attn_scale=0.25)

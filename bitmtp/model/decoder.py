@@ -213,6 +213,8 @@ class Decoder(nn.Module):
             table = getattr(kv, "_fused_kv_table", None)
             if table is None:  # the store's buffers never move (runtime/kv.py): build once per store
                 table = kv._fused_kv_table = kv_pointer_table(kv.k, kv.v, plan.dims)
+            if table.shape[0] != plan.num_layers:
+                return None  # a store for some of the layers only: the per-op path indexes it as it must
             lora, scaling, first = None, 1.0, 0
             if step.mask_rows:
                 lora, scaling = self._fused_lora(plan, step.mask_block)

@@ -179,6 +179,9 @@ class FusedPlan:
         s = kv_k[0].shape[1]
         if kv_table is None:
             kv_table = kv_pointer_table(kv_k, kv_v, d)
+        if kv_table.shape != (self.num_layers, 2):
+            raise BitMTPError(f"kv: the native layers index K/V buffers by layer; expected {self.num_layers} layers' "
+                              f"buffers, got {kv_table.shape[0]}")
         mask_u8 = mask.contiguous().view(torch.uint8)
         if tuple(mask.shape[:1]) != (m,) or mask.shape[1] > s:
             raise BitMTPError(f"mask: expected [{m}, L <= {s}], got {tuple(mask.shape)}")
