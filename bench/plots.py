@@ -83,6 +83,28 @@ def bandwidth_series(benchmarks: list[dict[str, Any]]) -> tuple[dict[str, list[t
     return lines, {k: statistics.median(v) for k, v in refs.items()}
 
 
+def _log2_plot(plt, series: dict, decorate, xlabel: str, ylabel: str, title: str, path: Path,
+               legend_size: int | None = None) -> Path:
+    """One line per series over a log2 x axis ticked at the measured points; ``decorate(ax)`` adds
+    reference lines. Saved to ``path``."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, pts in sorted(series.items()):
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
+    decorate(ax)
+    xs = sorted({x for pts in series.values() for x, _ in pts})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: Path, out: Path) -> list[Path]:
     """Write every plot the run has figures for into ``out``; return the paths written."""
     import matplotlib
@@ -97,46 +119,27 @@ def write_plots(run: Path, out: Path) -> list[Path]:
 
     speed = speedup_series(benchmarks)
     if speed:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for policy, pts in sorted(speed.items()):
-            ax.plot([d for d, _ in pts], [s for _, s in pts], marker="o", label=policy)
-        ax.axhline(1.0, color="gray", lw=0.8, ls=":", label="AR")
-        ax.set_xscale("log", base=2)
-        ds = sorted({d for pts in speed.values() for d, _ in pts})
-        ax.set_xticks(ds, [str(d) for d in ds])
-        ax.set_xlabel("block size D")
-        ax.set_ylabel("tokens/s over AR (same runtime)")
-        ax.set_title(f"Speedup vs block size (oracle drafter)\n{title_tail}", fontsize=10)
-        ax.legend()
-        ax.grid(alpha=0.3)
-        written.append(out / "speedup_vs_block.png")
-        fig.tight_layout()
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        def ar_line(ax):
+            ax.axhline(1.0, color="gray", lw=0.8, ls=":", label="AR")
+
+        written.append(_log2_plot(plt, speed, ar_line, "block size D", "tokens/s over AR (same runtime)",
+                                  f"Speedup vs block size (oracle drafter)\n{title_tail}",
+                                  out / "speedup_vs_block.png"))
     else:
         print(f"bench.plots: {run}: no test_policies_over_ar figures: speedup_vs_block.png skipped")
 
     lines, refs = bandwidth_series(benchmarks)
     if lines:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for label, pts in sorted(lines.items()):
-            ax.plot([m for m, _ in pts], [g for _, g in pts], marker="o", label=label)
-        for label, gbps in refs.items():
-            ax.axhline(gbps, ls="--", lw=1, color="gray")
-            ax.annotate(f"{label} {gbps:.0f} GB/s", (0.01, gbps), xycoords=("axes fraction", "data"), fontsize=8,
-                        va="bottom", color="gray")
-        ms = sorted({m for pts in lines.values() for m, _ in pts})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.set_xlabel("replay width M (tokens per call)")
-        ax.set_ylabel("packed weight bytes / kernel time (GB/s)")
-        ax.set_title(f"W2A8 kernel bandwidth vs width\n{title_tail}", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        written.append(out / "kernel_bandwidth_vs_width.png")
-        fig.tight_layout()
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        def copy_lines(ax):
+            for label, gbps in refs.items():
+                ax.axhline(gbps, ls="--", lw=1, color="gray")
+                ax.annotate(f"{label} {gbps:.0f} GB/s", (0.01, gbps), xycoords=("axes fraction", "data"), fontsize=8,
+                            va="bottom", color="gray")
+
+        written.append(_log2_plot(plt, lines, copy_lines, "replay width M (tokens per call)",
+                                  "packed weight bytes / kernel time (GB/s)",
+                                  f"W2A8 kernel bandwidth vs width\n{title_tail}",
+                                  out / "kernel_bandwidth_vs_width.png", legend_size=8))
     else:
         print(f"bench.plots: {run}: no kernel width figures: kernel_bandwidth_vs_width.png skipped")
     if not written:

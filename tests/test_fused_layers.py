@@ -26,14 +26,11 @@ from bitmtp.model.decoder import StepInputs
 from bitmtp.ops import registry
 from bitmtp.runtime.kv import KVStore
 from tests.hf_models import tiny_model
+from tests.test_cpu_kernels import ISAS, cpu_backend  # the ISA paths this CPU can run
 from tests.test_mtp_decoding import random_adapter
 
 pytest.importorskip("transformers")
-cpu_backend = pytest.importorskip("bitmtp.ops.backends.cpu_backend")
-try:
-    ISAS = cpu_backend.supported_isas()
-except ImportError:
-    ISAS = []
+
 pytestmark = pytest.mark.skipif(not ISAS, reason="native CPU extension not built")
 
 FAMILIES = ["llama", "qwen3", "bitnet"]

@@ -126,6 +126,7 @@ class FusedPlan:
             rows.append(row)
         self.table = torch.tensor(rows, dtype=torch.int64).reshape(len(layers), LAYER_FIELDS)
         self.num_layers = len(layers)
+        self._layer_ids: dict[tuple[int, ...], torch.Tensor] = {}  # per layer list: built once, not per step
 
     def _ptr(self, t: torch.Tensor | None) -> int:
         if t is None:
@@ -182,15 +183,17 @@ class FusedPlan:
         if kv_table.shape != (self.num_layers, 2):
             raise BitMTPError(f"kv: the native layers index K/V buffers by layer; expected {self.num_layers} layers' "
                               f"buffers, got {kv_table.shape[0]}")
-        mask_u8 = mask.contiguous().view(torch.uint8)
         if tuple(mask.shape[:1]) != (m,) or mask.shape[1] > s:
             raise BitMTPError(f"mask: expected [{m}, L <= {s}], got {tuple(mask.shape)}")
+        mask_u8 = mask.contiguous().view(torch.uint8)
         pos = positions.to(torch.int64).contiguous()
         cos, sin = _f32("cos", cos, (m, d.head_dim)), _f32("sin", sin, (m, d.head_dim))
-        layers = [int(i) for i in layers]  # Python ints: checking them reads nothing back from a tensor
-        if any(not 0 <= i < self.num_layers for i in layers):
-            raise BitMTPError(f"layers: indices must be in [0, {self.num_layers}), got {layers}")
-        ids = torch.tensor(layers, dtype=torch.int64)
+        key = tuple(int(i) for i in layers)  # Python ints: checking them reads nothing back from a tensor
+        ids = self._layer_ids.get(key)
+        if ids is None:
+            if any(not 0 <= i < self.num_layers for i in key):
+                raise BitMTPError(f"layers: indices must be in [0, {self.num_layers}), got {list(key)}")
+            ids = self._layer_ids[key] = torch.tensor(key, dtype=torch.int64)
         if lora is not None and tuple(lora.shape) != (self.num_layers, NUM_PROJ, LORA_FIELDS):
             raise BitMTPError("lora: not a LoRA table of this plan")
         isa = registry.backend("cpu")._isa()

@@ -129,21 +129,24 @@ def _name(key: str) -> str:
 class TrainView(nn.Module):
     """The frozen base as float matrices, computing full sequences under an arbitrary mask."""
 
-    def __init__(self, decoder: Decoder, dtype: torch.dtype = torch.float32):
+    def __init__(self, decoder: Decoder, dtype: torch.dtype = torch.float32, projection=None):
+        """``projection(module)`` builds each projection's training module (default: a frozen
+        :class:`FrozenProjection`; the ``full`` mode passes its trainable latent projection)."""
         super().__init__()
+        make = projection or (lambda module: FrozenProjection(module, dtype))
         self.args = a = decoder.args
         self.dtype = dtype
         self.register_buffer("embed", decoder.embed.detach().to(dtype), persistent=False)
         self.register_buffer("norm", decoder.norm.detach().to(dtype), persistent=False)
         self.register_buffer("rope_cos", decoder.rope_cos, persistent=False)
         self.register_buffer("rope_sin", decoder.rope_sin, persistent=False)
-        self.lm_head = FrozenProjection(decoder.lm_head, dtype)
+        self.lm_head = make(decoder.lm_head)
         self.layers = nn.ModuleList()
         for layer in decoder.layers:
             at, mlp = layer.attn, layer.mlp
             m = nn.Module()
-            m.qkv, m.o = FrozenProjection(at.qkv_proj, dtype), FrozenProjection(at.o_proj, dtype)
-            m.gate_up, m.down = FrozenProjection(mlp.gate_up_proj, dtype), FrozenProjection(mlp.down_proj, dtype)
+            m.qkv, m.o = make(at.qkv_proj), make(at.o_proj)
+            m.gate_up, m.down = make(mlp.gate_up_proj), make(mlp.down_proj)
             for name, t in (("in_norm", layer.in_norm), ("post_norm", layer.post_norm), ("q_norm", at.q_norm),
                             ("k_norm", at.k_norm), ("attn_sub_norm", at.sub_norm), ("mlp_sub_norm", mlp.sub_norm)):
                 m.register_buffer(name, None if t is None else t.detach().to(dtype), persistent=False)

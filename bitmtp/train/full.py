@@ -107,7 +107,8 @@ class FullParams(nn.Module):
 
     def __init__(self, decoder: Decoder, mask_embedding: torch.Tensor):
         super().__init__()
-        view = TrainView(decoder, torch.float32)
+        # projections are built trainable directly (no frozen float copies made and thrown away)
+        view = TrainView(decoder, torch.float32, projection=_LatentProjection)
         self.tied = decoder.lm_head.weight.data_ptr() == decoder.embed.data_ptr()
         embed = nn.Parameter(view.embed.clone())
         del view.embed
@@ -116,14 +117,8 @@ class FullParams(nn.Module):
         del view.norm
         view.norm = norm
         if self.tied:
-            head = _LatentProjection(decoder.lm_head)
-            head.weight = embed  # one tensor for both, as in the checkpoint
-            view.lm_head = head
-        else:
-            view.lm_head = _LatentProjection(decoder.lm_head)
-        for m, layer in zip(view.layers, decoder.layers, strict=True):
-            m.qkv, m.o = _LatentProjection(layer.attn.qkv_proj), _LatentProjection(layer.attn.o_proj)
-            m.gate_up, m.down = _LatentProjection(layer.mlp.gate_up_proj), _LatentProjection(layer.mlp.down_proj)
+            view.lm_head.weight = embed  # one tensor for both, as in the checkpoint
+        for m in view.layers:
             for name in ("in_norm", "post_norm", "q_norm", "k_norm", "attn_sub_norm", "mlp_sub_norm"):
                 t = getattr(m, name)
                 if t is not None:

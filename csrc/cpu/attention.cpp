@@ -7,8 +7,8 @@
 // each (row, head) is computed alone (attention_body.inc), visiting only the KV rows its mask
 // allows, in increasing order, with a fixed 16-way partial-sum dot product: the result depends on
 // the row's own inputs only, and is the same on every ISA path (vectors change only how many lanes
-// run at once). The AVX2 / AVX-512 units run the same loop wider: 0.24 ms -> see the issue note
-// for SmolLM2's 8-row step (9 heads, 70 KV rows).
+// run at once). The AVX2 / AVX-512 units run the same loop wider: SmolLM2's 8-row step (9 heads,
+// ~70 KV rows) went from 0.24 to 0.17 ms per layer on the AVX-512 path.
 #include <math.h>
 #include <stdint.h>
 

@@ -161,7 +161,7 @@ void fused_layers(const FusedStep& s) {
   if (s.L < 1 || s.S < s.L) throw std::invalid_argument("fused layers: mask length must be in [1, S]");
   for (int m = 0; m < M; ++m)
     if (s.positions[m] < 0 || s.positions[m] >= s.S) throw std::invalid_argument("fused layers: position out of the KV store");
-  std::vector<float> h(static_cast<size_t>(M) * std::max(Hd, I)), qkv(static_cast<size_t>(M) * (qs + 2 * kvs));
+  std::vector<float> h(static_cast<size_t>(M) * Hd), qkv(static_cast<size_t>(M) * (qs + 2 * kvs));
   std::vector<float> q(static_cast<size_t>(M) * qs), att(static_cast<size_t>(M) * qs), o(static_cast<size_t>(M) * Hd);
   std::vector<float> gu(static_cast<size_t>(M) * 2 * I), act(static_cast<size_t>(M) * I), tmp(static_cast<size_t>(D));
   Work w;
