@@ -116,6 +116,28 @@ class Decoder(nn.Module):
         plan points at the old ones); the next step rebuilds it."""
         self._fused, self._fused_unsupported, self.fused_reason = None, None, None
 
+    def pack_dense_blocks(self) -> dict[str, int]:
+        """Give every dense projection (and the LM head) a GGML block copy of its weight where one is
+        lossless (:meth:`DenseLinear.pack_blocks`): GGUF Q4_1/Q8_0 checkpoints then stream their
+        original bytes on the CPU, with bit-identical results. Returns counts and bytes per step.
+        ``BITMTP_DENSE_BLOCKS=0`` makes the loaders skip this."""
+        stats = {"packed": 0, "float": 0, "float_bytes": 0, "block_bytes": 0}
+        for mod in self.modules():
+            if isinstance(mod, DenseLinear):
+                bw = mod.pack_blocks()
+                stats["packed" if bw is not None else "float"] += 1
+                stats["float_bytes"] += mod.weight.numel() * mod.weight.element_size()
+                stats["block_bytes"] += bw.nbytes if bw is not None else mod.weight.numel() * mod.weight.element_size()
+        self.invalidate_native()
+        return stats
+
+    def drop_dense_blocks(self) -> None:
+        """Forget every block copy made by :meth:`pack_dense_blocks` (the float32 kernels run again)."""
+        for mod in self.modules():
+            if isinstance(mod, DenseLinear):
+                mod._blocks = None
+        self.invalidate_native()
+
     def fused_plan(self) -> FusedPlan | None:
         """The native fused-layers plan (``bitmtp.ops.fused_layers``) when this decoder can use it,
         else None with the reason in :attr:`fused_reason`. Checked per call for the switches

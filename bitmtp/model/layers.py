@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from bitmtp.formats.ggml_blocks import FORMATS, BlockWeight, pack_lossless
 from bitmtp.ops import dense_linear
 
 
@@ -65,7 +66,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DenseLinear(nn.Module):
-    """A dense projection (embedding-side, LM head, non-ternary checkpoints) through ``ops.dense_linear``."""
+    """A dense projection (embedding-side, LM head, non-ternary checkpoints) through ``ops.dense_linear``.
+
+    :meth:`pack_blocks` adds a GGML block copy of the weight when one reproduces it exactly
+    (``bitmtp.formats.ggml_blocks``): CPU kernels then read the blocks — bit-identical results, a
+    fraction of the bytes. ``weight`` stays the float tensor every other path uses; the blocks are
+    dropped by themselves when ``weight`` is replaced, moved or modified in place.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str | None = None):
         super().__init__()
@@ -73,9 +80,30 @@ class DenseLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.backend = backend
+        self._blocks: tuple[BlockWeight, torch.Tensor, int, int] | None = None
+
+    @property
+    def blocks(self) -> BlockWeight | None:
+        """The weight's GGML blocks, if packed and still the weight's exact encoding."""
+        if self._blocks is None:
+            return None
+        bw, w, ptr, version = self._blocks
+        if w is not self.weight or w.data_ptr() != ptr or w._version != version:
+            self._blocks = None
+            return None
+        return bw
+
+    def pack_blocks(self, formats: tuple[str, ...] = FORMATS) -> BlockWeight | None:
+        """Keep a block copy of the weight when one of ``formats`` encodes it losslessly; returns it."""
+        bw = pack_lossless(self.weight.detach(), formats)
+        w = self.weight
+        self._blocks = None if bw is None else (bw, w, w.data_ptr(), w._version)
+        return bw
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense_linear(x, self.weight, self.bias, backend=self.backend)
+        return dense_linear(x, self.weight, self.bias, backend=self.backend, blocks=self.blocks)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
+        blocks = self.blocks
+        kept = "" if blocks is None else f", blocks={blocks.fmt}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}{kept}"

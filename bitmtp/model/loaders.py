@@ -10,6 +10,7 @@ tensor, no copy).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,8 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
     ts.check_all_used()
     decoder = Decoder(a, embed, layers, norm, head, max_positions=max_positions)
     decoder.backend = backend
+    if os.environ.get("BITMTP_DENSE_BLOCKS", "").strip() != "0":
+        decoder.pack_dense_blocks()  # lossless only: a float checkpoint keeps float32 kernels
     return decoder
 
 

@@ -38,6 +38,8 @@ NORM_FIELDS = 6  # in_norm, post_norm, q_norm, k_norm, attn_sub_norm, mlp_sub_no
 LAYER_FIELDS = NUM_PROJ * PROJ_FIELDS + NORM_FIELDS
 LORA_FIELDS = 3  # A, B, rank
 DENSE, TERNARY = 0, 1
+#: projection kinds of dense weights kept in GGML blocks (csrc/cpu/layers.h ProjKind)
+BLOCK_KINDS = {"q4_1": 2, "q8_0": 3}
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
@@ -48,8 +50,8 @@ class FusedUnsupported(BitMTPError):
 @dataclass
 class LayerSpec:
     """One decoder layer as the fused kernel sees it. Projections are :class:`TernaryLinear` or any
-    module with a float32 ``weight [N, K]`` and optional ``bias`` (``DenseLinear``); norms are
-    float32 ``[n]`` tensors or None."""
+    module with a float32 ``weight [N, K]`` and optional ``bias`` (``DenseLinear``; its GGML
+    ``blocks`` are read instead of the weight when present); norms are float32 ``[n]`` tensors or None."""
 
     qkv: object
     o: object
@@ -152,6 +154,9 @@ class FusedPlan:
             raise FusedUnsupported(f"{name}: pinned to backend {mod.backend!r}")
         w = _f32(f"{name}.weight", weight, shape)
         bias = _f32(f"{name}.bias", getattr(mod, "bias", None), (n,))
+        blocks = getattr(mod, "blocks", None)
+        if blocks is not None:  # an exact encoding of w: the same results from fewer bytes
+            return [BLOCK_KINDS[blocks.fmt], self._ptr(blocks.data), self._ptr(bias), 0, 1, k, k, n]
         return [DENSE, self._ptr(w), self._ptr(bias), 0, 1, k, k, n]
 
     def lora_table(self, deltas: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from bitmtp.errors import ShapeError
+from bitmtp.formats.ggml_blocks import BlockWeight
 from bitmtp.ops import registry, validate
 
 
@@ -91,10 +92,15 @@ def w2a8_linear(
 
 
 def dense_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str | None = None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str | None = None,
+    blocks: BlockWeight | None = None,
 ) -> torch.Tensor:
     """The dense fallback path: ``x @ weight.T (+ bias)`` in the weight's dtype (LM head, embeddings-side
-    projections and non-ternary checkpoints)."""
+    projections and non-ternary checkpoints).
+
+    ``blocks``: the same weight in GGML blocks (``bitmtp.formats.ggml_blocks``, an exact encoding of
+    ``weight``). For CPU tensors the ``dense_linear_blocks`` op runs instead; the ``cpu`` backend reads
+    the blocks (bit-identical to its float32 kernel, fewer bytes), other backends use ``weight``."""
     x = validate.activations(x)
     w = validate.tensor("weight", weight)
     if w.dtype not in validate.FLOAT_DTYPES or w.dim() != 2:
@@ -103,6 +109,11 @@ def dense_linear(
         raise ShapeError(f"x: last dimension {x.shape[-1]} does not match weight K={w.shape[1]}")
     b = validate.bias_vector(bias, w.shape[0])
     device = validate.same_device(x=x, weight=w, bias=b)
+    if blocks is not None and device.type == "cpu":
+        if tuple(blocks.shape) != tuple(w.shape) or blocks.data.device != device:
+            raise ShapeError(f"blocks: a {blocks.shape} {blocks.fmt} weight on {blocks.data.device} does not encode "
+                             f"weight {tuple(w.shape)} on {device}")
+        return registry.select("dense_linear_blocks", device, backend)(x, w, blocks, b)
     return registry.select("dense_linear", device, backend)(x, w, b)
 
 

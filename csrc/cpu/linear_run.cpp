@@ -19,7 +19,7 @@ namespace bitmtp_cpu {
 
 bool has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif
@@ -29,7 +29,7 @@ bool has_avx512_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
 #else
   return false;
 #endif
@@ -135,14 +135,22 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
   }
 }
 
-// Dense float32 linear, rows split across threads as one contiguous range each (the same
-// streaming scheme as the W2A8 kernel).
-void dense_run(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y,
-               int isa, int threads) {
+// Dense linear (float32 or block-format weights), rows split across threads as one contiguous range
+// each (the same streaming scheme as the W2A8 kernel).
+void dense_run(const float* x, int64_t M, int64_t K, const void* w, int64_t N, const float* bias, float* y,
+               int isa, int threads, int fmt) {
   require(M >= 1 && K >= 1 && N >= 1, "dense: M, K and N must be >= 1");
   require(x && w && y, "dense: null pointer");
+  require(fmt == kDenseF32 || fmt == kDenseQ4_1 || fmt == kDenseQ8_0, "dense: unknown weight format " + std::to_string(fmt));
+  require(fmt == kDenseF32 || K % kBlock == 0,
+          "dense: block-format weights need K a multiple of 32, got K=" + std::to_string(K));
   isa = resolve_isa(isa);
-  DenseArgs a{x, static_cast<int>(M), static_cast<int>(K), w, bias, y, static_cast<int>(N)};
+  DenseArgs a{x, static_cast<int>(M), static_cast<int>(K), nullptr, bias, y, static_cast<int>(N)};
+  a.fmt = fmt;
+  if (fmt == kDenseF32)
+    a.w = static_cast<const float*>(w);
+  else
+    a.wb = static_cast<const uint8_t*>(w);
   void (*rows)(const DenseArgs&, int, int) =
       isa == kAvx512 ? dense_rows_avx512 : (isa == kAvx2 ? dense_rows_avx2 : dense_rows_scalar);
   if (threads <= 0) threads = 1;

@@ -22,8 +22,9 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
               const float* scales, int64_t scale_rows, int64_t NG, int64_t G, const float* act_scale,
               const float* bias, float* y, int32_t* acc, int isa, int threads);
 
-// y[M][N] = x[M][K] . w[N][K]^T (+ bias), float32, row-independent summation order.
-void dense_run(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y,
-               int isa, int threads);
+// y[M][N] = x[M][K] . w[N][K]^T (+ bias), float32, row-independent summation order. `w` is float32
+// [N][K] (fmt 0) or Q4_1 / Q8_0 blocks [N][K / 32] (fmt 1 / 2, see dense_cpu.h).
+void dense_run(const float* x, int64_t M, int64_t K, const void* w, int64_t N, const float* bias, float* y,
+               int isa, int threads, int fmt = 0);
 
 }  // namespace bitmtp_cpu

@@ -68,12 +68,12 @@ uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
   return s;
 }
 
-// Dense float32 linear: y[M][N] = x[M][K] . w[N][K]^T (+ bias) (linear_run.cpp).
+// Dense linear: y[M][N] = x[M][K] . w[N][K]^T (+ bias), float32 or block-format weights (linear_run.cpp).
 void dense(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, uintptr_t bias_ptr, uintptr_t y_ptr,
-           int isa, int threads) {
+           int isa, int threads, int fmt) {
   py::gil_scoped_release release;
-  dense_run(reinterpret_cast<const float*>(x_ptr), M, K, reinterpret_cast<const float*>(w_ptr), N,
-            reinterpret_cast<const float*>(bias_ptr), reinterpret_cast<float*>(y_ptr), isa, threads);
+  dense_run(reinterpret_cast<const float*>(x_ptr), M, K, reinterpret_cast<const void*>(w_ptr), N,
+            reinterpret_cast<const float*>(bias_ptr), reinterpret_cast<float*>(y_ptr), isa, threads, fmt);
 }
 
 void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
@@ -133,8 +133,8 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
   m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the OpenMP thread count");
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
   m.def("dense", &dense, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),
-        py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("isa"), py::arg("threads"),
-        "Dense float32 multi-token GEMV with a row-independent summation order");
+        py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("isa"), py::arg("threads"), py::arg("fmt") = 0,
+        "Dense multi-token GEMV with a row-independent summation order; fmt: 0 float32, 1 Q4_1, 2 Q8_0 blocks");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
         py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
         py::arg("threads"), py::arg("isa") = -1,

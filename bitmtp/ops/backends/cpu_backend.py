@@ -154,12 +154,23 @@ class CpuBackend:
         if x.dtype != f32 or weight.dtype != f32 or (bias is not None and bias.dtype != f32):
             return reference.dense_linear_reference(x, weight, bias)
         self._check("weight", weight, f32)
+        return self._dense(x, weight.data_ptr(), weight.shape[0], bias, 0)
+
+    def dense_linear_blocks(self, x, weight, blocks, bias=None):
+        """The same GEMV reading the weight from its GGML blocks (``bitmtp.formats.ggml_blocks``):
+        each block is decoded with gguf-py's float32 operations, so the result is bit-identical to
+        :meth:`dense_linear` on ``weight`` while a Q4_1 row is 6.4x fewer bytes."""
+        f32 = torch.float32
+        if x.dtype != f32 or weight.dtype != f32 or (bias is not None and bias.dtype != f32):
+            return reference.dense_linear_reference(x, weight, bias)
+        return self._dense(x, blocks.data.data_ptr(), blocks.shape[0], bias, blocks.code)
+
+    def _dense(self, x, w_ptr: int, n: int, bias, fmt: int):
         lead = x.shape[:-1]
         k = x.shape[-1]
         x2 = x.reshape(-1, k).contiguous()
-        n = weight.shape[0]
         y = torch.empty((x2.shape[0], n), dtype=torch.float32)
         b = None if bias is None else bias.contiguous()
-        self._ext.dense(x2.data_ptr(), x2.shape[0], k, weight.data_ptr(), n, b.data_ptr() if b is not None else 0,
-                        y.data_ptr(), self._isa(), torch.get_num_threads())
+        self._ext.dense(x2.data_ptr(), x2.shape[0], k, w_ptr, n, b.data_ptr() if b is not None else 0,
+                        y.data_ptr(), self._isa(), torch.get_num_threads(), fmt)
         return y.reshape(*lead, n)

@@ -33,5 +33,9 @@ class TorchBackend:
     def dense_linear(self, x, weight, bias=None):
         return reference.dense_linear_reference(x, weight, bias)
 
+    def dense_linear_blocks(self, x, weight, blocks, bias=None):
+        """``blocks`` encode ``weight`` exactly (``bitmtp.formats.ggml_blocks``): the reference uses ``weight``."""
+        return reference.dense_linear_reference(x, weight, bias)
+
     def attention(self, q, k, v, mask, scale):
         return reference.attention_reference(q, k, v, mask, scale)

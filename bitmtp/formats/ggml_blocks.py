@@ -1,0 +1,207 @@
+"""GGML's Q4_1 and Q8_0 block formats for dense weights, kept packed on the CPU.
+
+A GGUF checkpoint like SmolLM2-135M-Instruct.Q4_1.gguf stores its projections as Q4_1 blocks and
+its embedding as Q8_0. Loading dequantizes them to float32 (transformers does the same), and a
+float32 decode step then streams 538 MB for a 135M model. Kept in their blocks, the same weights
+are 96 MB: the CPU kernels (csrc/cpu/dense_cpu.h) decode each block with exactly gguf-py's float32
+operations and run the float32 kernel's accumulation on the result, so a packed projection's output
+is bit-identical to the float32 one. Nothing about the model's numbers changes — only the bytes a
+step reads.
+
+Packing is lossless or not at all: :func:`pack_lossless` finds block parameters that reproduce a
+float32 tensor bit for bit (it recognizes tensors that came from these formats, whoever dequantized
+them) and returns None for anything else, e.g. a checkpoint trained in float.
+
+Block layouts (32 weights of one row, little-endian; gguf-py's ``quants.py``):
+
+- ``q4_1``: float16 d, float16 m, 16 bytes of nibbles; weight j = d·q + m, q = byte[j mod 16] >> 4·(j ≥ 16) & 15
+- ``q8_0``: float16 d, 32 int8; weight j = d·q_j
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bitmtp.errors import ShapeError
+
+BLOCK = 32
+#: bytes per block of 32 weights
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+#: weight-format codes of csrc/cpu/dense_cpu.h (DenseFormat)
+FORMAT_CODES = {"q4_1": 1, "q8_0": 2}
+#: tried in this order by pack_lossless: fewest bytes first
+FORMATS = ("q4_1", "q8_0")
+_SAMPLE_ROWS = 8  # a cheap first look before a whole tensor is checked
+_CHUNK_ROWS = 256  # ~0.6 MB of float32 rows at K = 576: the in-place passes stay in L2
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A dense ``[N, K]`` weight in GGML blocks: ``data`` is ``uint8 [N, K / 32 · bytes per block]``."""
+
+    fmt: str
+    data: torch.Tensor
+    shape: tuple[int, int]
+
+    def __post_init__(self):
+        if self.fmt not in BLOCK_BYTES:
+            raise ShapeError(f"fmt: expected one of {FORMATS}, got {self.fmt!r}")
+        n, k = self.shape
+        if k % BLOCK:
+            raise ShapeError(f"{self.fmt}: K={k} is not a multiple of {BLOCK}")
+        want = (n, k // BLOCK * BLOCK_BYTES[self.fmt])
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
+            raise ShapeError(f"{self.fmt}: expected contiguous uint8 data of shape {want}, got "
+                             f"{self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def code(self) -> int:
+        return FORMAT_CODES[self.fmt]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """float16 ``[..., B]`` → its little-endian bytes ``uint8 [..., B, 2]``."""
+    return v.to(torch.float16).contiguous().view(torch.uint8).reshape(*v.shape, 2)
+
+
+def pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> BlockWeight:
+    """Blocks from codes ``q [N, K]`` (0..15 for q4_1, -128..127 for q8_0) and per-block float16
+    ``d`` (and ``m`` for q4_1) ``[N, K / 32]``."""
+    n, k = q.shape
+    if fmt not in BLOCK_BYTES:
+        raise ShapeError(f"fmt: expected one of {FORMATS}, got {fmt!r}")
+    if k % BLOCK:
+        raise ShapeError(f"{fmt}: K={k} is not a multiple of {BLOCK}")
+    b = k // BLOCK
+    if tuple(d.shape) != (n, b) or (fmt == "q4_1" and (m is None or tuple(m.shape) != (n, b))):
+        raise ShapeError(f"{fmt}: d (and m) must be [{n}, {b}]")
+    lo, hi = (0, 15) if fmt == "q4_1" else (-128, 127)
+    if int(q.min()) < lo or int(q.max()) > hi:
+        raise ShapeError(f"{fmt}: codes must be in [{lo}, {hi}]")
+    return _pack(fmt, q, d, m)
+
+
+def _pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> BlockWeight:
+    """:func:`pack` without the checks (codes known to be in range)."""
+    n, k = q.shape
+    qb = q.reshape(n, k // BLOCK, BLOCK)
+    if fmt == "q4_1":
+        nib = qb.to(torch.uint8)
+        qs = nib[..., :16] | (nib[..., 16:] << 4)
+        data = torch.cat([_f16_bytes(d), _f16_bytes(m), qs], dim=-1)
+    else:
+        data = torch.cat([_f16_bytes(d), qb.to(torch.int8).view(torch.uint8)], dim=-1)
+    return BlockWeight(fmt, data.reshape(n, -1).contiguous(), (n, k))
+
+
+def _fields(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(q as float32 [N, B, 32], d float32 [N, B, 1], m float32 [N, B, 1] or None)``."""
+    n, k = bw.shape
+    raw = bw.data.reshape(n, k // BLOCK, BLOCK_BYTES[bw.fmt])
+    d = raw[..., 0:2].contiguous().view(torch.float16).float()
+    if bw.fmt == "q4_1":
+        m = raw[..., 2:4].contiguous().view(torch.float16).float()
+        qs = raw[..., 4:20]
+        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
+        return q, d, m
+    return raw[..., 2:].contiguous().view(torch.int8).float(), d, None
+
+
+def dequantize(bw: BlockWeight) -> torch.Tensor:
+    """float32 ``[N, K]``, computed as gguf-py computes it (``d * q``, then ``+ m``) — the reference the
+    native kernels' block decoders match bit for bit."""
+    q, d, m = _fields(bw)
+    w = d * q
+    if m is not None:
+        w = w + m
+    return w.reshape(bw.shape)
+
+
+def _f16_neighbours(v: torch.Tensor) -> list[torch.Tensor]:
+    """float16 candidates around float32 ``v``: its rounding, then two ulps either side (as float32).
+    The rounding is the block's d for every block of SmolLM2's GGUF; the others are a safety net."""
+    h = v.to(torch.float16).view(torch.int16)
+    return [(h + s).view(torch.float16).float() for s in (0, -1, 1, -2, 2)]
+
+
+def _try(fmt: str, wb: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes for blocks ``wb [n, B, 32]`` with scale ``d`` (and ``m``) ``[n, B, 1]``, and which blocks
+    they reproduce bit for bit ``[n, B]``. In-place steps: this runs over every weight at load."""
+    safe = torch.where(d > 0, d, torch.ones_like(d))  # d = 0: a constant block, q = 0 (checked below)
+    if fmt == "q4_1":
+        q = wb - m
+        q.div_(safe).round_().clamp_(0, 15)
+        rec = q * d
+        rec.add_(m)
+    else:
+        q = wb / safe
+        q.round_().clamp_(-128, 127)
+        rec = q * d
+    ok = (rec.view(torch.int32) == wb.view(torch.int32)).all(-1) & (d.squeeze(-1) >= 0)
+    return q, ok
+
+
+def _fit_rows(fmt: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """Codes and block parameters reproducing float32 rows ``w [n, K]`` exactly, or None."""
+    n, k = w.shape
+    wb = w.reshape(n, k // BLOCK, BLOCK)
+    if fmt == "q4_1":
+        lo, hi = wb.amin(-1, keepdim=True), wb.amax(-1, keepdim=True)
+        m = lo.to(torch.float16).float()
+        if not bool((m.view(torch.int32) == lo.view(torch.int32)).all()):  # the q = 0 weight is exactly m
+            return None
+        est = (hi - lo) / 15
+    else:
+        m = None
+        est = wb.abs().amax(-1, keepdim=True) / 127
+    cands = _f16_neighbours(est)
+    q, ok = _try(fmt, wb, cands[0], m)
+    d = cands[0].clone()
+    if not bool(ok.all()):  # rare: retry only the blocks the first candidate missed
+        bad = (~ok).nonzero(as_tuple=True)
+        sub, msub = wb[bad].unsqueeze(0), None if m is None else m[bad].unsqueeze(0)
+        done = torch.zeros(sub.shape[:2], dtype=torch.bool)
+        qs, ds = q[bad].unsqueeze(0), d[bad].unsqueeze(0)
+        for cand in cands[1:]:
+            c = cand[bad].unsqueeze(0)
+            qc, okc = _try(fmt, sub, c, msub)
+            okc &= ~done
+            qs = torch.where(okc[..., None], qc, qs)
+            ds = torch.where(okc[..., None], c, ds)
+            done |= okc
+        if not bool(done.all()):
+            return None
+        q[bad], d[bad] = qs[0], ds[0]
+    return q.reshape(n, k), d.squeeze(-1), None if m is None else m.squeeze(-1)
+
+
+def pack_lossless(weight: torch.Tensor, formats: tuple[str, ...] = FORMATS) -> BlockWeight | None:
+    """``weight`` (float32 ``[N, K]`` on the CPU) in the first of ``formats`` that reproduces every
+    value bit for bit, or None when none does (or K is not a multiple of 32)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        return None
+    n, k = weight.shape
+    if k % BLOCK or n == 0:
+        return None
+    w = weight.detach().contiguous()
+    for fmt in formats:
+        if _fit_rows(fmt, w[:_SAMPLE_ROWS]) is None:
+            continue
+        parts = []
+        for r0 in range(0, n, _CHUNK_ROWS):
+            fit = _fit_rows(fmt, w[r0:r0 + _CHUNK_ROWS])
+            if fit is None:
+                break
+            parts.append(_pack(fmt, *fit).data)
+        else:
+            return BlockWeight(fmt, torch.cat(parts) if len(parts) > 1 else parts[0], (n, k))
+    return None
+
+
+__all__ = ["BLOCK", "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize", "pack_lossless"]
