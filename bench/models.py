@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from bitmtp.formats import ggml_blocks as gb
 from bitmtp.formats.ternary import words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
@@ -55,28 +56,49 @@ def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = 
 SMOLLM2_LAYERS = 30
 
 
-def smollm2_shaped_decoder(layers: int = SMOLLM2_LAYERS, seed: int = 0) -> Decoder:
+def gguf_like(n: int, k: int, fmt: str, g: torch.Generator) -> torch.Tensor:
+    """A float32 ``[n, k]`` weight that came from ``fmt`` blocks (random codes and scales, dequantized
+    as gguf-py does), so :meth:`Decoder.pack_dense_blocks` finds its blocks — like SmolLM2's GGUF."""
+    b = k // gb.BLOCK
+    d = (torch.rand(n, b, generator=g) * 0.02 + 0.002).half().float()
+    if fmt == "q4_1":
+        q = torch.randint(0, 16, (n, k), generator=g)
+        q.view(n, b, gb.BLOCK)[..., :2] = torch.tensor([0, 15])  # a quantizer's block spans its range
+        return gb.dequantize(gb.pack(fmt, q, d, (-7.5 * d).half().float()))
+    q = torch.randint(-127, 128, (n, k), generator=g)
+    q.view(n, b, gb.BLOCK)[..., 0] = 127
+    return gb.dequantize(gb.pack(fmt, q, d))
+
+
+def smollm2_shaped_decoder(layers: int = SMOLLM2_LAYERS, seed: int = 0, blocks: bool = False) -> Decoder:
     """A dense float32 decoder with SmolLM2-135M's shapes (hidden 576, intermediate 1536, 9 heads over 3
     KV heads of 64, vocab 49152, tied LM head) and random weights: the small-model case where a CPU
-    step's cost is per-op dispatch as much as bytes."""
+    step's cost is per-op dispatch as much as bytes. ``blocks``: weights as in SmolLM2's GGUF (Q4_1
+    projections, Q8_0 embedding and tied head), packed (``DenseLinear.blocks``)."""
     a = ModelArgs(family="llama", vocab_size=49152, hidden_size=576, num_layers=layers, num_heads=9, num_kv_heads=3,
                   head_dim=64, intermediate_size=1536, tie_word_embeddings=True, rope_theta=100000.0,
                   max_position_embeddings=2048)
     g = torch.Generator().manual_seed(seed)
 
     def dl(n: int, k: int) -> DenseLinear:
+        if blocks:
+            return DenseLinear(gguf_like(n, k, "q4_1", g))
         return DenseLinear(torch.randn(n, k, generator=g) * k**-0.5)
 
     def norm(n: int) -> torch.Tensor:
         return 1.0 + 0.1 * torch.randn(n, generator=g)
 
-    blocks = []
+    layer_list = []
     for _ in range(layers):
         attn = Attention(a, dl(a.q_size, 576), dl(a.kv_size, 576), dl(a.kv_size, 576), dl(576, a.q_size))
         mlp = MLP(a, dl(1536, 576), dl(1536, 576), dl(576, 1536))
-        blocks.append(Layer(a, attn, mlp, norm(576), norm(576)))
-    embed = torch.randn(a.vocab_size, 576, generator=g) * 0.05
-    return Decoder(a, embed, blocks, norm(576), DenseLinear(embed), max_positions=1024)
+        layer_list.append(Layer(a, attn, mlp, norm(576), norm(576)))
+    embed = gguf_like(a.vocab_size, 576, "q8_0", g) if blocks else torch.randn(a.vocab_size, 576, generator=g) * 0.05
+    dec = Decoder(a, embed, layer_list, norm(576), DenseLinear(embed), max_positions=1024)
+    if blocks:
+        stats = dec.pack_dense_blocks()
+        assert stats["float"] == 0, stats
+    return dec
 
 
 def streamed_bytes(decoder: Decoder) -> tuple[int, int]:

