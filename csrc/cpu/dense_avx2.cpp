@@ -12,7 +12,6 @@ struct DIsa {
   static constexpr int kLanes = 8;
   // 16 ymm: R*M accumulators + R weight vectors + 1 activation.
   static constexpr int rows_for(int m) { return m <= 2 ? 4 : (m <= 4 ? 2 : 1); }
-  static constexpr int q_rows_for(int m) { return m <= 4 ? 2 : 1; }
   static inline Vec zero() { return _mm256_setzero_ps(); }
   static inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static inline Vec load_pinned(const float* p) {
@@ -32,20 +31,29 @@ struct DIsa {
     q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0x55));
     return _mm_cvtss_f32(q);
   }
-  // Weights j..j+7 of a block (j = 0, 8, 16, 24), float32 ops as gguf-py's dequantization: d * q (+ m).
-  static inline Vec q4_1(const uint8_t* blk, int j) {
+  // A block's 32 weights as 4 vectors in k order, with gguf-py's float32 values: d * q + m. d * q is
+  // exact (an 11-bit float16 times a 4-bit code), so one FMA rounds exactly as the multiply-then-add
+  // does. Low nibbles are weights 0-15, high nibbles 16-31; each 8-byte half is widened once.
+  static inline void q4_1(const uint8_t* blk, Vec* w) {
     uint16_t h[2];
     __builtin_memcpy(h, blk, 4);
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4 + (j & 15))));
-    const __m256i q = _mm256_and_si256(j >= 16 ? _mm256_srli_epi32(b, 4) : b, _mm256_set1_epi32(15));
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h[0])), _mm256_cvtepi32_ps(q)),
-                         _mm256_set1_ps(_cvtsh_ss(h[1])));
+    const Vec d = _mm256_set1_ps(_cvtsh_ss(h[0])), m = _mm256_set1_ps(_cvtsh_ss(h[1]));
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 4)));
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 12)));
+    const __m256i nib = _mm256_set1_epi32(15);
+    w[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b0, nib)), m);
+    w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b1, nib)), m);
+    w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), m);
+    w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), m);
   }
-  static inline Vec q8_0(const uint8_t* blk, int j) {
+  // Q8_0: d * q, exact.
+  static inline void q8_0(const uint8_t* blk, Vec* w) {
     uint16_t h;
     __builtin_memcpy(&h, blk, 2);
-    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + j)));
-    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h)), _mm256_cvtepi32_ps(q));
+    const Vec d = _mm256_set1_ps(_cvtsh_ss(h));
+    for (int s = 0; s < 4; ++s)
+      w[s] = _mm256_mul_ps(
+          d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * s)))));
   }
   static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 };

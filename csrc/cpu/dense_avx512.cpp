@@ -11,7 +11,6 @@ struct DIsa {
   using Vec = __m512;
   static constexpr int kLanes = 16;
   static constexpr int rows_for(int m) { return m <= 2 ? 8 : (m <= 4 ? 4 : 3); }
-  static constexpr int q_rows_for(int m) { return m <= 4 ? 4 : 2; }
   static inline Vec zero() { return _mm512_setzero_ps(); }
   static inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static inline Vec load_pinned(const float* p) {
@@ -31,20 +30,24 @@ struct DIsa {
     q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0x55));
     return _mm_cvtss_f32(q);
   }
-  // Weights j..j+15 of a block (j = 0 or 16), float32 ops as gguf-py's dequantization: d * q (+ m).
-  static inline Vec q4_1(const uint8_t* blk, int j) {
+  // A block's 32 weights as 2 vectors in k order, with gguf-py's float32 values: d * q + m. d * q is
+  // exact (an 11-bit float16 times a 4-bit code), so one FMA rounds exactly as the multiply-then-add
+  // does. Low nibbles are weights 0-15, high nibbles 16-31.
+  static inline void q4_1(const uint8_t* blk, Vec* w) {
     uint16_t h[2];
     __builtin_memcpy(h, blk, 4);
+    const Vec d = _mm512_set1_ps(_cvtsh_ss(h[0])), m = _mm512_set1_ps(_cvtsh_ss(h[1]));
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4)));
-    const __m512i q = _mm512_and_si512(j ? _mm512_srli_epi32(b, 4) : b, _mm512_set1_epi32(15));
-    return _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h[0])), _mm512_cvtepi32_ps(q)),
-                         _mm512_set1_ps(_cvtsh_ss(h[1])));
+    w[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))), m);
+    w[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), m);
   }
-  static inline Vec q8_0(const uint8_t* blk, int j) {
+  // Q8_0: d * q, exact.
+  static inline void q8_0(const uint8_t* blk, Vec* w) {
     uint16_t h;
     __builtin_memcpy(&h, blk, 2);
-    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + j)));
-    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(q));
+    const Vec d = _mm512_set1_ps(_cvtsh_ss(h));
+    w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)))));
+    w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)))));
   }
   static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 };
