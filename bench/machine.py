@@ -3,12 +3,15 @@
 Ratios (kernel time over copy time, hybrid over AR tokens/s, …) are stable across machines of one
 kind and differ between kinds, so a baseline holds for every machine whose kind matches. The kind is
 
-    <arch>-<cpu model>-<logical cores>c[-<gpu name>]
+    <arch>-<cpu model>-<logical cores>c[-<cpu isa>][-<gpu name>]
 
 lower-cased, every run of characters other than ``[a-z0-9]`` folded to one ``-``; for example
-``x86_64-amd-epyc-2c`` or ``x86_64-intel-xeon-platinum-8480-32c-nvidia-h200``. The CPU model is the
-first ``model name`` of ``/proc/cpuinfo`` (``platform.processor()`` elsewhere); the GPU is CUDA device
-0 when torch sees one. ``BITMTP_MACHINE_KIND`` overrides the whole string (a CI fleet whose hosts
+``x86_64-amd-epyc-2c-avx512vnni`` or ``x86_64-intel-xeon-platinum-8480-32c-avx512vnni-nvidia-h200``.
+The CPU model is the first ``model name`` of ``/proc/cpuinfo`` (``platform.processor()`` elsewhere);
+the CPU ISA is the best path of the native CPU kernels the flags allow (``avx512vnni``, ``avx2``, or
+nothing: scalar), because one VM model name can come with or without AVX-512 and the kernel ratios
+differ by path (this project's 2-vCPU "AMD EPYC" hosts have shown both); the GPU is CUDA device 0
+when torch sees one. ``BITMTP_MACHINE_KIND`` overrides the whole string (a CI fleet whose hosts
 report different model names but are one kind, say).
 """
 
@@ -39,6 +42,29 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or "unknown-cpu"
 
 
+# CPUID flags (as /proc/cpuinfo spells them) each native kernel path needs (csrc/cpu/linear_run.cpp)
+ISA_FLAGS = {"avx512vnni": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
+             "avx2": ("avx2", "fma", "f16c")}
+
+
+def cpu_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The best native CPU kernel path this CPU's flags allow (``avx512vnni``, ``avx2``), else None."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags = set(value.split())
+            break
+    for name, need in ISA_FLAGS.items():
+        if all(f in flags for f in need):
+            return name
+    return None
+
+
 def gpu_name() -> str | None:
     """CUDA device 0's name, or None without a visible GPU (or without torch)."""
     try:
@@ -51,13 +77,16 @@ def gpu_name() -> str | None:
 
 
 def machine_kind(*, arch: str | None = None, cpu: str | None = None, cores: int | None = None,
-                 gpu: str | None | bool = True) -> str:
+                 isa: str | None | bool = True, gpu: str | None | bool = True) -> str:
     """This machine's kind (see the module docstring); the keyword arguments replace a detected part
-    (``gpu=None`` or ``False``: no GPU part), so tests can build kinds of other machines."""
+    (``isa``/``gpu`` ``None`` or ``False``: no such part), so tests can build kinds of other machines."""
     env = os.environ.get(ENV_VAR, "").strip()
-    if env and arch is None and cpu is None and cores is None and gpu is True:
+    if env and arch is None and cpu is None and cores is None and isa is True and gpu is True:
         return slug(env)
     parts = [arch or platform.machine() or "unknown-arch", cpu or cpu_model(), f"{cores or os.cpu_count() or 1}c"]
+    i = cpu_isa() if isa is True else (isa or None)
+    if i:
+        parts.append(i)
     g = gpu_name() if gpu is True else (gpu or None)
     if g:
         parts.append(g)

@@ -17,7 +17,7 @@ import torch
 
 from bench import compare
 from bench.kernels.op_ratio import OP, benchmark_name, op_vs_copy
-from bench.machine import machine_kind, slug
+from bench.machine import cpu_isa, machine_kind, slug
 from bitmtp.ops.registry import availability, override, select
 
 N, K, M = 64, 512, 1
@@ -139,10 +139,21 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
 
 
 def test_machine_kind_format() -> None:
-    kind = machine_kind(arch="x86_64", cpu="AMD EPYC 7B13 64-Core Processor", cores=2, gpu=None)
-    assert kind == "x86_64-amd-epyc-7b13-64-core-processor-2c"
-    assert machine_kind(arch="aarch64", cpu="Neoverse", cores=8, gpu="NVIDIA H200") == "aarch64-neoverse-8c-nvidia-h200"
+    kind = machine_kind(arch="x86_64", cpu="AMD EPYC 7B13 64-Core Processor", cores=2, isa="avx2", gpu=None)
+    assert kind == "x86_64-amd-epyc-7b13-64-core-processor-2c-avx2"
+    assert machine_kind(arch="aarch64", cpu="Neoverse", cores=8, isa=None,
+                        gpu="NVIDIA H200") == "aarch64-neoverse-8c-nvidia-h200"
     assert slug(machine_kind()) == machine_kind()
+
+
+def test_cpu_isa_from_flags(tmp_path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw avx512vl avx512dq\n")
+    assert cpu_isa(info) == "avx2"  # AVX-512 without VNNI runs the AVX2 kernels
+    info.write_text("flags\t: avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni\n")
+    assert cpu_isa(info) == "avx512vnni"
+    info.write_text("flags\t: sse2 sse4_2\n")
+    assert cpu_isa(info) is None
 
 
 def test_committed_baseline_for_this_machine_kind_is_valid() -> None:
