@@ -52,6 +52,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"model: {model.source}\n  {a.family}, {a.num_layers} layers, hidden {a.hidden_size}, "
               f"{a.num_heads} heads / {a.num_kv_heads} KV heads, vocab {a.vocab_size}, {params / 1e6:.1f} M stored "
               f"parameters, dtype {model.decoder.dtype}")
+        _print_dense_weights(model.decoder)
         kv = model.engine.kv
         print(f"  KV plan: capacity {kv.capacity} tokens + M_max {kv.m_max} rows = {kv.rows} rows per layer, "
               f"{kv.nbytes / 2**20:.1f} MiB, segments {kv.segments}")
@@ -64,6 +65,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
                   (f"; trained {t.get('steps')} steps / {t.get('tokens')} tokens / {t.get('minutes')} min on "
                    f"{t.get('data')}" if t else ""))
     return 0
+
+
+def _print_dense_weights(decoder) -> None:
+    """One line on the dense projections: how many the CPU kernels read from GGML blocks."""
+    from collections import Counter
+
+    from bitmtp.model.layers import DenseLinear
+
+    dense = [m for m in decoder.modules() if isinstance(m, DenseLinear)]
+    if not dense:
+        return
+    kinds = Counter(m.blocks.fmt if m.blocks is not None else "float" for m in dense)
+    f32 = sum(m.weight.numel() * m.weight.element_size() for m in dense)
+    now = sum(m.blocks.nbytes if m.blocks is not None else m.weight.numel() * m.weight.element_size() for m in dense)
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(f"  dense projections: {parts}; a CPU step reads {now / 2**20:.1f} MiB of them "
+          f"({f32 / 2**20:.1f} MiB as {dense[0].weight.dtype})")
 
 
 def _print_plan(args: argparse.Namespace) -> int:
