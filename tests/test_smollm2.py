@@ -58,3 +58,20 @@ def test_smollm2_ar_equals_transformers(smollm2, prompt):
                           pad_token_id=hf.config.pad_token_id)[0, len(ids):].tolist()
     got = ours.generate_ar(ids, max_new_tokens=128, eos_token_id=[]).tokens
     assert got == ref
+
+
+@pytest.mark.slow
+def test_smollm2_runs_on_its_gguf_blocks(smollm2):
+    """The Q4_1 projections and the Q8_0 tied head are recovered losslessly (bitmtp.formats.ggml_blocks)
+    and read from their blocks: a step reads ~96 MB of them instead of ~538 MB of float32."""
+    from bitmtp.model.layers import DenseLinear
+
+    ours, hf = smollm2
+    dense = [m for m in ours.decoder.modules() if isinstance(m, DenseLinear)]
+    assert len(dense) == 1 + 4 * ours.args.num_layers
+    assert ours.decoder.lm_head.blocks.fmt == "q8_0"
+    assert all(m.blocks is not None and m.blocks.fmt == "q4_1" for m in dense if m is not ours.decoder.lm_head)
+    blocks = sum(m.blocks.nbytes for m in dense)
+    floats = sum(m.weight.numel() * 4 for m in dense)
+    assert 5.4 < floats / blocks < 5.8
+    assert ours.decoder.fused_plan() is not None, ours.decoder.fused_reason
