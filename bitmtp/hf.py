@@ -12,7 +12,7 @@ otherwise it runs transformers' own loop, unchanged. Calls that are plainly not 
 Weights: ``patch`` converts the HF module's weights once into a bitmtp decoder. Float tensors it
 can use as they are are shared with the HF module (no copy); q/k/v and gate/up are concatenated into
 one projection each, which copies them; ternary BitNet weights are repacked to 2 bits/weight. Dense
-weights that are exactly GGML Q4_1/Q8_0 values (a model transformers loaded from such a GGUF) also get
+weights that are exactly GGML Q4_0/Q4_1/Q8_0 values (a model transformers loaded from such a GGUF) also get
 a block copy, which the CPU kernels read instead (bit-identical results, ~1/5.6 of the float32
 bytes per step; ``bitmtp.formats.ggml_blocks``). Measured for SmolLM2-135M-Instruct.Q4_1.gguf in
 float32: 259 MB shared, 280 MB copied, 96 MB of blocks, plus the KV store (96 MB at the default

@@ -26,7 +26,7 @@ from tests.test_cpu_kernels import ISAS, cpu_backend
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-QTYPES = {"q4_1": QT.Q4_1, "q8_0": QT.Q8_0}
+QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0}
 WIDTHS = [1, 3, 8, 15, 16]
 SHAPES = [(1, 32), (37, 96), (70, 608), (25, 160)]  # (N, K): K a multiple of 32, rarely a power of two
 
@@ -46,6 +46,9 @@ def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> gb.BlockWeig
     if fmt == "q4_1":
         q = torch.randint(0, 16, (n, k), generator=g)
         return gb.pack(fmt, q, d.half().float(), torch.randn(n, b, generator=g).half().float())
+    if fmt == "q4_0":
+        d[::2] *= -1  # llama.cpp's q4_0 scales take the sign of the block's largest weight
+        return gb.pack(fmt, torch.randint(0, 16, (n, k), generator=g), d.half().float())
     return gb.pack(fmt, torch.randint(-128, 128, (n, k), generator=g), d.half().float())
 
 
@@ -152,8 +155,8 @@ def test_dense_linear_drops_stale_blocks(rng):
     assert DenseLinear(torch.randn(6, 64)).pack_blocks() is None
 
 
-# a model whose projections are Q4_1-representable and whose embedding (the tied head) is Q8_0,
-# like SmolLM2's GGUF; K = 96, 160 and 96 are multiples of 32
+# a model whose projections are Q4_1- (qwen3: Q4_0-) representable and whose embedding (the tied head)
+# is Q8_0, like SmolLM2's GGUF; K = 96, 160 and 96 are multiples of 32
 BLOCK_SHAPE = dict(hidden_size=96, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                    num_hidden_layers=3, initializer_range=0.2, tie_word_embeddings=True)
 
@@ -161,10 +164,11 @@ BLOCK_SHAPE = dict(hidden_size=96, intermediate_size=160, num_attention_heads=4,
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def block_model(request):
     hf = tiny_model(request.param, seed=3, **BLOCK_SHAPE)
+    proj_fmt = "q4_0" if request.param == "qwen3" else "q4_1"
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if p.dim() == 2:
-                fmt = "q8_0" if "embed" in name else "q4_1"
+                fmt = "q8_0" if "embed" in name else proj_fmt
                 blocks = gguf_quants.quantize(p.detach().float().numpy(), QTYPES[fmt])
                 p.copy_(torch.from_numpy(gguf_quants.dequantize(blocks, QTYPES[fmt]).copy()))
     return bitmtp.load(hf, capacity=200, adapter=None)
@@ -175,7 +179,8 @@ def test_loader_packs_block_weights(block_model):
     dense = [m for m in dec.modules() if isinstance(m, DenseLinear)]
     assert len(dense) == 1 + 4 * dec.args.num_layers  # LM head + qkv, o, gate_up, down per layer
     assert dec.lm_head.blocks.fmt == "q8_0"
-    assert all(m.blocks is not None and m.blocks.fmt == "q4_1" for m in dense if m is not dec.lm_head)
+    proj_fmt = "q4_0" if dec.args.family == "qwen3" else "q4_1"
+    assert all(m.blocks is not None and m.blocks.fmt == proj_fmt for m in dense if m is not dec.lm_head)
 
 
 def _logits(model, tokens: list[int]) -> torch.Tensor:

@@ -16,6 +16,7 @@ Block layouts (32 weights of one row, little-endian; gguf-py's ``quants.py``):
 
 - ``q4_1``: float16 d, float16 m, 16 bytes of nibbles; weight j = d·q + m, q = byte[j mod 16] >> 4·(j ≥ 16) & 15
 - ``q8_0``: float16 d, 32 int8; weight j = d·q_j
+- ``q4_0``: float16 d, 16 bytes of nibbles; weight j = d·(q − 8), q as in q4_1
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from bitmtp.errors import ShapeError
 
 BLOCK = 32
 #: bytes per block of 32 weights
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 #: weight-format codes of csrc/cpu/dense_cpu.h (DenseFormat)
-FORMAT_CODES = {"q4_1": 1, "q8_0": 2}
+FORMAT_CODES = {"q4_1": 1, "q8_0": 2, "q4_0": 3}
 #: tried in this order by pack_lossless: fewest bytes first
-FORMATS = ("q4_1", "q8_0")
+FORMATS = ("q4_0", "q4_1", "q8_0")
 _SAMPLE_ROWS = 8  # a cheap first look before a whole tensor is checked
 _CHUNK_ROWS = 256  # ~0.6 MB of float32 rows at K = 576: the in-place passes stay in L2
 
@@ -71,7 +72,7 @@ def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
 
 
 def pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> BlockWeight:
-    """Blocks from codes ``q [N, K]`` (0..15 for q4_1, -128..127 for q8_0) and per-block float16
+    """Blocks from codes ``q [N, K]`` (0..15 for q4_0 and q4_1, -128..127 for q8_0) and per-block float16
     ``d`` (and ``m`` for q4_1) ``[N, K / 32]``."""
     n, k = q.shape
     if fmt not in BLOCK_BYTES:
@@ -81,7 +82,7 @@ def pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = No
     b = k // BLOCK
     if tuple(d.shape) != (n, b) or (fmt == "q4_1" and (m is None or tuple(m.shape) != (n, b))):
         raise ShapeError(f"{fmt}: d (and m) must be [{n}, {b}]")
-    lo, hi = (0, 15) if fmt == "q4_1" else (-128, 127)
+    lo, hi = (-128, 127) if fmt == "q8_0" else (0, 15)
     if int(q.min()) < lo or int(q.max()) > hi:
         raise ShapeError(f"{fmt}: codes must be in [{lo}, {hi}]")
     return _pack(fmt, q, d, m)
@@ -91,10 +92,10 @@ def _pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) ->
     """:func:`pack` without the checks (codes known to be in range)."""
     n, k = q.shape
     qb = q.reshape(n, k // BLOCK, BLOCK)
-    if fmt == "q4_1":
+    if fmt in ("q4_0", "q4_1"):
         nib = qb.to(torch.uint8)
         qs = nib[..., :16] | (nib[..., 16:] << 4)
-        data = torch.cat([_f16_bytes(d), _f16_bytes(m), qs], dim=-1)
+        data = torch.cat([_f16_bytes(d)] + ([_f16_bytes(m)] if fmt == "q4_1" else []) + [qs], dim=-1)
     else:
         data = torch.cat([_f16_bytes(d), qb.to(torch.int8).view(torch.uint8)], dim=-1)
     return BlockWeight(fmt, data.reshape(n, -1).contiguous(), (n, k))
@@ -110,12 +111,15 @@ def _fields(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor |
         qs = raw[..., 4:20]
         q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
         return q, d, m
+    if bw.fmt == "q4_0":
+        qs = raw[..., 2:18]
+        return torch.cat([qs & 15, qs >> 4], dim=-1).float() - 8, d, None
     return raw[..., 2:].contiguous().view(torch.int8).float(), d, None
 
 
 def dequantize(bw: BlockWeight) -> torch.Tensor:
-    """float32 ``[N, K]``, computed as gguf-py computes it (``d * q``, then ``+ m``) — the reference the
-    native kernels' block decoders match bit for bit."""
+    """float32 ``[N, K]``, computed as gguf-py computes it (``d * q``, then ``+ m``; q4_0's q is the code
+    minus 8) — the reference the native kernels' block decoders match bit for bit."""
     q, d, m = _fields(bw)
     w = d * q
     if m is not None:
@@ -139,11 +143,16 @@ def _try(fmt: str, wb: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) ->
         q.div_(safe).round_().clamp_(0, 15)
         rec = q * d
         rec.add_(m)
+    elif fmt == "q4_0":
+        q = wb / torch.where(d != 0, d, torch.ones_like(d))
+        q.round_().clamp_(-8, 7)
+        rec = q * d
+        q.add_(8)  # the stored code
     else:
         q = wb / safe
         q.round_().clamp_(-128, 127)
         rec = q * d
-    ok = (rec.view(torch.int32) == wb.view(torch.int32)).all(-1) & (d.squeeze(-1) >= 0)
+    ok = (rec.view(torch.int32) == wb.view(torch.int32)).all(-1) & ((d.squeeze(-1) >= 0) | (fmt == "q4_0"))
     return q, ok
 
 
@@ -151,6 +160,13 @@ def _fit_rows(fmt: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     """Codes and block parameters reproducing float32 rows ``w [n, K]`` exactly, or None."""
     n, k = w.shape
     wb = w.reshape(n, k // BLOCK, BLOCK)
+    if fmt == "q4_0":  # llama.cpp's q4_0: the largest-magnitude weight v has code 0, so d = v / -8 exactly
+        at = wb.abs().argmax(-1, keepdim=True)
+        d = (wb.gather(-1, at) / -8).to(torch.float16).float()
+        q, ok = _try(fmt, wb, d, None)
+        if not bool(ok.all()):
+            return None
+        return q.reshape(n, k), d.squeeze(-1), None
     if fmt == "q4_1":
         lo, hi = wb.amin(-1, keepdim=True), wb.amax(-1, keepdim=True)
         m = lo.to(torch.float16).float()

@@ -118,7 +118,7 @@ class Decoder(nn.Module):
 
     def pack_dense_blocks(self) -> dict[str, int]:
         """Give every dense projection (and the LM head) a GGML block copy of its weight where one is
-        lossless (:meth:`DenseLinear.pack_blocks`): GGUF Q4_1/Q8_0 checkpoints then stream their
+        lossless (:meth:`DenseLinear.pack_blocks`): GGUF Q4_0/Q4_1/Q8_0 checkpoints then stream their
         original bytes on the CPU, with bit-identical results. Returns counts and bytes per step.
         ``BITMTP_DENSE_BLOCKS=0`` makes the loaders skip this."""
         stats = {"packed": 0, "float": 0, "float_bytes": 0, "block_bytes": 0}

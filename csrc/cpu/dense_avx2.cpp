@@ -46,6 +46,19 @@ struct DIsa {
     w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), m);
     w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), m);
   }
+  // Q4_0: d * (q - 8), exact.
+  static inline void q4_0(const uint8_t* blk, Vec* w) {
+    uint16_t h;
+    __builtin_memcpy(&h, blk, 2);
+    const Vec d = _mm256_set1_ps(_cvtsh_ss(h));
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2)));
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 10)));
+    const __m256i nib = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+    w[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, nib), eight)));
+    w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, nib), eight)));
+    w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), eight)));
+    w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), eight)));
+  }
   // Q8_0: d * q, exact.
   static inline void q8_0(const uint8_t* blk, Vec* w) {
     uint16_t h;

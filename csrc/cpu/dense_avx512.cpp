@@ -41,6 +41,16 @@ struct DIsa {
     w[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))), m);
     w[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), m);
   }
+  // Q4_0: d * (q - 8), exact.
+  static inline void q4_0(const uint8_t* blk, Vec* w) {
+    uint16_t h;
+    __builtin_memcpy(&h, blk, 2);
+    const Vec d = _mm512_set1_ps(_cvtsh_ss(h));
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    const __m512i eight = _mm512_set1_epi32(8);
+    w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight)));
+    w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight)));
+  }
   // Q8_0: d * q, exact.
   static inline void q8_0(const uint8_t* blk, Vec* w) {
     uint16_t h;

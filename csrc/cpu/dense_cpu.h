@@ -1,5 +1,5 @@
 // Dense multi-token GEMV (embedding-side projections, LM heads, non-ternary checkpoints), with
-// float32 weights or weights kept in GGML's Q4_1 / Q8_0 blocks (bitmtp/formats/ggml_blocks.py).
+// float32 weights or weights kept in GGML's Q4_0 / Q4_1 / Q8_0 blocks (bitmtp/formats/ggml_blocks.py).
 // Same contract as w2a8_cpu.h: plain declarations only (the ISA units include it under target
 // pragmas).
 #pragma once
@@ -11,12 +11,15 @@ namespace bitmtp_cpu {
 // Weight storage of a dense projection. A block holds 32 consecutive weights of a row:
 //   Q4_1: float16 d, float16 m, 16 bytes; weight j = d * q + m with q = byte[j % 16] >> (4 * (j >= 16)) & 15
 //   Q8_0: float16 d, 32 int8; weight j = d * q[j]
+//   Q4_0: float16 d, 16 bytes; weight j = d * (q - 8) with q as in Q4_1
 // Each weight is rebuilt with exactly gguf-py's float32 operations (one multiply, then one add), so
 // a packed row gives the very floats the float32 kernel would get from the dequantized tensor and
 // the results are bit-identical to it on every ISA path.
-enum DenseFormat { kDenseF32 = 0, kDenseQ4_1 = 1, kDenseQ8_0 = 2 };
+enum DenseFormat { kDenseF32 = 0, kDenseQ4_1 = 1, kDenseQ8_0 = 2, kDenseQ4_0 = 3 };
 constexpr int kBlock = 32;
-constexpr int block_bytes(int fmt) { return fmt == kDenseQ4_1 ? 20 : (fmt == kDenseQ8_0 ? 34 : kBlock * 4); }
+constexpr int block_bytes(int fmt) {
+  return fmt == kDenseQ4_1 ? 20 : (fmt == kDenseQ8_0 ? 34 : (fmt == kDenseQ4_0 ? 18 : kBlock * 4));
+}
 
 struct DenseArgs {
   const float* x;     // [M][K] contiguous

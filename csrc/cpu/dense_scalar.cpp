@@ -24,6 +24,11 @@ void decode_row(const DenseArgs& a, int n, float* out) {
         const int q = (blk[4 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 15;
         o[j] = d * static_cast<float>(q) + m;
       }
+    } else if (a.fmt == kDenseQ4_0) {
+      for (int j = 0; j < kBlock; ++j) {
+        const int q = (blk[2 + (j & 15)] >> (j >= 16 ? 4 : 0)) & 15;
+        o[j] = d * static_cast<float>(q - 8);
+      }
     } else {
       for (int j = 0; j < kBlock; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
     }

@@ -23,7 +23,7 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
               const float* bias, float* y, int32_t* acc, int isa, int threads);
 
 // y[M][N] = x[M][K] . w[N][K]^T (+ bias), float32, row-independent summation order. `w` is float32
-// [N][K] (fmt 0) or Q4_1 / Q8_0 blocks [N][K / 32] (fmt 1 / 2, see dense_cpu.h).
+// [N][K] (fmt 0) or Q4_1 / Q8_0 / Q4_0 blocks [N][K / 32] (fmt 1 / 2 / 3, see dense_cpu.h).
 void dense_run(const float* x, int64_t M, int64_t K, const void* w, int64_t N, const float* bias, float* y,
                int isa, int threads, int fmt = 0);
 
