@@ -120,3 +120,28 @@ def shared_bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab:
         _SHARED.clear()  # hold one at a time
         _SHARED[key] = bitnet2b_decoder(layers, seed, vocab)
     return _SHARED[key]
+
+
+def step_runners(decoder: Decoder, block: int = 8, prompt: list[int] | None = None):
+    """``(engine, runners)``: an engine prefilled with ``prompt`` (64 tokens by default) and the static-
+    buffer runners of an AR step (width 1), a verify step (width D) and a mask-block draft step (width
+    2D − 1, a random non-zero adapter), their inputs filled with random tokens at the next positions —
+    what the step benchmarks time."""
+    from bitmtp.decoding.drafters import MaskBlockDrafter
+    from bitmtp.formats.adapters import AdapterConfig, BaseShape
+    from bitmtp.model.adapters import MaskBlock, init_adapter_tensors
+    from bitmtp.runtime import Engine, ReplayState
+
+    eng = Engine(decoder, capacity=512, m_max=2 * block)
+    eng.prefill(prompt or list(range(100, 164)))
+    n = eng.n
+    seg = eng.kv.segment_for(n + 2 * block)
+    cfg = AdapterConfig("mask-block", block, 8, BaseShape.of(decoder.args))
+    eng.pool.set_drafter(MaskBlockDrafter(decoder, MaskBlock(cfg, init_adapter_tensors(cfg, zero_init_b=False))))
+    runners = {"ar": eng.pool.get(ReplayState(1, seg, "ar")),
+               f"verify{block}": eng.pool.get(ReplayState(block, seg, "verify")),
+               f"draft{2 * block - 1}": eng.pool.get(ReplayState(2 * block - 1, seg, "draft", block))}
+    for r in runners.values():
+        r.tokens.copy_(torch.randint(100, 1000, r.tokens.shape))
+        torch.arange(n, n + r.tokens.numel(), out=r.positions)
+    return eng, runners

@@ -13,15 +13,10 @@ import pytest
 import torch
 
 from bench.conftest import HIGHER, by_mode, record
-from bench.models import SMOLLM2_LAYERS, smollm2_shaped_decoder
+from bench.models import SMOLLM2_LAYERS, smollm2_shaped_decoder, step_runners
 from bench.ratios import alternating_ratio
-from bitmtp.decoding.drafters import MaskBlockDrafter
-from bitmtp.formats.adapters import AdapterConfig, BaseShape
-from bitmtp.model.adapters import MaskBlock, init_adapter_tensors
 from bitmtp.model.layers import DenseLinear
-from bitmtp.runtime import Engine, ReplayState
 
-PROMPT = list(range(100, 164))
 BLOCK = 8
 
 
@@ -39,18 +34,7 @@ def test_blocks_over_float32(benchmark):
     if not availability("cpu", "cpu")[0]:
         pytest.skip("native CPU extension not built")
     dec = smollm2_shaped_decoder(by_mode(8, SMOLLM2_LAYERS), blocks=True)
-    eng = Engine(dec, capacity=512, m_max=2 * BLOCK)
-    eng.prefill(PROMPT)
-    n = eng.n
-    seg = eng.kv.segment_for(n + 2 * BLOCK)
-    cfg = AdapterConfig("mask-block", BLOCK, 8, BaseShape.of(dec.args))
-    eng.pool.set_drafter(MaskBlockDrafter(dec, MaskBlock(cfg, init_adapter_tensors(cfg, zero_init_b=False))))
-    runners = {"ar": eng.pool.get(ReplayState(1, seg, "ar")),
-               "verify8": eng.pool.get(ReplayState(BLOCK, seg, "verify")),
-               "draft15": eng.pool.get(ReplayState(2 * BLOCK - 1, seg, "draft", BLOCK))}
-    for r in runners.values():
-        r.tokens.copy_(torch.randint(100, 1000, r.tokens.shape))
-        torch.arange(n, n + r.tokens.numel(), out=r.positions)
+    _eng, runners = step_runners(dec, BLOCK)
 
     kept = {m: m._blocks for m in dec.modules() if isinstance(m, DenseLinear)}  # packed once, switched cheaply
 

@@ -16,14 +16,9 @@ import pytest
 import torch
 
 from bench.conftest import HIGHER, by_mode, record
-from bench.models import BITNET2B_LAYERS, SMOLLM2_LAYERS, shared_bitnet2b_decoder, smollm2_shaped_decoder
+from bench.models import BITNET2B_LAYERS, SMOLLM2_LAYERS, shared_bitnet2b_decoder, smollm2_shaped_decoder, step_runners
 from bench.ratios import alternating_ratio
-from bitmtp.decoding.drafters import MaskBlockDrafter
-from bitmtp.formats.adapters import AdapterConfig, BaseShape
-from bitmtp.model.adapters import MaskBlock, init_adapter_tensors
-from bitmtp.runtime import Engine, ReplayState
 
-PROMPT = list(range(100, 164))
 BLOCK = 8
 
 
@@ -48,18 +43,7 @@ def test_fused_over_per_op(benchmark, shapes):
         dec = smollm2_shaped_decoder(by_mode(8, SMOLLM2_LAYERS))
     else:
         dec = shared_bitnet2b_decoder(by_mode(4, BITNET2B_LAYERS))
-    eng = Engine(dec, capacity=512, m_max=2 * BLOCK)
-    eng.prefill(PROMPT)
-    n = eng.n
-    seg = eng.kv.segment_for(n + 2 * BLOCK)
-    cfg = AdapterConfig("mask-block", BLOCK, 8, BaseShape.of(dec.args))
-    eng.pool.set_drafter(MaskBlockDrafter(dec, MaskBlock(cfg, init_adapter_tensors(cfg, zero_init_b=False))))
-    runners = {"ar": eng.pool.get(ReplayState(1, seg, "ar")),
-               "verify8": eng.pool.get(ReplayState(BLOCK, seg, "verify")),
-               "draft15": eng.pool.get(ReplayState(2 * BLOCK - 1, seg, "draft", BLOCK))}
-    for r in runners.values():
-        r.tokens.copy_(torch.randint(100, 1000, r.tokens.shape))
-        torch.arange(n, n + r.tokens.numel(), out=r.positions)
+    _eng, runners = step_runners(dec, BLOCK)
     benchmark.pedantic(_switched(runners["ar"].run, True), rounds=1, iterations=1, warmup_rounds=1)
     assert dec.fused_plan() is not None, dec.fused_reason
     if benchmark.disabled:
