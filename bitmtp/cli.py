@@ -245,9 +245,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if model.tokenizer is None:  # no text to show: the generated token ids
             write(" ".join(str(t) for t in out.token_ids))
         print()
+        drafted = "" if policy == "ar" else (f" D={out.stats.block_size}, "
+                                             f"{_fmt(out.stats.mean_committed, '.2f')} tokens committed per iteration")
         print(f"[{len(out.token_ids)} tokens, {_fmt(out.tokens_per_second, '.1f')} tok/s decode, prefill "
               f"{out.prompt_tokens} tokens in {out.prefill_seconds * 1e3:.0f} ms, stop: {out.stop_reason}, "
-              f"policy: {policy}]", file=sys.stderr)
+              f"policy: {policy}{drafted}]", file=sys.stderr)
     if args.stats:
         for line in stats_lines(out.stats):
             print(line, file=sys.stderr)

@@ -93,7 +93,7 @@ def test_generate_adapter_defaults_to_hybrid_and_stats_lines(ckpt, capsys):
     assert cli.main(argv) == 0
     cap = capsys.readouterr()
     assert len(cap.out.split()) == 20  # no tokenizer: the token ids
-    assert "policy: hybrid" in cap.err
+    assert "policy: hybrid D=3, " in cap.err and " tokens committed per iteration]" in cap.err  # the one summary line
     stats = [line for line in cap.err.splitlines() if line.startswith("stats:")]
     assert len(stats) == 3
     assert "policy hybrid, D=3" in stats[0] and "iterations" in stats[0] and "per iteration" in stats[0]
