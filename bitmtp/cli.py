@@ -69,19 +69,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _print_dense_weights(decoder) -> None:
     """One line on the dense projections: how many the CPU kernels read from GGML blocks."""
-    from collections import Counter
-
-    from bitmtp.model.layers import DenseLinear
-
-    dense = [m for m in decoder.modules() if isinstance(m, DenseLinear)]
-    if not dense:
+    s = decoder.dense_summary()
+    if not s["formats"]:
         return
-    kinds = Counter(m.blocks.fmt if m.blocks is not None else "float" for m in dense)
-    f32 = sum(m.weight.numel() * m.weight.element_size() for m in dense)
-    now = sum(m.blocks.nbytes if m.blocks is not None else m.weight.numel() * m.weight.element_size() for m in dense)
-    parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    print(f"  dense projections: {parts}; a CPU step reads {now / 2**20:.1f} MiB of them "
-          f"({f32 / 2**20:.1f} MiB as {dense[0].weight.dtype})")
+    parts = ", ".join(f"{n} {k}" for k, n in s["formats"].items())
+    print(f"  dense projections: {parts}; a CPU step reads {s['step_bytes'] / 2**20:.1f} MiB of them "
+          f"({s['float_bytes'] / 2**20:.1f} MiB as {decoder.dtype})")
 
 
 def _print_plan(args: argparse.Namespace) -> int:

@@ -20,14 +20,6 @@ from bitmtp.model.layers import DenseLinear
 BLOCK = 8
 
 
-def _bytes(dec, packed: bool) -> int:
-    total = 0
-    for m in dec.modules():
-        if isinstance(m, DenseLinear):
-            total += m.blocks.nbytes if packed and m.blocks is not None else m.weight.numel() * 4
-    return total
-
-
 def test_blocks_over_float32(benchmark):
     from bitmtp.ops.registry import availability
 
@@ -54,7 +46,9 @@ def test_blocks_over_float32(benchmark):
             switched(r.run, True)()
             switched(r.run, False)()
         return
-    figures = {"float32_mb": _bytes(dec, False) / 1e6, "blocks_mb": _bytes(dec, True) / 1e6}
+    switched(lambda: None, True)()
+    summary = dec.dense_summary()
+    figures = {"float32_mb": summary["float_bytes"] / 1e6, "blocks_mb": summary["step_bytes"] / 1e6}
     for name, r in runners.items():
         ratio, t_f32, t_blk = alternating_ratio(switched(r.run, False), switched(r.run, True), rounds=5, inner=3)
         figures[f"speedup_{name}"] = ratio

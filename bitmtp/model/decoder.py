@@ -119,17 +119,27 @@ class Decoder(nn.Module):
     def pack_dense_blocks(self) -> dict[str, int]:
         """Give every dense projection (and the LM head) a GGML block copy of its weight where one is
         lossless (:meth:`DenseLinear.pack_blocks`): GGUF Q4_0/Q4_1/Q8_0 checkpoints then stream their
-        original bytes on the CPU, with bit-identical results. Returns counts and bytes per step.
+        original bytes on the CPU, with bit-identical results. Returns :meth:`dense_summary`.
         ``BITMTP_DENSE_BLOCKS=0`` makes the loaders skip this."""
-        stats = {"packed": 0, "float": 0, "float_bytes": 0, "block_bytes": 0}
         for mod in self.modules():
             if isinstance(mod, DenseLinear):
-                bw = mod.pack_blocks()
-                stats["packed" if bw is not None else "float"] += 1
-                stats["float_bytes"] += mod.weight.numel() * mod.weight.element_size()
-                stats["block_bytes"] += bw.nbytes if bw is not None else mod.weight.numel() * mod.weight.element_size()
+                mod.pack_blocks()
         self.invalidate_native()
-        return stats
+        return self.dense_summary()
+
+    def dense_summary(self) -> dict:
+        """The dense projections (LM head included): ``formats`` (how many read each block format, or
+        ``"float"``), ``float_bytes`` (their weights as stored) and ``step_bytes`` (what a CPU step
+        reads of them: the blocks where packed)."""
+        dense = [m for m in self.modules() if isinstance(m, DenseLinear)]
+        formats: dict[str, int] = {}
+        for m in dense:
+            key = m.blocks.fmt if m.blocks is not None else "float"
+            formats[key] = formats.get(key, 0) + 1
+        float_bytes = sum(m.weight.numel() * m.weight.element_size() for m in dense)
+        step_bytes = sum(m.blocks.nbytes if m.blocks is not None else m.weight.numel() * m.weight.element_size()
+                         for m in dense)
+        return {"formats": dict(sorted(formats.items())), "float_bytes": float_bytes, "step_bytes": step_bytes}
 
     def drop_dense_blocks(self) -> None:
         """Forget every block copy made by :meth:`pack_dense_blocks` (the float32 kernels run again)."""
