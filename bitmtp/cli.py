@@ -10,7 +10,7 @@ Commands:
   info      version, torch, and every backend with whether it can run here and why not; ``--plan``
             prints the wgpu offload plan of a model (``--preset``, ``--model``) under ``--vram-budget``
   convert   write a model and its MTP adapter as one GGUF file (``--to gguf -o FILE``)
-  train, eval-acceptance, bench   see ``bitmtp/cli_train.py``
+  train, distill, eval-acceptance, bench   see ``bitmtp/cli_train.py``
 
 Errors the user can cause print one line ``bitmtp: error: ...`` on stderr and exit with status 2.
 """

@@ -26,8 +26,9 @@ def _load(args):
     from bitmtp.cli import default_model_path
 
     path = args.model or default_model_path()
-    return bitmtp.load(path, capacity=args.capacity, device=args.device, quantize=args.quantize,
-                       adapter=getattr(args, "adapter", None))
+    # train: the bare base (no "adapter" option); eval/bench/distill: --adapter, else the shipped one
+    adapter = (getattr(args, "adapter", None) or "auto") if hasattr(args, "adapter") else None
+    return bitmtp.load(path, capacity=args.capacity, device=args.device, quantize=args.quantize, adapter=adapter)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -57,7 +58,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens or cfg.max_steps * cfg.batch_size * cfg.seq_len
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
     windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
-                            eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed)
+                            eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
+                            vocab_size=model.args.vocab_size)
     cfg.data_description = (f"{', '.join(map(str, data))} (train split, {len(windows)} windows of {cfg.seq_len} "
                             f"tokens, shuffled with seed {cfg.seed})")
     what = "full fine-tune (all weights, NTP + MTP)" if cfg.mode == "full" else f"{cfg.mode} adapter"
@@ -71,6 +73,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"bitmtp: wrote {res.path} after {res.steps} steps, {res.tokens} tokens, {res.seconds / 60:.1f} min; "
           f"block accuracy (k=1..{cfg.block_size - 1}): {', '.join(f'{a:.2f}' for a in res.accuracy)}",
           file=sys.stderr)
+    return 0
+
+
+def _cmd_distill(args: argparse.Namespace) -> int:
+    import torch
+
+    from bitmtp.train.distill import distill_corpus, distill_prompt_ids
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        from bitmtp.errors import BitMTPError
+
+        raise BitMTPError(f"--out: {out} exists; pass --overwrite to replace it")
+    model = _load(args)
+    prompts = distill_prompt_ids(model, args.data or ["stdlib"], args.count, chat_fraction=args.chat_fraction,
+                                 lines=args.lines, seed=args.seed)
+    policy, block = ("ar", None) if args.policy == "ar" or model.drafter is None else ("speculative", args.block_size)
+    print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with {policy}"
+          + (f" D={block}" if block else "") + f" -> {out}", file=sys.stderr)
+    st = distill_corpus(model, prompts, out, max_new_tokens=args.new_tokens, policy=policy, block_size=block,
+                        overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
+    print(f"bitmtp: wrote {st.path}: {st.records} records, {st.prompt_tokens} prompt + {st.generated_tokens} "
+          f"generated tokens in {st.seconds / 60:.1f} min; train on it with "
+          f"python -m bitmtp train --data {st.path} ...", file=sys.stderr)
     return 0
 
 
@@ -199,6 +227,31 @@ def add_commands(sub) -> None:
                     help="dtype of the saved tensors (default float16)")
     _model_args(tr)
     tr.set_defaults(func=_cmd_train)
+
+    di = sub.add_parser(
+        "distill", help="write a self-distillation corpus: the base model's greedy continuations (JSONL)",
+        description="Generate greedy continuations of code snippets (train split of the sources; a fraction "
+                    "asked about through the chat template) with the base model itself and write them as JSONL "
+                    "token records for `train --data`. Drafts trained on the model's own output see at training "
+                    "what they see at inference. Uses speculative decoding when the model has an adapter "
+                    "(exact: the tokens are AR greedy's). Records are appended to OUT.partial as they are "
+                    "made; --resume continues an interrupted run.")
+    di.add_argument("--out", required=True, help="JSONL file to write (refused if it exists, see --overwrite)")
+    di.add_argument("--data", nargs="+", metavar="PATH", help="where the code snippets come from (default stdlib)")
+    di.add_argument("--count", type=int, default=400, help="prompts (default 400)")
+    di.add_argument("--new-tokens", type=int, default=160, help="greedy tokens per prompt (default 160)")
+    di.add_argument("--chat-fraction", type=float, default=0.25,
+                    help="fraction of prompts asked through the chat template (default 0.25)")
+    di.add_argument("--lines", type=int, default=12, help="lines per code snippet (default 12)")
+    di.add_argument("--seed", type=int, default=0, help="seed of file order and snippet choice (default 0)")
+    di.add_argument("--policy", default="speculative", choices=["ar", "speculative"],
+                    help="how to generate (both give AR greedy's tokens; default speculative)")
+    di.add_argument("--block-size", type=int, default=2, metavar="D", help="speculative block size (default 2)")
+    di.add_argument("--adapter", help="adapter for speculative generation (default: the shipped one)")
+    di.add_argument("--resume", action="store_true", help="continue from OUT.partial")
+    di.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    _model_args(di)
+    di.set_defaults(func=_cmd_distill)
 
     ev = sub.add_parser(
         "eval-acceptance", help="mean committed tokens per iteration, per policy and block size",

@@ -73,10 +73,22 @@ def _ternary(rng, n, k, layout, group):
                                                                          group, **kw))
 
 
+@pytest.fixture(params=["rows", "tiled"])
+def w2a8_kernel(request, monkeypatch):
+    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default) and ``tiled`` (w2a8.wgsl, GPUs')."""
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", request.param)
+    return request.param
+
+
+def _dispatched(r, shader: str) -> bool:
+    return any(key[0] == shader for key in r._pipelines)
+
+
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("n,k,layout,group", W2A8_CASES)
-def test_w2a8_accumulators_exact_and_epilogue(wg, m, n, k, layout, group, rng):
+def test_w2a8_accumulators_exact_and_epilogue(wg, w2a8_kernel, m, n, k, layout, group, rng):
     r, ops = wg
+    assert r.w2a8_kernel == w2a8_kernel
     _, packed, scales, upload = _ternary(rng, n, k, layout, group)
     w = upload(r, chunk_rows=7)  # several row chunks: exercises the per-chunk dispatch offsets
     assert len(w.words.chunks) == -(-n // 7)
@@ -91,6 +103,67 @@ def test_w2a8_accumulators_exact_and_epilogue(wg, m, n, k, layout, group, rng):
     y = ops.w2a8(xq, s, xsum, w, r.upload(bias.numpy()), out=out).numpy()
     want = w2a8_linear_q_reference(x_q, act_s, packed, scales, k, w.group_size, bias)
     _close(y, want.numpy())
+
+
+@pytest.mark.parametrize("m,windows", [(16, 3), (8, 2), (3, 1)])
+def test_w2a8_rows_activation_windows(wg, monkeypatch, m, windows, rng):
+    """The rows shader binds x_q as several 64 KiB uniform windows when K is wide (scale groups of 3 T2
+    words straddle the window boundaries); exact accumulators and the epilogue as the reference."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "rows")
+    r, ops = wg
+    n, k, group = 21, 9024, 48
+    assert w2a8_rows.windows_needed(m, k // 16) == windows
+    _, packed, scales, upload = _ternary(rng, n, k, "group", group)
+    w = upload(r)
+    x = torch.randn(m, k, generator=rng)
+    xq, s, xsum = ops.act_quant(r.upload(x.numpy()), w.group_size)
+    x_q, act_s = act_quant_reference(x)
+    acc = r.upload(np.full((m, n, w.n_groups), -7, np.int32))  # poisoned
+    ops._w2a8("accumulate", xq, None, xsum, w, None, acc)
+    assert np.array_equal(acc.numpy(), w2a8_accumulate_reference(x_q, packed, k, group).numpy())
+    y = ops.w2a8(xq, s, xsum, w, out=r.upload(np.full((m, n), np.nan, np.float32))).numpy()
+    _close(y, w2a8_linear_q_reference(x_q, act_s, packed, scales, k, group).numpy())
+    assert _dispatched(r, "w2a8_rows")
+
+
+def test_w2a8_rows_falls_back_past_its_windows(monkeypatch, rng):
+    """Activations wider than MAX_WINDOWS windows run through w2a8.wgsl (same integers)."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+    from bitmtp.wgsl_fallback.ops import Ops
+    from bitmtp.wgsl_fallback.runner import Runner
+
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "rows")
+    device_runner_or_skip()
+    r = Runner()  # a fresh runner: its pipeline cache shows which shader ran
+    ops = Ops(r)
+    k = w2a8_rows.MAX_WINDOWS * w2a8_rows.window_words(16) * 16 + 48
+    assert w2a8_rows.windows_needed(16, -(-k // 16)) > w2a8_rows.MAX_WINDOWS
+    _, packed, _, upload = _ternary(rng, 5, k, "row", None)
+    w = upload(r)
+    x = torch.randn(16, k, generator=rng)
+    xq, _, xsum = ops.act_quant(r.upload(x.numpy()), w.group_size)
+    x_q, _ = act_quant_reference(x)
+    assert np.array_equal(ops.w2a8_accumulate(xq, xsum, w).numpy(),
+                          w2a8_accumulate_reference(x_q, packed, k, k).numpy())
+    assert _dispatched(r, "w2a8") and not _dispatched(r, "w2a8_rows")
+
+
+def test_w2a8_kernel_choice(monkeypatch):
+    """CPU adapters default to the rows shader, GPUs to the tiled one; the variable overrides; a typo is
+    refused with the accepted values."""
+    from bitmtp.errors import BitMTPError
+
+    r = device_runner_or_skip()
+    monkeypatch.delenv("BITMTP_WGPU_W2A8", raising=False)
+    want = "rows" if str(r.info.get("adapter_type", "")).upper() == "CPU" else "tiled"
+    assert r.w2a8_kernel == want
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "tiled")
+    assert r.w2a8_kernel == "tiled"
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "row")
+    with pytest.raises(BitMTPError, match="rows' or 'tiled"):
+        _ = r.w2a8_kernel
 
 
 def test_ternary_linear_wider_than_one_tile(wg, rng):
@@ -286,6 +359,7 @@ def test_w2a8_reduction_variants(wg, subgroups, monkeypatch, rng):
     from bitmtp.wgsl_fallback.runner import Runner
 
     monkeypatch.setenv("BITMTP_WGPU_SUBGROUPS", subgroups)
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "tiled")  # the reductions belong to w2a8.wgsl
     r = Runner()
     uses = r.subgroups
     assert uses == (subgroups == "1" and "subgroup" in r.features)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bitmtp.errors import BitMTPError, ShapeError
+from bitmtp.wgsl_fallback import w2a8_rows
 from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
 
 MAX_TOKENS = 16  # register tile of the linear shaders: wider steps run in slices of 16 rows
@@ -112,18 +113,35 @@ class Ops:
         m, k = x.shape
         k4 = -(-k // WORDS_PER_GROUP) * 4
         n_groups = -(-k // group_size)
-        xq = self.r.empty((k4, m), "u32")
+        xq = self.r.empty((k4, m), "u32", min_bytes=self._rows_xq_bytes(m, k4 // 4))
         s = self.r.empty((m,), "f32")
         xsum = self.r.empty((m, n_groups), "i32")
         params = self.r.uniform("8I", m, k, k4, group_size, n_groups, 0, 0, 0)
         self.r.dispatch("act_quant", "main", {0: x, 1: xq, 2: s, 3: xsum, 4: params}, (m, 1, 1))
         return xq, s, xsum
 
+    def _rows_windows(self, m: int, kw: int) -> int:
+        """Activation windows the rows W2A8 shader binds for ``m`` tokens over ``kw`` T2 words, or 0 where
+        that shader is not used (a GPU adapter, or activations wider than its windows)."""
+        if self.r.w2a8_kernel != "rows" or m > MAX_TOKENS:
+            return 0
+        n = w2a8_rows.windows_needed(m, kw)
+        return n if n <= w2a8_rows.MAX_WINDOWS else 0
+
+    def _rows_xq_bytes(self, m: int, kw: int) -> int:
+        """Bytes the x_q buffer needs so that every activation window the rows shader binds lies inside it."""
+        n = self._rows_windows(m, kw)
+        return (n - 1) * w2a8_rows.window_words(m) * 16 * m + w2a8_rows.WINDOW_BYTES if n else 0
+
     def _w2a8(self, entry: str, xq, s, xsum, w: TernaryWeight, bias, out) -> None:
         m = xq.shape[1]
         if m > MAX_TOKENS:
             raise ShapeError(f"w2a8: at most {MAX_TOKENS} tokens per dispatch, got {m}")
         gw = w.group_size // WORDS_PER_GROUP if w.n_groups > 1 else w.kw
+        windows = self._rows_windows(m, w.kw)
+        if windows and len(xq.chunks) == 1 and xq.buffer.size >= self._rows_xq_bytes(m, w.kw):
+            self._w2a8_rows(entry, xq, s, xsum, w, bias, out, gw, windows)
+            return
         for i, chunk in enumerate(w.words.chunks):
             start = i * w.words.rows_per_chunk
             rows = min(w.words.rows_per_chunk, w.n - start)
@@ -136,6 +154,26 @@ class Ops:
             else:
                 b[7] = out
             self.r.dispatch("w2a8", entry, b, grid, constants=(("TOKENS", m),))
+
+    def _w2a8_rows(self, entry: str, xq, s, xsum, w: TernaryWeight, bias, out, gw: int, windows: int) -> None:
+        """``_w2a8`` through the rows shader (``w2a8_rows.py``): 64 rows per workgroup, x_q bound as
+        ``windows`` uniform windows of its buffer."""
+        m = xq.shape[1]
+        stride = w2a8_rows.window_words(m) * 16 * m  # bytes of x_q per window
+        x_bind = {w2a8_rows.WINDOW_BINDINGS[c]: (xq, c * stride, w2a8_rows.WINDOW_BYTES) for c in range(windows)}
+        defines = frozenset({f"TOKENS={m}", f"WINDOWS={windows}"})
+        for i, chunk in enumerate(w.words.chunks):
+            start = i * w.words.rows_per_chunk
+            rows = min(w.words.rows_per_chunk, w.n - start)
+            grid = self.r.grid(-(-rows // (w2a8_rows.WG * w2a8_rows.ROWS)))
+            params = self.r.uniform("12I", m, rows, w.kw, w.kw * 4, w.n_groups, gw, w.scales.shape[0],
+                                    int(bias is not None), w.n, start, grid[0], 0)
+            b = {1: xsum, 2: chunk, 8: params, **x_bind}
+            if entry == "linear":
+                b.update({3: s, 4: w.scales, 5: bias if bias is not None else self._zero, 6: out})
+            else:
+                b[7] = out
+            self.r.dispatch("w2a8_rows", entry, b, grid, defines)
 
     def w2a8(self, xq, s, xsum, w: TernaryWeight, bias: DeviceTensor | None = None,
              out: DeviceTensor | None = None) -> DeviceTensor:

@@ -32,6 +32,17 @@ VULKAN_HINT = ("no Vulkan adapter: install a Vulkan driver — on Debian/Ubuntu 
 _DTYPES = {"f32": np.float32, "i32": np.int32, "u32": np.uint32}
 
 
+def _w2a8_rows_source(defines: frozenset[str]) -> str:
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    params = dict(d.split("=", 1) for d in defines)
+    return w2a8_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]))
+
+
+#: shaders whose WGSL is generated (name → generator of ``defines``) rather than read from a file
+GENERATED = {"w2a8_rows": _w2a8_rows_source}
+
+
 def _preload_triton() -> None:
     """Import Triton (when installed) before a Vulkan device exists. Triton's libtriton carries its own
     LLVM; loading it *after* Mesa's lavapipe has initialized its LLVM crashes the process (segfault seen
@@ -125,10 +136,26 @@ class Runner:
         ``BITMTP_WGPU_SUBGROUPS`` is not ``0``)."""
         return "subgroup" in self.features and os.environ.get("BITMTP_WGPU_SUBGROUPS", "1") != "0"
 
+    @property
+    def w2a8_kernel(self) -> str:
+        """Which W2A8 shader the ops use: ``"rows"`` (``w2a8_rows.py``: a row per invocation, activations
+        from uniform-buffer windows — for CPU Vulkan drivers, where it measured 7–15× faster) or
+        ``"tiled"`` (``w2a8.wgsl``: a workgroup per row, lanes over K — the GPU design). Default: rows on
+        an adapter of type CPU, tiled on GPUs; ``BITMTP_WGPU_W2A8=rows|tiled`` overrides."""
+        choice = os.environ.get("BITMTP_WGPU_W2A8", "").strip().lower()
+        if choice in ("rows", "tiled"):
+            return choice
+        if choice:
+            raise BitMTPError(f"BITMTP_WGPU_W2A8: expected 'rows' or 'tiled', got {choice!r}")
+        return "rows" if str(self.info.get("adapter_type", "")).upper() == "CPU" else "tiled"
+
     def source(self, shader: str, defines: frozenset[str] = frozenset()) -> str:
         """A shader's WGSL after the small preprocessor: ``//#if NAME`` / ``//#else`` / ``//#endif``
         blocks keep what ``defines`` (plus ``SUBGROUP`` when :attr:`subgroups`) select, and the
-        ``/*SG_BUILTINS*/`` / ``/*SG_ARGS*/`` placeholders follow :attr:`subgroups`."""
+        ``/*SG_BUILTINS*/`` / ``/*SG_ARGS*/`` placeholders follow :attr:`subgroups`. A shader in
+        :data:`GENERATED` is produced by its generator from ``defines`` instead."""
+        if shader in GENERATED:
+            return GENERATED[shader](defines)
         sg = self.subgroups
         names = set(defines) | ({"SUBGROUP"} if sg else set())
         out, keep = [], [True]
@@ -167,7 +194,8 @@ class Runner:
 
     def _usage(self):
         u = self.wgpu.BufferUsage
-        return u.STORAGE | u.COPY_SRC | u.COPY_DST
+        # UNIFORM too: the rows W2A8 shader binds activation windows of a storage tensor as uniforms
+        return u.STORAGE | u.UNIFORM | u.COPY_SRC | u.COPY_DST
 
     @contextmanager
     def arena(self, key: Any) -> Iterator[None]:
@@ -186,25 +214,29 @@ class Runner:
         finally:
             self._arena = outer
 
-    def empty(self, shape: tuple[int, ...], dtype: str = "f32", *, chunk_rows: int | None = None) -> DeviceTensor:
+    def empty(self, shape: tuple[int, ...], dtype: str = "f32", *, chunk_rows: int | None = None,
+              min_bytes: int = 0) -> DeviceTensor:
         """An uninitialized device tensor (zero-filled by wgpu), split by rows if it exceeds one binding;
-        inside :meth:`arena`, the arena's slot for this request."""
+        inside :meth:`arena`, the arena's slot for this request. ``min_bytes``: allocate at least this
+        many bytes (a one-chunk tensor whose buffer is bound in fixed-size windows past its end)."""
         shape = tuple(int(s) for s in shape)
         a = self._arena
         if a is not None and chunk_rows is None:
             i = a.i_buf
             a.i_buf += 1
-            if i < len(a.buffers) and a.buffers[i][:2] == (shape, dtype):
-                return a.buffers[i][2]
-            t = self._new_tensor(shape, dtype, None)
+            old = a.buffers[i] if i < len(a.buffers) else None
+            if old is not None and old[:2] == (shape, dtype) and old[2].chunks[0].size >= min_bytes:
+                return old[2]
+            t = self._new_tensor(shape, dtype, None, min_bytes)
             if i < len(a.buffers):
                 a.buffers[i] = (shape, dtype, t)
             else:
                 a.buffers.append((shape, dtype, t))
             return t
-        return self._new_tensor(shape, dtype, chunk_rows)
+        return self._new_tensor(shape, dtype, chunk_rows, min_bytes)
 
-    def _new_tensor(self, shape: tuple[int, ...], dtype: str, chunk_rows: int | None) -> DeviceTensor:
+    def _new_tensor(self, shape: tuple[int, ...], dtype: str, chunk_rows: int | None,
+                    min_bytes: int = 0) -> DeviceTensor:
         if dtype not in _DTYPES:
             raise BitMTPError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
         if not shape or min(shape) <= 0:
@@ -216,10 +248,13 @@ class Runner:
                              f"binding limit of {self.max_binding_bytes} bytes and cannot be split by rows")
         per = chunk_rows or max(1, self.max_binding_bytes // row_bytes)
         per = min(per, rows)
+        if min_bytes and per < rows:
+            raise ShapeError(f"tensor of shape {shape}: min_bytes needs a one-chunk tensor")
         chunks = []
         for start in range(0, rows, per):
             n = min(per, rows - start)
-            chunks.append(self.device.create_buffer(size=max(16, n * row_bytes), usage=self._usage()))
+            size = max(16, n * row_bytes, min_bytes)
+            chunks.append(self.device.create_buffer(size=-(-size // 4) * 4, usage=self._usage()))
         return DeviceTensor(shape, dtype, chunks, per, self)
 
     def upload(self, array: np.ndarray, dtype: str | None = None, *, chunk_rows: int | None = None) -> DeviceTensor:
@@ -288,14 +323,22 @@ class Runner:
 
     def dispatch(self, shader: str, entry: str, bindings: dict[int, Any], groups: tuple[int, int, int],
                  defines: frozenset[str] = frozenset(), constants: tuple[tuple[str, int], ...] = ()) -> None:
-        """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage)."""
+        """Record one compute dispatch; ``bindings`` maps binding index → buffer (uniform or storage), or
+        to ``(buffer, offset, size)`` to bind a byte range of it."""
         pipeline = self.pipeline(shader, entry, defines, constants)
-        bufs = [(i, b.buffer if isinstance(b, DeviceTensor) else b) for i, b in sorted(bindings.items())]
+
+        def _range(b):
+            buf, off, size = b if isinstance(b, tuple) else (b, 0, None)
+            buf = buf.buffer if isinstance(buf, DeviceTensor) else buf
+            return buf, off, buf.size - off if size is None else size
+
+        bufs = [(i, *_range(b)) for i, b in sorted(bindings.items())]
         a = self._arena
         key = (shader, entry, defines, constants, tuple(bufs)) if a is not None else None  # keeps buffers alive
         group = a.groups.get(key) if a is not None else None
         if group is None:
-            entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in bufs]
+            entries = [{"binding": i, "resource": {"buffer": b, "offset": off, "size": size}}
+                       for i, b, off, size in bufs]
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             if a is not None:
                 a.groups[key] = group

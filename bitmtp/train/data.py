@@ -1,8 +1,9 @@
 """Training data from local files only: text or code files, folders of them, or JSONL.
 
 * A text/code file is one document.
-* A ``.jsonl`` file holds one document per line: ``{"text": ...}`` or ``{"messages": [...]}`` (chat,
-  rendered with the tokenizer's chat template).
+* A ``.jsonl`` file holds one document per line: ``{"text": ...}``, ``{"messages": [...]}`` (chat,
+  rendered with the tokenizer's chat template) or ``{"tokens": [...]}`` (token ids, used as they are:
+  what ``python -m bitmtp distill`` writes).
 * A folder is searched recursively for files with a known text extension (:data:`TEXT_SUFFIXES`).
 * ``"stdlib"`` names the corpus every machine has: Python's standard-library sources.
 
@@ -64,8 +65,9 @@ def iter_files(sources: Iterable[str | Path], *, split: str = "all", shuffle_see
 
 
 def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None, skipped: list[Path] | None = None,
-                   **file_options) -> Iterator[str]:
-    """Document texts of the sources; non-UTF-8 files are skipped (and appended to ``skipped``)."""
+                   **file_options) -> Iterator[str | list[int]]:
+    """Documents of the sources — texts, or token-id lists from JSONL ``tokens`` records; non-UTF-8
+    files are skipped (and appended to ``skipped``)."""
     for path in iter_files(sources, **file_options):
         try:
             text = path.read_text(encoding="utf-8")
@@ -79,7 +81,7 @@ def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None, skipped
             yield text
 
 
-def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str]:
+def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str | list[int]]:
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -87,23 +89,28 @@ def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BitMTPError(f"data: {path}:{lineno} is not valid JSON ({exc.msg})") from exc
-        if isinstance(rec, dict) and isinstance(rec.get("text"), str):
+        if isinstance(rec, dict) and isinstance(rec.get("tokens"), list):
+            ids = rec["tokens"]
+            if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise BitMTPError(f"data: {path}:{lineno} 'tokens' must be a non-empty list of token ids (ints >= 0)")
+            yield ids
+        elif isinstance(rec, dict) and isinstance(rec.get("text"), str):
             yield rec["text"]
         elif isinstance(rec, dict) and isinstance(rec.get("messages"), list):
             if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
                 raise BitMTPError(f"data: {path}:{lineno} has chat messages but the model has no chat template")
             yield tokenizer.apply_chat_template(rec["messages"], tokenize=False)
         else:
-            raise BitMTPError(f"data: {path}:{lineno} needs a 'text' string or a 'messages' list")
+            raise BitMTPError(f"data: {path}:{lineno} needs a 'text' string, a 'messages' list or a 'tokens' list")
 
 
 def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *, max_context: int,
                   eos_token_id: int | None = None, max_tokens: int | None = None, split: str = "all",
-                  shuffle_seed: int | None = None) -> list[list[int]]:
+                  shuffle_seed: int | None = None, vocab_size: int | None = None) -> list[list[int]]:
     """Tokenize the corpus and cut it into windows of ``seq_len`` tokens.
 
-    Raises :class:`BitMTPError` for an empty corpus, for ``seq_len`` beyond the model's context, or
-    when the corpus yields not even one full window.
+    Raises :class:`BitMTPError` for an empty corpus, for ``seq_len`` beyond the model's context, for
+    token ids outside ``vocab_size`` (when given), or when the corpus yields not even one full window.
     """
     if seq_len > max_context:
         raise BitMTPError(f"seq_len: {seq_len} tokens is longer than the model's context ({max_context})")
@@ -117,7 +124,13 @@ def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *
     docs = 0
     for doc in iter_documents(sources, tokenizer, skipped, split=split, shuffle_seed=shuffle_seed):
         docs += 1
-        stream.extend(tokenizer(doc)["input_ids"])
+        if isinstance(doc, list):
+            if vocab_size is not None and max(doc) >= vocab_size:
+                raise BitMTPError(f"data: token id {max(doc)} is outside the model's vocabulary ({vocab_size}); "
+                                  f"was this corpus made with another model?")
+            stream.extend(doc)
+        else:
+            stream.extend(tokenizer(doc)["input_ids"])
         if eos_token_id is not None:
             stream.append(int(eos_token_id))
         while len(stream) >= seq_len:

@@ -1,0 +1,148 @@
+"""Self-distillation corpora: the base model's own greedy continuations of prompts, as JSONL.
+
+Why: a drafter is judged by what greedy verification accepts, and at inference every token it sees
+after the prompt is one the base model generated. ``train``'s self-distillation already makes the
+*targets* the base's greedy predictions, but on human-written text the *inputs* (the tokens the
+heads are fed, the hidden states they start from) come from another distribution — human code is
+less repetitive and less predictable than a 135M model's continuation of it. Training on the
+base's own continuations closes that gap (Medusa-2 and EAGLE regenerate their data the same way).
+
+A record is ``{"tokens": [...], "prompt_tokens": n}``: token ids, so nothing is lost to a decode →
+re-encode round trip (``bitmtp.train.data`` reads such records as they are). Prompts come from the
+training side of a corpus only — for ``stdlib`` the train split, never the held-out files the
+evaluation's code prompts come from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+from bitmtp.train.data import iter_files
+
+#: how a chat-style distillation prompt asks about a snippet (several, so no one phrasing dominates)
+CHAT_TEMPLATES = (
+    "What does this Python code do?\n\n{code}",
+    "Explain the following function step by step.\n\n{code}",
+    "Suggest an improvement to this code and show it.\n\n{code}",
+    "Write a short docstring for this function.\n\n{code}",
+)
+
+
+def snippet_prompts(sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *, lines: int = 12,
+                    per_file: int = 3, seed: int = 0) -> list[str]:
+    """Up to ``count`` code snippets: ``lines`` lines from a ``def`` on, at most ``per_file`` per file,
+    from the train split of the sources (``.py`` files; a user's own files are used whole)."""
+    if count < 1:
+        raise BitMTPError(f"count: must be >= 1, got {count}")
+    rng = random.Random(seed)
+    out: list[str] = []
+    for path in iter_files(list(sources), split="train", shuffle_seed=seed):
+        if path.suffix != ".py":
+            continue
+        try:
+            text = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        starts = [i for i, ln in enumerate(text) if ln.lstrip().startswith("def ")]
+        for i in sorted(rng.sample(starts, min(per_file, len(starts)))):
+            snippet = "\n".join(text[i : i + lines])
+            if len(snippet) >= 40:  # skip near-empty snippets: too little context to continue
+                out.append(snippet + "\n")
+            if len(out) >= count:
+                return out
+    if not out:
+        raise BitMTPError("data: no Python function found in the sources to build prompts from")
+    return out
+
+
+@dataclass
+class DistillStats:
+    """What :func:`distill_corpus` wrote."""
+
+    path: Path
+    records: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+
+
+def distill_corpus(model: Any, prompts: Sequence[list[int]], out: str | Path, *, max_new_tokens: int = 160,
+                   policy: str = "ar", block_size: int | None = None, overwrite: bool = False,
+                   resume: bool = False, progress: bool = True) -> DistillStats:
+    """Greedy continuations of ``prompts`` (token ids) by ``model`` (a :class:`bitmtp.BitMTPModel`),
+    written to the JSONL file ``out``.
+
+    ``policy`` may be any *exact* policy (``ar`` or ``speculative``: both give AR greedy's tokens,
+    speculative faster when the model has an adapter). Records go to ``OUT.partial`` line by line and
+    the file is renamed to ``out`` at the end, so an interrupted run leaves no half-written ``out``;
+    ``resume=True`` keeps the records already in ``OUT.partial`` and continues after them.
+    """
+    import time
+
+    import bitmtp
+
+    out = Path(out)
+    if policy not in ("ar", "speculative"):
+        raise BitMTPError(f"policy: distillation needs an exact policy (ar or speculative), got {policy!r}")
+    if not prompts:
+        raise BitMTPError("prompts: the prompt set is empty")
+    if out.exists() and not overwrite:
+        raise BitMTPError(f"out: {out} exists; pass overwrite=True (--overwrite) to replace it")
+    partial = out.with_name(out.name + ".partial")
+    done = 0
+    if resume and partial.exists():
+        done = sum(1 for ln in partial.read_text(encoding="utf-8").splitlines() if ln.strip())
+    elif partial.exists():
+        partial.unlink()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts), initial=min(done, len(prompts)), desc="distill", unit="prompt")
+    start = time.perf_counter()
+    with partial.open("a", encoding="utf-8") as fh:
+        for ids in prompts[done:]:
+            res = bitmtp.generate(model, input_ids=list(ids), max_new_tokens=max_new_tokens, policy=policy,
+                                  block_size=block_size if policy != "ar" else None, eos_token_id=None)
+            fh.write(json.dumps({"tokens": list(ids) + list(res.token_ids), "prompt_tokens": len(ids)}) + "\n")
+            fh.flush()
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    n_rec = n_prompt = n_gen = 0
+    for line in partial.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            n_rec += 1
+            n_prompt += rec["prompt_tokens"]
+            n_gen += len(rec["tokens"]) - rec["prompt_tokens"]
+    os.replace(partial, out)
+    return DistillStats(out, n_rec, n_prompt, n_gen, time.perf_counter() - start)
+
+
+def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *,
+                       chat_fraction: float = 0.25, lines: int = 12, seed: int = 0) -> list[list[int]]:
+    """Token ids of ``count`` distillation prompts: raw code snippets, and a ``chat_fraction`` of them
+    asked about through the model's chat template (so the drafts also learn chat answers)."""
+    if not 0.0 <= chat_fraction <= 1.0:
+        raise BitMTPError(f"chat_fraction: must be in [0, 1], got {chat_fraction}")
+    if model.tokenizer is None:
+        raise BitMTPError("model: building distillation prompts needs the model's tokenizer")
+    rng = random.Random(seed + 1)
+    out = []
+    for snippet in snippet_prompts(sources, count, lines=lines, seed=seed):
+        if rng.random() < chat_fraction:
+            text = rng.choice(CHAT_TEMPLATES).format(code=snippet)
+            out.append(model.encode([{"role": "user", "content": text}]))
+        else:
+            out.append(model.encode(snippet))
+    return out
