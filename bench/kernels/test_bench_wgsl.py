@@ -4,7 +4,10 @@ Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothin
 
 * ``tiled_speedup`` — 16 dispatches of the W2A8 shader at M = 1 over one dispatch at M = 16 (same
   weights, same 16 token rows), each recorded in one command buffer and synced, alternating A B A B,
-  median of the per-round ratios. Goal ≥ 4 (the 16-token tile decodes each packed word once).
+  median of the per-round ratios. Goal ≥ 4 (the 16-token tile decodes each packed word once). Run
+  for both W2A8 shaders (``kernel``): ``rows`` (``w2a8_rows.py``, the default on CPU adapters) and
+  ``tiled`` (``w2a8.wgsl``, the default on GPUs); ``rows_over_tiled_m16`` is how much faster the rows
+  shader runs the M = 16 dispatch than the tiled one on this adapter (alternated the same way).
 * ``readbacks_per_iteration`` — device→host reads of a whole speculative / hybrid generation on the
   wgpu backend, over its engine reads (prefill + one per iteration): goal 1.
 * the offload plan of BitNet b1.58-2B-4T and of an 8B ternary model under 3.9 GB (``plan_*``), loaded
@@ -31,9 +34,11 @@ def runner():
 SHAPE = by_mode((2560, 2560), (2560, 6912))  # (N, K)
 
 
-def test_wgsl_tiled_vs_per_token(benchmark, runner):
+@pytest.mark.parametrize("kernel", ["rows", "tiled"])
+def test_wgsl_tiled_vs_per_token(benchmark, runner, kernel, monkeypatch):
     from bitmtp.wgsl_fallback.ops import Ops, TernaryWeight
 
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", kernel)
     n, k = SHAPE
     g = torch.Generator().manual_seed(0)
     ops = Ops(runner)
@@ -57,8 +62,21 @@ def test_wgsl_tiled_vs_per_token(benchmark, runner):
     if benchmark.disabled:
         return
     ratio, t_per_token, t_tiled = alternating_ratio(per_token, tiled, rounds=by_mode(3, 5), inner=2)
-    record(benchmark, shape=f"{n}x{k}", device=runner.info.get("device", "?"), subgroups=runner.subgroups,
-           tiled_ms=t_tiled * 1e3, per_token_ms=t_per_token * 1e3, tiled_speedup=ratio, goal=4.0)
+    extra = {}
+    if kernel == "rows":
+        other = "tiled"
+
+        def tiled_other():
+            monkeypatch.setenv("BITMTP_WGPU_W2A8", other)
+            try:
+                tiled()
+            finally:
+                monkeypatch.setenv("BITMTP_WGPU_W2A8", kernel)
+
+        extra["rows_over_tiled_m16"] = alternating_ratio(tiled_other, tiled, rounds=by_mode(2, 3), inner=2)[0]
+    record(benchmark, kernel=kernel, shape=f"{n}x{k}", device=runner.info.get("device", "?"),
+           subgroups=runner.subgroups, tiled_ms=t_tiled * 1e3, per_token_ms=t_per_token * 1e3,
+           tiled_speedup=ratio, goal=4.0, **extra)
 
 
 @pytest.mark.parametrize("policy", ["speculative", "hybrid"])
