@@ -73,11 +73,18 @@ def _ternary(rng, n, k, layout, group):
                                                                          group, **kw))
 
 
-@pytest.fixture(params=["rows", "tiled"])
+@pytest.fixture(params=["rows", "rows-dot4-r1", "tiled"])
 def w2a8_kernel(request, monkeypatch):
-    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default) and ``tiled`` (w2a8.wgsl, GPUs')."""
-    monkeypatch.setenv("BITMTP_WGPU_W2A8", request.param)
-    return request.param
+    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, 2 rows per
+    invocation; and its dot4I8Packed variant with one row) and ``tiled`` (w2a8.wgsl, GPUs')."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    kernel = request.param.split("-")[0]
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", kernel)
+    if request.param == "rows-dot4-r1":
+        monkeypatch.setattr(w2a8_rows, "ARITH", "dot4")
+        monkeypatch.setattr(w2a8_rows, "ROWS", 1)
+    return kernel
 
 
 def _dispatched(r, shader: str) -> bool:
@@ -126,6 +133,25 @@ def test_w2a8_rows_activation_windows(wg, monkeypatch, m, windows, rng):
     y = ops.w2a8(xq, s, xsum, w, out=r.upload(np.full((m, n), np.nan, np.float32))).numpy()
     _close(y, w2a8_linear_q_reference(x_q, act_s, packed, scales, k, group).numpy())
     assert _dispatched(r, "w2a8_rows")
+
+
+@pytest.mark.parametrize("code", [-1, 1])
+def test_w2a8_extreme_values_do_not_carry(wg, w2a8_kernel, code, rng):
+    """The largest products (|x_q| = 127 on every element, all codes equal) are where the rows shader's
+    16-bit halves would overflow or carry; accumulators stay exact."""
+    from bitmtp.wgsl_fallback.ops import TernaryWeight
+
+    r, ops = wg
+    n, k, m = 70, 1040, 16
+    w = torch.full((n, k), code, dtype=torch.int8)
+    w[::7, ::3] = -code  # a few of the other sign
+    x = torch.ones(m, k) * torch.tensor([1.0, -1.0] * 8)[:, None]  # x_q = +127 / -127 per token
+    dev = TernaryWeight.upload(r, pack_t2(w).numpy(), np.ones((1, 1), np.float32), k)
+    xq, _, xsum = ops.act_quant(r.upload(x.numpy()), dev.group_size)
+    x_q, _ = act_quant_reference(x)
+    assert int(x_q.abs().min()) == 127
+    assert np.array_equal(ops.w2a8_accumulate(xq, xsum, dev).numpy(),
+                          w2a8_accumulate_reference(x_q, pack_t2(w), k, k).numpy())
 
 
 def test_w2a8_rows_falls_back_past_its_windows(monkeypatch, rng):

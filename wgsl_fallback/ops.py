@@ -161,11 +161,13 @@ class Ops:
         m = xq.shape[1]
         stride = w2a8_rows.window_words(m) * 16 * m  # bytes of x_q per window
         x_bind = {w2a8_rows.WINDOW_BINDINGS[c]: (xq, c * stride, w2a8_rows.WINDOW_BYTES) for c in range(windows)}
-        defines = frozenset({f"TOKENS={m}", f"WINDOWS={windows}"})
+        rows_per_lane = w2a8_rows.ROWS
+        defines = frozenset({f"TOKENS={m}", f"WINDOWS={windows}", f"ROWS={rows_per_lane}",
+                             f"ARITH={w2a8_rows.ARITH}"})
         for i, chunk in enumerate(w.words.chunks):
             start = i * w.words.rows_per_chunk
             rows = min(w.words.rows_per_chunk, w.n - start)
-            grid = self.r.grid(-(-rows // (w2a8_rows.WG * w2a8_rows.ROWS)))
+            grid = self.r.grid(-(-rows // (w2a8_rows.WG * rows_per_lane)))
             params = self.r.uniform("12I", m, rows, w.kw, w.kw * 4, w.n_groups, gw, w.scales.shape[0],
                                     int(bias is not None), w.n, start, grid[0], 0)
             b = {1: xsum, 2: chunk, 8: params, **x_bind}

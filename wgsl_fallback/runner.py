@@ -36,7 +36,7 @@ def _w2a8_rows_source(defines: frozenset[str]) -> str:
     from bitmtp.wgsl_fallback import w2a8_rows
 
     params = dict(d.split("=", 1) for d in defines)
-    return w2a8_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]))
+    return w2a8_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]), int(params["ROWS"]), params["ARITH"])
 
 
 #: shaders whose WGSL is generated (name → generator of ``defines``) rather than read from a file

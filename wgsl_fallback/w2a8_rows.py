@@ -7,11 +7,13 @@ output row, lanes over K) every activation word is such a load: 64 per packed wo
 was ~90 % of the shader's time on lavapipe (measured by replacing the loads with a register value:
 2560 × 2560 at M = 16 went from 105 to 14 ms).
 
-Here each invocation computes one output row for all M tokens, so all lanes read the same
-activation word at the same time, and the activations come from a **uniform buffer**, which
+Here each invocation computes :data:`ROWS` output rows for all M tokens, so all lanes read the
+same activation word at the same time, and the activations come from a **uniform buffer**, which
 lavapipe reads without the per-lane loop. Each packed T2 word is still loaded and decoded once for
-all M ≤ 16 tokens. Measured on lavapipe (2 cores, 2560 × 2560, LLVM 15): M = 16 in 15 ms and
-M = 1 in 4.1 ms, against 223 ms and 29 ms for ``w2a8.wgsl``.
+all M ≤ 16 tokens. On a CPU driver ``dot4I8Packed`` is emulated (byte extracts, 4 multiplies, 4
+adds), so the default arithmetic (:data:`ARITH` ``"hi16"``, :func:`_hi16_body`) sums two products
+per 32-bit multiply instead. Measured on lavapipe (2 cores, 2560 × 2560, LLVM 15, 4 dispatches per
+sync): M = 16 in ~8–11 ms and M = 1 in ~2.9 ms, against 223 ms and 29 ms for ``w2a8.wgsl``.
 
 The token loops are unrolled in the generated source (one module per token count): the same
 shader with WGSL loops over an ``override`` token count ran 2× slower (32 vs 15 ms at M = 16).
@@ -22,9 +24,9 @@ activations ``x_q [K4, M]`` (token-minor, as ``act_quant.wgsl`` writes them) are
 covering :func:`window_words` T2 words of K; the shader walks each scale group window by window.
 A step whose activations need more windows uses ``w2a8.wgsl``.
 
-Same arithmetic as ``w2a8.wgsl``: exact int32 accumulators per scale group
-(``Σ c·x_q − Σ x_q`` with codes ``c = w + 1``), then ``y = (Σ_g acc_g · scale_g) / s + bias`` in the
-same order, so both shaders give the same bits.
+Same results as ``w2a8.wgsl``: exact int32 accumulators per scale group (``Σ c·x_q − Σ x_q`` with
+codes ``c = w + 1``), then ``y = (Σ_g acc_g · scale_g) / s + bias`` in the same order, so both
+shaders give the same bits.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from __future__ import annotations
 WINDOW_BYTES = 65536  # WebGPU guarantees maxUniformBufferBindingSize >= 64 KiB
 MAX_WINDOWS = 4
 WG = 64
-ROWS = 2  # output rows per invocation (n and n + 64): each activation load serves both
+#: "hi16": two products per 32-bit multiply (see _hi16_body; M = 16 in 11.0 vs 13.6 ms, M = 1 2.9 vs
+#: 2.8 ms on lavapipe, 2560 × 2560, 4 dispatches per sync); "dot4": dot4I8Packed per row
+ARITH = "hi16"
+#: output rows per invocation (n, n + 64, …): each activation load and split serves all of them
+#: (R = 2: M = 16 ~1.3× faster than R = 1; R = 3, 4 were no better — more live registers)
+ROWS = 2
 #: binding index of activation window 0, 1, 2, 3 (the others match w2a8.wgsl's layout)
 WINDOW_BINDINGS = (0, 9, 10, 11)
 
@@ -49,14 +56,16 @@ def windows_needed(tokens: int, kw: int) -> int:
     return -(-kw // window_words(tokens))
 
 
-def source(tokens: int, windows: int, rows: int | None = None) -> str:
+def source(tokens: int, windows: int, rows: int | None = None, arith: str | None = None) -> str:
     """WGSL of the ``linear`` and ``accumulate`` entry points for ``tokens`` tokens and ``windows``
     activation windows, ``rows`` output rows per invocation."""
     if not 1 <= tokens <= 16:
         raise ValueError(f"tokens: 1..16, got {tokens}")
     if not 1 <= windows <= MAX_WINDOWS:
         raise ValueError(f"windows: 1..{MAX_WINDOWS}, got {windows}")
-    t, rr = tokens, rows or ROWS
+    t, rr, arith = tokens, rows or ROWS, arith or ARITH
+    if arith not in ("dot4", "hi16"):
+        raise ValueError(f"arith: dot4 or hi16, got {arith!r}")
     wj = window_words(t)
     vec4s = WINDOW_BYTES // 16
     out = [_HEADER.replace("ROWS_PER_LANE", f"{rr}u")]
@@ -67,6 +76,8 @@ def source(tokens: int, windows: int, rows: int | None = None) -> str:
     out.append(f"fn group_acc(n: u32, g: u32) -> array<i32, {t * rr}> {{")
     out += [f"  var a{r}_{m}: i32 = 0;" for r in range(rr) for m in range(t)]
     out += [f"  let row{r} = min(n + {WG * r}u, p.N - 1u) * p.Kw;" for r in range(rr)]
+    if arith == "hi16":
+        out += [f"  var cs{r}: u32 = 0u;  // Σ codes of row {r} over the group" for r in range(rr)]
     out.append("  let j_lo = g * p.gw;")
     out.append("  let j_hi = j_lo + p.gw;")
     for c in range(windows):
@@ -75,22 +86,59 @@ def source(tokens: int, windows: int, rows: int | None = None) -> str:
         out.append(f"  for (var j = max(j_lo, {lo}u); j < min(j_hi, {hi}u); j++) {{")
         out += [f"    let word{r} = w[row{r} + j];" for r in range(rr)]
         out.append(f"    let v = (j - {lo}u) * {t}u;  // first vec4 of this word's activations in the window")
-        for s in range(4):
-            out += [f"    let c{r}_{s} = (word{r} >> {2 * s}u) & 0x03030303u;" for r in range(rr)]
-            loaded = {}  # vec4 index → loaded: word (4j + s)·T + m of the window is vec4 v + (sT + m) / 4
-            for m in range(t):
-                i = s * t + m
-                if i // 4 not in loaded:
-                    loaded[i // 4] = f"x{s}_{i // 4}"
-                    out.append(f"    let x{s}_{i // 4} = xw{c}[v + {i // 4}u];")
-                for r in range(rr):
-                    out.append(f"    a{r}_{m} += dot4I8Packed(c{r}_{s}, x{s}_{i // 4}[{i % 4}]);")
+        if arith == "hi16":
+            _hi16_body(out, c, t, rr)
+        else:
+            _dot4_body(out, c, t, rr)
         out.append("  }")
+    if arith == "hi16":  # Σ c·(x + 128) − 128·Σ c = Σ c·x
+        out += [f"  a{r}_{m} -= i32(128u * cs{r});" for r in range(rr) for m in range(t)]
     out.append(f"  return array<i32, {t * rr}>({', '.join(f'a{r}_{m}' for r in range(rr) for m in range(t))});")
     out.append("}")
     out.append("")
     out.append(_ENTRIES.replace("TOKENS", f"{t}u").replace("ROWS_PER_LANE", f"{rr}u"))
     return "\n".join(out)
+
+
+def _dot4_body(out: list[str], c: int, t: int, rr: int) -> None:
+    """Per slice s: codes c = w + 1 of each row, then dot4I8Packed against each token's x word."""
+    for s in range(4):
+        out += [f"    let c{r}_{s} = (word{r} >> {2 * s}u) & 0x03030303u;" for r in range(rr)]
+        for m in range(t):
+            i = s * t + m  # word (4j + s)·T + m of the window is vec4 v + i / 4, component i % 4
+            if m == 0 or i % 4 == 0:
+                out.append(f"    let x{s}_{i // 4} = xw{c}[v + {i // 4}u];")
+            for r in range(rr):
+                out.append(f"    a{r}_{m} += dot4I8Packed(c{r}_{s}, x{s}_{i // 4}[{i % 4}]);")
+
+
+def _hi16_body(out: list[str], c: int, t: int, rr: int) -> None:
+    """Two products per 32-bit multiply, summed in the high half: with u = x + 128 ∈ [0, 255] split
+    as ue = u₀ | u₂<<16 and uo = u₁ | u₃<<16, and the codes as e = c₂ | c₀<<16, o = c₃ | c₁<<16,
+    ``e·ue mod 2³²`` = c₂u₀ + (c₀u₀ + c₂u₂)·2¹⁶: the high half holds two products' sum. Per T2 word
+    a high half sums 16 products (≤ 8160) over a low half of ≤ 8 × 510 (no carry), then is flushed
+    into the int32 accumulators; Σ c·u − 128·Σ c = Σ c·x. Per token, slice and row: 2 multiplies
+    and 2 adds (dot4I8Packed: 4 + 4, emulated on CPU drivers); the activation split is shared by
+    the rows, the code split by the tokens."""
+    for r in range(rr):
+        out.append(f"    cs{r} += countOneBits(word{r} & 0x55555555u) + 2u * countOneBits(word{r} & 0xAAAAAAAAu);")
+        out += [f"    var h{r}_{m}: u32 = 0u;" for m in range(t)]
+    for s in range(4):
+        for r in range(rr):
+            out.append(f"    let cw{r}_{s} = (word{r} >> {2 * s}u) & 0x03030303u;")
+            out.append(f"    let rt{r}_{s} = (cw{r}_{s} >> 16u) | (cw{r}_{s} << 16u);")
+            out.append(f"    let e{r}_{s} = rt{r}_{s} & 0x00030003u;")
+            out.append(f"    let o{r}_{s} = (rt{r}_{s} >> 8u) & 0x00030003u;")
+        for m in range(t):
+            i = s * t + m
+            if m == 0 or i % 4 == 0:
+                out.append(f"    let x{s}_{i // 4} = xw{c}[v + {i // 4}u];")
+            out.append(f"    let u{s}_{m} = x{s}_{i // 4}[{i % 4}] ^ 0x80808080u;")
+            out.append(f"    let ue{s}_{m} = u{s}_{m} & 0x00FF00FFu;")
+            out.append(f"    let uo{s}_{m} = (u{s}_{m} >> 8u) & 0x00FF00FFu;")
+            for r in range(rr):
+                out.append(f"    h{r}_{m} += e{r}_{s} * ue{s}_{m} + o{r}_{s} * uo{s}_{m};")
+    out += [f"    a{r}_{m} += i32(h{r}_{m} >> 16u);" for r in range(rr) for m in range(t)]
 
 
 _HEADER = """// Generated by bitmtp/wgsl_fallback/w2a8_rows.py (see its docstring): W2A8 linear, one output row per
