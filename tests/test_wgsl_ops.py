@@ -75,7 +75,7 @@ def _ternary(rng, n, k, layout, group):
 
 @pytest.fixture(params=["rows", "rows-dot4-r1", "tiled"])
 def w2a8_kernel(request, monkeypatch):
-    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, 2 rows per
+    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, 3 rows per
     invocation; and its dot4I8Packed variant with one row) and ``tiled`` (w2a8.wgsl, GPUs')."""
     from bitmtp.wgsl_fallback import w2a8_rows
 

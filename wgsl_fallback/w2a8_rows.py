@@ -37,9 +37,10 @@ WG = 64
 #: "hi16": two products per 32-bit multiply (see _hi16_body; M = 16 in 11.0 vs 13.6 ms, M = 1 2.9 vs
 #: 2.8 ms on lavapipe, 2560 × 2560, 4 dispatches per sync); "dot4": dot4I8Packed per row
 ARITH = "hi16"
-#: output rows per invocation (n, n + 64, …): each activation load and split serves all of them
-#: (R = 2: M = 16 ~1.3× faster than R = 1; R = 3, 4 were no better — more live registers)
-ROWS = 2
+#: output rows per invocation (n, n + 64, …): each activation load and split serves all of them.
+#: M = 16, 2560 × 2560 on lavapipe, interleaved runs: R = 1 14.9 ms, 2 9.2, 3 8.4, 4 11.2 (more
+#: live registers than the CPU has: spills)
+ROWS = 3
 #: binding index of activation window 0, 1, 2, 3 (the others match w2a8.wgsl's layout)
 WINDOW_BINDINGS = (0, 9, 10, 11)
 
