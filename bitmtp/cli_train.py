@@ -60,7 +60,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
                             eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
                             vocab_size=model.args.vocab_size)
-    cfg.data_description = (f"{', '.join(map(str, data))} (train split, {len(windows)} windows of {cfg.seq_len} "
+    split = "train split, " if "stdlib" in map(str, data) else ""  # only the stdlib corpus is split
+    cfg.data_description = (f"{', '.join(map(str, data))} ({split}{len(windows)} windows of {cfg.seq_len} "
                             f"tokens, shuffled with seed {cfg.seed})")
     what = "full fine-tune (all weights, NTP + MTP)" if cfg.mode == "full" else f"{cfg.mode} adapter"
     print(f"bitmtp: training a {what} (D={cfg.block_size}, rank {cfg.rank}) on {len(windows)} windows "
