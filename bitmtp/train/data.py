@@ -64,6 +64,18 @@ def iter_files(sources: Iterable[str | Path], *, split: str = "all", shuffle_see
         yield from files
 
 
+def iter_python_lines(sources: Iterable[str | Path], *, split: str = "all", shuffle_seed: int | None = None
+                      ) -> Iterator[list[str]]:
+    """The lines of each readable UTF-8 ``.py`` file of the sources (see :func:`iter_files`); others are skipped."""
+    for path in iter_files(sources, split=split, shuffle_seed=shuffle_seed):
+        if path.suffix != ".py":
+            continue
+        try:
+            yield path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+
+
 def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None, skipped: list[Path] | None = None,
                    **file_options) -> Iterator[str | list[int]]:
     """Documents of the sources — texts, or token-id lists from JSONL ``tokens`` records; non-UTF-8

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bitmtp.errors import BitMTPError
-from bitmtp.train.data import iter_files
+from bitmtp.train.data import iter_python_lines
 
 #: how a chat-style distillation prompt asks about a snippet (several, so no one phrasing dominates)
 CHAT_TEMPLATES = (
@@ -43,13 +43,7 @@ def snippet_prompts(sources: Iterable[str | Path] = ("stdlib",), count: int = 40
         raise BitMTPError(f"count: must be >= 1, got {count}")
     rng = random.Random(seed)
     out: list[str] = []
-    for path in iter_files(list(sources), split="train", shuffle_seed=seed):
-        if path.suffix != ".py":
-            continue
-        try:
-            text = path.read_text(encoding="utf-8").splitlines()
-        except (UnicodeDecodeError, OSError):
-            continue
+    for text in iter_python_lines(list(sources), split="train", shuffle_seed=seed):
         starts = [i for i, ln in enumerate(text) if ln.lstrip().startswith("def ")]
         for i in sorted(rng.sample(starts, min(per_file, len(starts)))):
             snippet = "\n".join(text[i : i + lines])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bitmtp.errors import BitMTPError
-from bitmtp.train.data import iter_files
+from bitmtp.train.data import iter_python_lines
 
 #: chat prompts for evaluation (not used in training: the shipped adapters train on code)
 CHAT_PROMPTS = [
@@ -38,13 +38,7 @@ def code_prompts(count: int = 12, lines: int = 12, seed: int = 0) -> list[str]:
     """Held-out code prompts: the first ``lines`` lines of a function from standard-library files of the
     held-out split (``bitmtp.train.data.is_heldout``), which training never sees."""
     out = []
-    for path in iter_files(["stdlib"], split="heldout", shuffle_seed=seed):
-        if path.suffix != ".py":
-            continue
-        try:
-            text = path.read_text(encoding="utf-8").splitlines()
-        except (UnicodeDecodeError, OSError):
-            continue
+    for text in iter_python_lines(["stdlib"], split="heldout", shuffle_seed=seed):
         starts = [i for i, ln in enumerate(text) if ln.startswith("def ") or ln.startswith("    def ")]
         if not starts:
             continue
