@@ -75,7 +75,7 @@ def _ternary(rng, n, k, layout, group):
 
 @pytest.fixture(params=["rows", "rows-dot4-r1", "tiled"])
 def w2a8_kernel(request, monkeypatch):
-    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, 3 rows per
+    """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, ROWS rows per
     invocation; and its dot4I8Packed variant with one row) and ``tiled`` (w2a8.wgsl, GPUs')."""
     from bitmtp.wgsl_fallback import w2a8_rows
 
@@ -110,6 +110,32 @@ def test_w2a8_accumulators_exact_and_epilogue(wg, w2a8_kernel, m, n, k, layout, 
     y = ops.w2a8(xq, s, xsum, w, r.upload(bias.numpy()), out=out).numpy()
     want = w2a8_linear_q_reference(x_q, act_s, packed, scales, k, w.group_size, bias)
     _close(y, want.numpy())
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("n,layout,group", [(200, "row", None), (300, "group", 64), (513, "tensor", None)])
+def test_w2a8_rows_every_row_of_an_invocation(wg, monkeypatch, m, n, layout, group, rng):
+    """The rows shader computes rows n, n + 64, … (ROWS of them) per invocation: unchunked N that
+    fill some of those rows in the last workgroup (200: rows 192..199 of row slot 3; 300: a second
+    workgroup; 513: one row past eight full slots), per-row / per-group / per-tensor scales, bias."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "rows")
+    r, ops = wg
+    k = 192
+    assert n % (w2a8_rows.WG * w2a8_rows.ROWS) != 0
+    _, packed, scales, upload = _ternary(rng, n, k, layout, group)
+    w = upload(r)
+    x = torch.randn(m, k, generator=rng)
+    bias = torch.randn(n, generator=rng)
+    xq, s, xsum = ops.act_quant(r.upload(x.numpy()), w.group_size)
+    x_q, act_s = act_quant_reference(x)
+    acc = r.upload(np.full((m, n, w.n_groups), -7, np.int32))  # poisoned
+    ops._w2a8("accumulate", xq, None, xsum, w, None, acc)
+    assert np.array_equal(acc.numpy(), w2a8_accumulate_reference(x_q, packed, k, w.group_size).numpy())
+    y = ops.w2a8(xq, s, xsum, w, r.upload(bias.numpy()), out=r.upload(np.full((m, n), np.nan, np.float32))).numpy()
+    _close(y, w2a8_linear_q_reference(x_q, act_s, packed, scales, k, w.group_size, bias).numpy())
+    assert _dispatched(r, "w2a8_rows")
 
 
 @pytest.mark.parametrize("m,windows", [(16, 3), (8, 2), (3, 1)])

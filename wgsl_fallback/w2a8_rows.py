@@ -13,7 +13,16 @@ lavapipe reads without the per-lane loop. Each packed T2 word is still loaded an
 all M ≤ 16 tokens. On a CPU driver ``dot4I8Packed`` is emulated (byte extracts, 4 multiplies, 4
 adds), so the default arithmetic (:data:`ARITH` ``"hi16"``, :func:`_hi16_body`) sums two products
 per 32-bit multiply instead. Measured on lavapipe (2 cores, 2560 × 2560, LLVM 15, 4 dispatches per
-sync): M = 16 in ~8–11 ms and M = 1 in ~2.9 ms, against 223 ms and 29 ms for ``w2a8.wgsl``.
+sync): M = 16 in ~5–8 ms and M = 1 in ~2.3–2.8 ms, against 223 ms and 29 ms for ``w2a8.wgsl``.
+
+Where the time goes on lavapipe (Mesa 22.3; M = 16, 2560 × 2560, same run): the loop with its
+four weight-word loads and nothing else takes 2.1 ms (a storage-buffer load with a per-lane
+address is a loop over the SIMD lanes with a bounds check each: ~35 cycles per word), the
+arithmetic 1.4 ms more, the activation loads (a uniform-buffer load whose offset depends on the
+loop counter is an 8-lane gather) 1.7 ms more. At M = 1 the weight loads are nearly all of it.
+Binding the weights as an ``rgba32uint`` texture instead (``textureLoad`` fetches four words per
+lane without the lane loop) measured M = 1 in 1.3 vs 2.7 ms and M = 16 in 6.9 vs 7.4 ms; not done
+here (textures need their own upload, row chunking at 16384 and Kw % 4 == 0).
 
 The token loops are unrolled in the generated source (one module per token count): the same
 shader with WGSL loops over an ``override`` token count ran 2× slower (32 vs 15 ms at M = 16).
@@ -38,9 +47,9 @@ WG = 64
 #: 2.8 ms on lavapipe, 2560 × 2560, 4 dispatches per sync); "dot4": dot4I8Packed per row
 ARITH = "hi16"
 #: output rows per invocation (n, n + 64, …): each activation load and split serves all of them.
-#: M = 16, 2560 × 2560 on lavapipe, interleaved runs: R = 1 14.9 ms, 2 9.2, 3 8.4, 4 11.2 (more
-#: live registers than the CPU has: spills)
-ROWS = 3
+#: M = 16, 2560 × 2560 on lavapipe, interleaved runs (token-outer order, unrolled epilogue): R = 3
+#: 8.4 ms, 4 7.8, 5 7.5, 6 7.7; 4 divides the usual widths into whole 256-row workgroups
+ROWS = 4
 #: binding index of activation window 0, 1, 2, 3 (the others match w2a8.wgsl's layout)
 WINDOW_BINDINGS = (0, 9, 10, 11)
 
@@ -69,7 +78,7 @@ def source(tokens: int, windows: int, rows: int | None = None, arith: str | None
         raise ValueError(f"arith: dot4 or hi16, got {arith!r}")
     wj = window_words(t)
     vec4s = WINDOW_BYTES // 16
-    out = [_HEADER.replace("ROWS_PER_LANE", f"{rr}u")]
+    out = [_HEADER]
     for c in range(windows):
         out.append(f"@group(0) @binding({WINDOW_BINDINGS[c]}) var<uniform> xw{c}: array<vec4<u32>, {vec4s}>;")
     out.append("")
@@ -97,7 +106,7 @@ def source(tokens: int, windows: int, rows: int | None = None, arith: str | None
     out.append(f"  return array<i32, {t * rr}>({', '.join(f'a{r}_{m}' for r in range(rr) for m in range(t))});")
     out.append("}")
     out.append("")
-    out.append(_ENTRIES.replace("TOKENS", f"{t}u").replace("ROWS_PER_LANE", f"{rr}u"))
+    out.append(_entries(t, rr))
     return "\n".join(out)
 
 
@@ -120,26 +129,28 @@ def _hi16_body(out: list[str], c: int, t: int, rr: int) -> None:
     a high half sums 16 products (≤ 8160) over a low half of ≤ 8 × 510 (no carry), then is flushed
     into the int32 accumulators; Σ c·u − 128·Σ c = Σ c·x. Per token, slice and row: 2 multiplies
     and 2 adds (dot4I8Packed: 4 + 4, emulated on CPU drivers); the activation split is shared by
-    the rows, the code split by the tokens."""
+    the rows, the code split by the tokens.
+
+    Token-outer order: the codes of all slices are split once per word, then each token runs its
+    four slices into R fresh high-half sums that are flushed at once, so R sums are live instead of
+    R·T (M = 16, 2560 × 2560, R = 3: 8.3 vs 8.8 ms; R = 4 then 7.5–7.8 ms)."""
     for r in range(rr):
         out.append(f"    cs{r} += countOneBits(word{r} & 0x55555555u) + 2u * countOneBits(word{r} & 0xAAAAAAAAu);")
-        out += [f"    var h{r}_{m}: u32 = 0u;" for m in range(t)]
     for s in range(4):
         for r in range(rr):
             out.append(f"    let cw{r}_{s} = (word{r} >> {2 * s}u) & 0x03030303u;")
             out.append(f"    let rt{r}_{s} = (cw{r}_{s} >> 16u) | (cw{r}_{s} << 16u);")
             out.append(f"    let e{r}_{s} = rt{r}_{s} & 0x00030003u;")
             out.append(f"    let o{r}_{s} = (rt{r}_{s} >> 8u) & 0x00030003u;")
-        for m in range(t):
-            i = s * t + m
-            if m == 0 or i % 4 == 0:
-                out.append(f"    let x{s}_{i // 4} = xw{c}[v + {i // 4}u];")
-            out.append(f"    let u{s}_{m} = x{s}_{i // 4}[{i % 4}] ^ 0x80808080u;")
+    for m in range(t):
+        out += [f"    var h{r}_{m}: u32 = 0u;" for r in range(rr)]
+        for s in range(4):
+            i = s * t + m  # word (4j + s)·T + m of the window is vec4 v + i / 4, component i % 4
+            out.append(f"    let u{s}_{m} = xw{c}[v + {i // 4}u][{i % 4}] ^ 0x80808080u;")
             out.append(f"    let ue{s}_{m} = u{s}_{m} & 0x00FF00FFu;")
             out.append(f"    let uo{s}_{m} = (u{s}_{m} >> 8u) & 0x00FF00FFu;")
-            for r in range(rr):
-                out.append(f"    h{r}_{m} += e{r}_{s} * ue{s}_{m} + o{r}_{s} * uo{s}_{m};")
-    out += [f"    a{r}_{m} += i32(h{r}_{m} >> 16u);" for r in range(rr) for m in range(t)]
+            out += [f"    h{r}_{m} += e{r}_{s} * ue{s}_{m} + o{r}_{s} * uo{s}_{m};" for r in range(rr)]
+        out += [f"    a{r}_{m} += i32(h{r}_{m} >> 16u);" for r in range(rr)]
 
 
 _HEADER = """// Generated by bitmtp/wgsl_fallback/w2a8_rows.py (see its docstring): W2A8 linear, one output row per
@@ -161,47 +172,50 @@ const WG: u32 = 64u;
 @group(0) @binding(7) var<storage, read_write> acc_out: array<i32>; // [M, N, n_groups]
 @group(0) @binding(8) var<uniform> p: Params;"""
 
-_ENTRIES = """@compute @workgroup_size(64)
-fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let n = (wid.x + wid.y * p.wg_x) * WG * ROWS_PER_LANE + tid;
-  if (n >= p.N) { return; }  // no barriers in this shader
-  var total: array<f32, TOKENS * ROWS_PER_LANE>;
-  for (var g = 0u; g < p.n_groups; g++) {
-    let acc = group_acc(n, g);
-    for (var r = 0u; r < ROWS_PER_LANE; r++) {
-      let srow = select(0u, n + WG * r + p.row_offset, p.scale_rows > 1u);
-      let sc = scales[srow * p.n_groups + g];
-      for (var m = 0u; m < TOKENS; m++) {
-        total[r * TOKENS + m] += f32(acc[r * TOKENS + m] - xsum[m * p.n_groups + g]) * sc;
-      }
-    }
-  }
-  for (var r = 0u; r < ROWS_PER_LANE; r++) {
-    let nr = n + WG * r;
-    if (nr >= p.N) { break; }
-    let full_n = nr + p.row_offset;
-    for (var m = 0u; m < TOKENS; m++) {
-      var out = total[r * TOKENS + m] / act_scale[m];
-      if (p.has_bias != 0u) { out += bias[full_n]; }
-      y[m * p.out_stride + full_n] = out;
-    }
-  }
-}
 
-@compute @workgroup_size(64)
-fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let n = (wid.x + wid.y * p.wg_x) * WG * ROWS_PER_LANE + tid;
-  if (n >= p.N) { return; }
-  for (var g = 0u; g < p.n_groups; g++) {
-    let acc = group_acc(n, g);
-    for (var r = 0u; r < ROWS_PER_LANE; r++) {
-      let nr = n + WG * r;
-      if (nr >= p.N) { break; }
-      let full_n = nr + p.row_offset;
-      for (var m = 0u; m < TOKENS; m++) {
-        acc_out[(m * p.out_stride + full_n) * p.n_groups + g] = acc[r * TOKENS + m] - xsum[m * p.n_groups + g];
-      }
-    }
-  }
-}
-"""
+def _entries(t: int, rr: int) -> str:
+    """The ``linear`` and ``accumulate`` entry points, their token and row loops unrolled like the
+    accumulation's: with WGSL loops over ``array<f32, T·R>`` indexed by loop counters the epilogue
+    cost ~3 ms per M = 16 dispatch on lavapipe (2560 × 256: 3.7 ms against 0.7 ms at M = 1), since a
+    dynamically indexed private array lives in memory and is gathered lane by lane."""
+    ids = [(r, m) for r in range(rr) for m in range(t)]
+    head = [
+        "@compute @workgroup_size(64)",
+        "fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {{",
+        f"  let n = (wid.x + wid.y * p.wg_x) * WG * {rr}u + tid;",
+        "  if (n >= p.N) {{ return; }}  // no barriers in this shader",
+    ]
+    lin = [line.format(name="linear") for line in head]
+    lin += [f"  var t{r}_{m}: f32 = 0.0;" for r, m in ids]
+    lin.append("  for (var g = 0u; g < p.n_groups; g++) {")
+    lin.append("    let acc = group_acc(n, g);")
+    lin += [f"    let xs{m} = xsum[{m}u * p.n_groups + g];" for m in range(t)]
+    lin += [f"    let sc{r} = scales[select(0u, n + {WG * r}u + p.row_offset, p.scale_rows > 1u) * p.n_groups + g];"
+            for r in range(rr)]
+    lin += [f"    t{r}_{m} += f32(acc[{r * t + m}] - xs{m}) * sc{r};" for r, m in ids]
+    lin.append("  }")
+    lin += [f"  let as{m} = act_scale[{m}u];" for m in range(t)]
+    lin.append("  let hb = p.has_bias != 0u;")
+    for r in range(rr):
+        if r:
+            lin.append(f"  if (n + {WG * r}u >= p.N) {{ return; }}")
+        lin.append(f"  let n{r} = n + {WG * r}u + p.row_offset;")
+        lin.append(f"  var b{r} = 0.0;")
+        lin.append(f"  if (hb) {{ b{r} = bias[n{r}]; }}")
+        for m in range(t):
+            lin.append(f"  let o{r}_{m} = t{r}_{m} / as{m};")
+            lin.append(f"  y[{m}u * p.out_stride + n{r}] = select(o{r}_{m}, o{r}_{m} + b{r}, hb);")
+    lin.append("}")
+    acc = [line.format(name="accumulate") for line in head]
+    acc.append("  for (var g = 0u; g < p.n_groups; g++) {")
+    acc.append("    let acc = group_acc(n, g);")
+    acc += [f"    let xs{m} = xsum[{m}u * p.n_groups + g];" for m in range(t)]
+    for r in range(rr):
+        if r:
+            acc.append(f"    if (n + {WG * r}u >= p.N) {{ continue; }}")
+        acc.append(f"    let n{r} = n + {WG * r}u + p.row_offset;")
+        acc += [f"    acc_out[({m}u * p.out_stride + n{r}) * p.n_groups + g] = acc[{r * t + m}] - xs{m};"
+                for m in range(t)]
+    acc.append("  }")
+    acc.append("}")
+    return "\n".join(lin + [""] + acc) + "\n"
