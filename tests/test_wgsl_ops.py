@@ -73,18 +73,32 @@ def _ternary(rng, n, k, layout, group):
                                                                          group, **kw))
 
 
-@pytest.fixture(params=["rows", "rows-dot4-r1", "tiled"])
+@pytest.fixture(params=["rows", "rows-lane", "rows-dot4-r1", "tiled"])
 def w2a8_kernel(request, monkeypatch):
     """Both W2A8 shaders: ``rows`` (w2a8_rows.py, CPU adapters' default: hi16 arithmetic, ROWS rows per
-    invocation; and its dot4I8Packed variant with one row) and ``tiled`` (w2a8.wgsl, GPUs')."""
+    invocation, activation loads shared over the subgroup where the adapter has one; ``rows-lane``: every
+    lane loads its own; ``rows-dot4-r1``: its dot4I8Packed variant with one row) and ``tiled``
+    (w2a8.wgsl, GPUs')."""
     from bitmtp.wgsl_fallback import w2a8_rows
 
     kernel = request.param.split("-")[0]
     monkeypatch.setenv("BITMTP_WGPU_W2A8", kernel)
+    if request.param == "rows-lane":
+        monkeypatch.setattr(w2a8_rows, "SHARE_ACTIVATIONS", False)
     if request.param == "rows-dot4-r1":
         monkeypatch.setattr(w2a8_rows, "ARITH", "dot4")
         monkeypatch.setattr(w2a8_rows, "ROWS", 1)
     return kernel
+
+
+@pytest.fixture(params=[True, False], ids=["shared", "lane"])
+def share_activations(request, monkeypatch):
+    """The rows shader with activation loads shared over the subgroup (where the adapter has one) and
+    with every lane loading its own."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    monkeypatch.setattr(w2a8_rows, "SHARE_ACTIVATIONS", request.param)
+    return request.param
 
 
 def _dispatched(r, shader: str) -> bool:
@@ -114,7 +128,7 @@ def test_w2a8_accumulators_exact_and_epilogue(wg, w2a8_kernel, m, n, k, layout, 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("n,layout,group", [(200, "row", None), (300, "group", 64), (513, "tensor", None)])
-def test_w2a8_rows_every_row_of_an_invocation(wg, monkeypatch, m, n, layout, group, rng):
+def test_w2a8_rows_every_row_of_an_invocation(wg, monkeypatch, share_activations, m, n, layout, group, rng):
     """The rows shader computes rows n, n + 64, … (ROWS of them) per invocation: unchunked N that
     fill some of those rows in the last workgroup (200: rows 192..199 of row slot 3; 300: a second
     workgroup; 513: one row past eight full slots), per-row / per-group / per-tensor scales, bias."""
@@ -139,7 +153,7 @@ def test_w2a8_rows_every_row_of_an_invocation(wg, monkeypatch, m, n, layout, gro
 
 
 @pytest.mark.parametrize("m,windows", [(16, 3), (8, 2), (3, 1)])
-def test_w2a8_rows_activation_windows(wg, monkeypatch, m, windows, rng):
+def test_w2a8_rows_activation_windows(wg, monkeypatch, share_activations, m, windows, rng):
     """The rows shader binds x_q as several 64 KiB uniform windows when K is wide (scale groups of 3 T2
     words straddle the window boundaries); exact accumulators and the epilogue as the reference."""
     from bitmtp.wgsl_fallback import w2a8_rows
@@ -200,6 +214,57 @@ def test_w2a8_rows_falls_back_past_its_windows(monkeypatch, rng):
     assert np.array_equal(ops.w2a8_accumulate(xq, xsum, w).numpy(),
                           w2a8_accumulate_reference(x_q, packed, k, k).numpy())
     assert _dispatched(r, "w2a8") and not _dispatched(r, "w2a8_rows")
+
+
+def _rows_share_defines(r) -> set[str]:
+    return {d for key in r._pipelines if key[0] == "w2a8_rows" for d in key[2] if d.startswith("SHARE=")}
+
+
+@pytest.mark.parametrize("subgroups", ["1", "0"])
+def test_w2a8_rows_shares_activation_loads_over_the_subgroup(monkeypatch, subgroups, rng):
+    """Where the adapter has subgroups the rows shader shares activation loads over the probed subgroup
+    size (lavapipe: its SIMD width); with BITMTP_WGPU_SUBGROUPS=0 every lane loads its own. Both exact."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+    from bitmtp.wgsl_fallback.ops import Ops
+    from bitmtp.wgsl_fallback.runner import Runner
+
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "rows")
+    monkeypatch.setenv("BITMTP_WGPU_SUBGROUPS", subgroups)
+    device_runner_or_skip()
+    r = Runner()  # a fresh runner: its pipeline cache shows which variant ran
+    size = r.subgroup_size
+    if subgroups == "0" or "subgroup" not in r.features:
+        assert size == 0
+    elif str(r.info.get("adapter_type", "")).upper() == "CPU":
+        assert size >= 4 and size & (size - 1) == 0, size  # lavapipe: 4, 8 or 16 lanes
+    share = w2a8_rows.share_size(size)
+    ops = Ops(r)
+    _, packed, _, upload = _ternary(rng, 70, 336, "group", 48)
+    w = upload(r)
+    for m in (1, 3, 16):
+        x = torch.randn(m, 336, generator=rng)
+        xq, _, xsum = ops.act_quant(r.upload(x.numpy()), w.group_size)
+        x_q, _ = act_quant_reference(x)
+        assert np.array_equal(ops.w2a8_accumulate(xq, xsum, w).numpy(),
+                              w2a8_accumulate_reference(x_q, packed, 336, 48).numpy())
+    assert _rows_share_defines(r) == {f"SHARE={share}"}
+    src = w2a8_rows.source(16, 1, share=share)
+    assert ("subgroupBroadcast" in src) == bool(share)
+
+
+def test_w2a8_rows_source_arguments():
+    """The generator refuses a token count, window count, arithmetic or share size it cannot build, and
+    shares only over power-of-two subgroups of 4..64 lanes."""
+    from bitmtp.wgsl_fallback import w2a8_rows
+
+    for bad in (dict(tokens=0, windows=1), dict(tokens=17, windows=1), dict(tokens=4, windows=5),
+                dict(tokens=4, windows=1, arith="dp4"), dict(tokens=4, windows=1, share=2),
+                dict(tokens=4, windows=1, share=12), dict(tokens=4, windows=1, share=128)):
+        with pytest.raises(ValueError):
+            w2a8_rows.source(**bad)
+    assert [w2a8_rows.share_size(s) for s in (0, 1, 2, 4, 8, 12, 16, 32, 64, 128)] == [0, 0, 0, 4, 8, 0, 16, 32, 64, 0]
+    one = w2a8_rows.source(1, 1, share=8)  # 4 words per T2 word, 8 lanes: lanes 4..7 load word 3 again
+    assert "min(0u + lane, 3u)" in one and one.count("subgroupBroadcast(") == 8  # 4 words × (ue, uo)
 
 
 def test_w2a8_kernel_choice(monkeypatch):

@@ -163,7 +163,7 @@ class Ops:
         x_bind = {w2a8_rows.WINDOW_BINDINGS[c]: (xq, c * stride, w2a8_rows.WINDOW_BYTES) for c in range(windows)}
         rows_per_lane = w2a8_rows.ROWS
         defines = frozenset({f"TOKENS={m}", f"WINDOWS={windows}", f"ROWS={rows_per_lane}",
-                             f"ARITH={w2a8_rows.ARITH}"})
+                             f"ARITH={w2a8_rows.ARITH}", f"SHARE={w2a8_rows.share_size(self.r.subgroup_size)}"})
         for i, chunk in enumerate(w.words.chunks):
             start = i * w.words.rows_per_chunk
             rows = min(w.words.rows_per_chunk, w.n - start)

@@ -36,7 +36,20 @@ def _w2a8_rows_source(defines: frozenset[str]) -> str:
     from bitmtp.wgsl_fallback import w2a8_rows
 
     params = dict(d.split("=", 1) for d in defines)
-    return w2a8_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]), int(params["ROWS"]), params["ARITH"])
+    return w2a8_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]), int(params["ROWS"]), params["ARITH"],
+                            int(params.get("SHARE", 0)))
+
+
+#: measures the subgroup size compute shaders run with: min and max of ``subgroup_size`` over a workgroup
+#: of the rows W2A8 shader's size (64)
+_SUBGROUP_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<atomic<u32>, 2>;
+@compute @workgroup_size(64)
+fn main(@builtin(subgroup_size) sgs: u32) {
+  atomicMin(&out[0], sgs);
+  atomicMax(&out[1], sgs);
+}
+"""
 
 
 #: shaders whose WGSL is generated (name → generator of ``defines``) rather than read from a file
@@ -124,9 +137,12 @@ class Runner:
         self._pass = None
         self._arenas: dict[Any, _Arena] = {}
         self._arena: _Arena | None = None
+        self._subgroup_size: int | None = None
         #: dispatches recorded and host reads done (tests count them)
         self.dispatches = 0
         self.reads = 0
+        if "subgroup" in self.features:
+            self._probe_subgroup_size()  # now, so that no step's recording is interrupted by its read
 
     # ---- shaders and pipelines -------------------------------------------------------------------------
 
@@ -135,6 +151,34 @@ class Runner:
         """Whether shaders use subgroup reductions (the adapter offers the ``subgroup`` feature and
         ``BITMTP_WGPU_SUBGROUPS`` is not ``0``)."""
         return "subgroup" in self.features and os.environ.get("BITMTP_WGPU_SUBGROUPS", "1") != "0"
+
+    @property
+    def subgroup_size(self) -> int:
+        """The subgroup size compute shaders run with on this device (lavapipe: the SIMD width in 32-bit
+        lanes, 8 on AVX2 hosts), measured once by a probe dispatch when the device is created; 0 without
+        subgroups (or with ``BITMTP_WGPU_SUBGROUPS=0``), or when invocations of one workgroup saw
+        different sizes."""
+        return (self._subgroup_size or 0) if self.subgroups else 0
+
+    def _probe_subgroup_size(self) -> None:
+        u = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=8, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
+        self.device.queue.write_buffer(buf, 0, np.array([0xFFFFFFFF, 0], np.uint32).tobytes())
+        module = self.device.create_shader_module(code=_SUBGROUP_PROBE, label="subgroup_probe")
+        pipe = self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
+                                                   label="subgroup_probe.main")
+        group = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                              entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0,
+                                                                                   "size": 8}}])
+        enc = self.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(pipe)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(1, 1, 1)
+        cpass.end()
+        self.device.queue.submit([enc.finish()])
+        lo, hi = (int(v) for v in np.frombuffer(self.device.queue.read_buffer(buf, 0, 8), np.uint32))
+        self._subgroup_size = lo if lo == hi else 0
 
     @property
     def w2a8_kernel(self) -> str:
