@@ -20,6 +20,12 @@ from tests.wgpu_device import device_runner_or_skip
 pytestmark = pytest.mark.wgpu
 PROMPT = [1, 5, 7, 9, 11, 3, 4, 60]
 DRAFTER = {"llama": "mask-block", "qwen3": "heads", "bitnet": "mask-block"}
+#: per family, two tiny models (the second with a wider MLP) whose greedy continuations of PROMPT are
+#: long and varied: the default init of a tied qwen3 model copies the last prompt token forever, and
+#: some bitnet seeds stop at EOS after a few tokens; equal outputs of such models would prove little
+VARIED = {"llama": (dict(seed=3), dict(seed=8, intermediate_size=160)),
+          "qwen3": (dict(seed=5, initializer_range=0.2), dict(seed=2, initializer_range=0.2, intermediate_size=160)),
+          "bitnet": (dict(seed=6, initializer_range=0.2), dict(seed=4, initializer_range=0.2, intermediate_size=160))}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def _gen(model, policy):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("offload", [False, True], ids=["all-on-device", "half-on-cpu"])
 def test_wgpu_equals_torch_backend(device_runner, family, offload):
-    hf = tiny_model(family, seed=2, num_hidden_layers=4)
+    hf = tiny_model(family, num_hidden_layers=4, **VARIED[family][0])
     ref = bitmtp.load(hf, quantize="ternary", adapter=None)
     adapter = _adapter(ref, DRAFTER[family])
     ref.load_adapter(adapter)
@@ -48,6 +54,7 @@ def test_wgpu_equals_torch_backend(device_runner, family, offload):
     dev.load_adapter(adapter)
     assert dev.plan.gpu_layers == ([0, 1] if offload else [0, 1, 2, 3])
     ar = _gen(ref, "ar").token_ids
+    assert len(ar) == 20 and len(set(ar)) >= 8, ar  # a long, varied continuation (VARIED)
     for policy in ("ar", "speculative", "hybrid"):
         want = _gen(ref, policy)
         before = device_runner.reads
@@ -59,6 +66,52 @@ def test_wgpu_equals_torch_backend(device_runner, family, offload):
         if not offload:  # one device read per engine read: prefill + one per iteration (+ a final flush)
             assert device_runner.reads - before == got.stats.syncs
             assert got.stats.syncs <= got.stats.iterations + 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_captured_steps_replay_the_same_commands(device_runner, monkeypatch, family):
+    """A runner replays its step from a recording once two runs recorded the same commands: the output
+    equals the eager wgpu backend's (BITMTP_EAGER=1: every step runs its Python) for ar / speculative /
+    hybrid, with the same dispatches, also while another model with the same replay states (so the same
+    arenas) but a wider MLP (so other values in its uniform slots) runs in between; steps with
+    CPU-offloaded layers are never replayed."""
+    policies = ("ar", "speculative", "hybrid", "ar")
+
+    def load(which, **kw):
+        m = bitmtp.load(tiny_model(family, num_hidden_layers=4, **VARIED[family][which]),
+                        quantize="ternary", adapter=None, backend="wgpu", **kw)
+        m.load_adapter(_adapter(m, DRAFTER[family]))
+        return m
+
+    def one(model, policy):
+        g = _gen(model, policy)
+        return g.token_ids, g.stats.committed
+
+    def run_all(model):
+        before = device_runner.dispatches
+        return [one(model, p) for p in policies], device_runner.dispatches - before
+
+    monkeypatch.setenv("BITMTP_EAGER", "1")
+    eager_a, eager_b = load(0), load(1)
+    want_a, want_dispatches = run_all(eager_a)
+    want_b, _ = run_all(eager_b)
+    assert want_a[0][0] != want_b[0][0] and len(set(want_a[0][0])) >= 8 and len(set(want_b[0][0])) >= 8
+    assert not any(r.captured for r in eager_a.engine.pool.runners.values())
+    monkeypatch.delenv("BITMTP_EAGER")
+    a = load(0)
+    got_a, dispatches = run_all(a)
+    assert got_a == want_a
+    assert dispatches == want_dispatches  # replays encode exactly what the Python encodes
+    runners = a.engine.pool.runners.values()
+    assert sum(r.replayed for r in runners) > 20  # most steps of the 4 generations came from recordings
+    assert all(r.replayed <= r.replays - 2 for r in runners)  # two agreeing recordings before a replay
+    b = load(1)
+    for _ in range(2):  # interleaved: each model's steps rewrite the shared arenas' uniforms
+        assert [one(a, p) for p in policies] == want_a
+        assert [one(b, p) for p in policies] == want_b
+    offloaded = load(0, cpu_layers=2)
+    assert [t for t, _ in run_all(offloaded)[0]] == [t for t, _ in want_a]
+    assert not any(r.captured or r.replayed for r in offloaded.engine.pool.runners.values())
 
 
 def test_dense_model_and_plan(device_runner):

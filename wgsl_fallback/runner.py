@@ -6,6 +6,11 @@ submission and one readback. Tensors are plain storage buffers with a shape and 
 (:class:`DeviceTensor`); a tensor larger than one storage binding (``max_storage_buffer_binding_size``,
 128 MiB on lavapipe — queried, never assumed) is held as row chunks that each fit one binding.
 
+A step whose recording is the same every time (same pipelines, bind groups, grids, copies and uniform
+contents) can be recorded once (:meth:`Runner.record`) and re-encoded from that :class:`Recording`
+(:meth:`Runner.replay`) without running the Python that built it: WebGPU command buffers are single-use,
+so this is the closest thing to a CUDA graph (``runtime/wgpu_exec.py`` does it per replay state).
+
 No Vulkan adapter → :class:`bitmtp.errors.BackendUnavailableError` naming the system packages that
 provide one. ``WGPU_BACKEND_TYPE=Vulkan`` makes wgpu fail loudly instead of falling back to GL.
 """
@@ -138,6 +143,7 @@ class Runner:
         self._arenas: dict[Any, _Arena] = {}
         self._arena: _Arena | None = None
         self._subgroup_size: int | None = None
+        self._recording: Recording | None = None
         #: dispatches recorded and host reads done (tests count them)
         self.dispatches = 0
         self.reads = 0
@@ -242,19 +248,23 @@ class Runner:
         return u.STORAGE | u.UNIFORM | u.COPY_SRC | u.COPY_DST
 
     @contextmanager
-    def arena(self, key: Any) -> Iterator[None]:
+    def arena(self, key: Any, user: Any = None) -> Iterator[bool]:
         """Within this block, :meth:`empty`, :meth:`uniform` and bind groups come from ``key``'s arena and
         are reused by the next block with the same key (a replay state records the same allocations every
         step). Re-entering an arena whose work is not submitted yet submits first: its uniforms are about
-        to be rewritten, and queue writes land before the commands of the next submission."""
+        to be rewritten, and queue writes land before the commands of the next submission. Yields whether
+        ``user`` was also the arena's previous user: a recording made in it is only replayable while no
+        other user (another model's runner of the same state) has rewritten its uniforms since."""
         arena = self._arenas.setdefault(key, _Arena())
+        same_user = user is not None and arena.user is user
+        arena.user = user
         if arena.pending:
             self.submit()
         arena.i_buf = arena.i_uni = 0
         outer, self._arena = self._arena, arena
         arena.pending = True
         try:
-            yield
+            yield same_user
         finally:
             self._arena = outer
 
@@ -318,6 +328,8 @@ class Runner:
     def write(self, t: DeviceTensor, array: np.ndarray) -> None:
         """Overwrite ``t`` with ``array`` (same number of elements). Queue writes land before the next
         submission's commands, so pending commands (which may read ``t``) are submitted first."""
+        if self._recording is not None:
+            self._recording.host_work = True
         if self._encoder is not None:
             self.submit()
         arr = np.ascontiguousarray(array, dtype=_DTYPES[t.dtype]).reshape(t.shape)
@@ -327,6 +339,8 @@ class Runner:
 
     def read(self, t: DeviceTensor) -> np.ndarray:
         """Submit pending work and copy ``t`` back to the host (one read per chunk)."""
+        if self._recording is not None:
+            self._recording.host_work = True
         self.submit()
         self.reads += 1
         parts = []
@@ -343,6 +357,8 @@ class Runner:
         values change, inside :meth:`arena`)."""
         data = struct.pack(fmt, *values)
         data += b"\0" * (-len(data) % 16)
+        if self._recording is not None:
+            self._recording.uniforms.append(data)
         a = self._arena
         if a is not None:
             i = a.i_uni
@@ -386,6 +402,11 @@ class Runner:
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             if a is not None:
                 a.groups[key] = group
+        if self._recording is not None:
+            self._recording.commands.append((pipeline, group, tuple(groups)))
+        self._encode(pipeline, group, groups)
+
+    def _encode(self, pipeline: Any, group: Any, groups: tuple[int, int, int]) -> None:
         if self._pass is None:  # consecutive dispatches share one compute pass (ordered, writes visible)
             if self._encoder is None:
                 self._encoder = self.device.create_command_encoder()
@@ -395,6 +416,32 @@ class Runner:
         self._pass.dispatch_workgroups(*groups)
         self.dispatches += 1
 
+    @contextmanager
+    def record(self) -> Iterator[Recording]:
+        """Record what the block encodes (it is encoded as usual too) into a :class:`Recording`; a
+        recording that wrote or read host memory (``host_work``) cannot be replayed."""
+        if self._recording is not None:
+            raise BitMTPError("Runner.record: already recording (recordings do not nest)")
+        rec = self._recording = Recording()
+        try:
+            yield rec
+        finally:
+            self._recording = None
+
+    def replay(self, rec: Recording) -> None:
+        """Encode ``rec``'s dispatches and copies again, in order, with the same pipelines and bind groups
+        (so the same buffers, and uniforms that still hold what they held when it was recorded)."""
+        if rec.host_work:
+            raise BitMTPError("Runner.replay: this recording wrote or read host memory; run its code instead")
+        if self._recording is not None:  # a replay inside a recording is part of it
+            self._recording.commands += rec.commands
+            self._recording.uniforms += rec.uniforms
+        for cmd in rec.commands:
+            if len(cmd) == 3:
+                self._encode(*cmd)
+            else:
+                self._encode_copy(*cmd)
+
     def _end_pass(self) -> None:
         if self._pass is not None:
             self._pass.end()
@@ -402,6 +449,11 @@ class Runner:
 
     def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None:
         """Record a buffer-to-buffer copy (byte offsets and size multiples of 4)."""
+        if self._recording is not None:
+            self._recording.commands.append((src, src_offset, dst, dst_offset, nbytes))
+        self._encode_copy(src, src_offset, dst, dst_offset, nbytes)
+
+    def _encode_copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int) -> None:
         self._end_pass()  # copies are recorded outside compute passes
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()
@@ -430,6 +482,32 @@ class Runner:
         self.device.queue.read_buffer(self._fence, 0, 4)
 
 
+class Recording:
+    """The commands one block encoded (:meth:`Runner.record`): dispatches ``(pipeline, bind group,
+    grid)`` and copies ``(src, src offset, dst, dst offset, bytes)``, in order, plus the contents of the
+    uniforms it asked for (two recordings with the same commands but other uniform values differ)."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple] = []
+        self.uniforms: list[bytes] = []
+        self.host_work = False  # wrote or read host memory: not replayable
+
+    def same_as(self, other: Recording) -> bool:
+        """Whether both encode the same thing: the same pipeline, bind group and buffer objects, grids,
+        offsets and uniform contents, in the same order."""
+        if self.host_work or other.host_work or len(self.commands) != len(other.commands):
+            return False
+        if self.uniforms != other.uniforms:
+            return False
+        return all(len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+                   for a, b in zip(self.commands, other.commands, strict=True))
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Command fields: the same object (pipeline, bind group, buffer), or equal grids and offsets."""
+    return x is y or (isinstance(x, (int, tuple)) and x == y)
+
+
 class _Arena:
     """Buffers, uniforms and bind groups of one replay state, reused step after step: a state records
     the same sequence of allocations every time, so the i-th request gets the i-th slot."""
@@ -440,6 +518,7 @@ class _Arena:
         self.groups: dict[tuple, Any] = {}
         self.i_buf = self.i_uni = 0
         self.pending = False  # recorded into the open (unsubmitted) encoder
+        self.user: Any = None  # who entered it last (Runner.arena)
 
 
 _DEFAULT: Runner | None = None
@@ -462,4 +541,4 @@ def availability() -> tuple[bool, str]:
     return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')})"
 
 
-__all__ = ["Runner", "DeviceTensor", "default_runner", "availability", "VULKAN_HINT"]
+__all__ = ["Runner", "Recording", "DeviceTensor", "default_runner", "availability", "VULKAN_HINT"]
