@@ -8,6 +8,11 @@ Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothin
   for both W2A8 shaders (``kernel``): ``rows`` (``w2a8_rows.py``, the default on CPU adapters) and
   ``tiled`` (``w2a8.wgsl``, the default on GPUs); ``rows_over_tiled_m16`` is how much faster the rows
   shader runs the M = 16 dispatch than the tiled one on this adapter (alternated the same way).
+* ``captured_over_eager`` — AR tokens/s of the wgpu backend when steps replay their recorded commands
+  (the default) over the same model with ``BITMTP_EAGER=1`` (every step runs the Python that records
+  it), alternated, best round over best round. On lavapipe the device time of a step dominates; on a
+  GPU the Python recording would, so there the figure is larger. ``record_us_per_dispatch`` /
+  ``replay_us_per_dispatch``: host time per dispatch of a step (no device wait).
 * ``readbacks_per_iteration`` — device→host reads of a whole speculative / hybrid generation on the
   wgpu backend, over its engine reads (prefill + one per iteration): goal 1.
 * the offload plan of BitNet b1.58-2B-4T and of an 8B ternary model under 3.9 GB (``plan_*``), loaded
@@ -21,7 +26,7 @@ import pytest
 import torch
 
 from bench.conftest import by_mode, record
-from bench.ratios import alternating_ratio
+from bench.ratios import alternating_ratio, best_over_best
 from bitmtp.formats import pack_t2
 from tests.wgpu_device import device_runner_or_skip
 
@@ -77,6 +82,49 @@ def test_wgsl_tiled_vs_per_token(benchmark, runner, kernel, monkeypatch):
     record(benchmark, kernel=kernel, shape=f"{n}x{k}", device=runner.info.get("device", "?"),
            subgroups=runner.subgroups, tiled_ms=t_tiled * 1e3, per_token_ms=t_per_token * 1e3,
            tiled_speedup=ratio, goal=4.0, **extra)
+
+
+def test_wgpu_captured_vs_eager_steps(benchmark, runner, monkeypatch):
+    import time
+
+    import bitmtp
+    from tests.hf_models import tiny_model
+
+    hf = tiny_model("bitnet", seed=3, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+    prompt = [1, 5, 7, 9, 11, 3, 4, 60]
+    tokens = by_mode(32, 64)
+    models = {}
+    for mode in ("eager", "captured"):
+        monkeypatch.setenv("BITMTP_EAGER", "1" if mode == "eager" else "0")
+        models[mode] = bitmtp.load(hf, quantize="ternary", adapter=None, backend="wgpu")
+        bitmtp.generate(models[mode], input_ids=prompt, max_new_tokens=8, policy="ar")  # runners made, warm
+
+    def run(mode):
+        return bitmtp.generate(models[mode], input_ids=prompt, max_new_tokens=tokens, policy="ar")
+
+    out = benchmark.pedantic(lambda: run("captured"), rounds=by_mode(2, 4), iterations=1)
+    if benchmark.disabled:
+        return
+    tps = {"eager": [], "captured": []}
+    for _ in range(by_mode(3, 5)):
+        for mode in tps:
+            tps[mode].append(run(mode).stats.tokens_per_second)
+    host = {}
+    for mode, model in models.items():  # host time of one AR step's encoding, without the device's
+        step = model.engine.pool.get(next(s for s in model.engine.pool.runners if s.role == "ar"))
+        best = float("inf")
+        for _ in range(4):  # the captured runner records twice first (the other model used its arena)
+            runner.sync()
+            d0, t0 = runner.dispatches, time.perf_counter()
+            step.run()
+            best = min(best, (time.perf_counter() - t0) / (runner.dispatches - d0))
+            model.engine.pool.flush()
+        host[mode] = best
+    runners = models["captured"].engine.pool.runners.values()
+    record(benchmark, tokens=len(out.token_ids), eager_tok_s=max(tps["eager"]), captured_tok_s=max(tps["captured"]),
+           captured_over_eager=best_over_best(tps["captured"], tps["eager"]),
+           record_us_per_dispatch=host["eager"] * 1e6, replay_us_per_dispatch=host["captured"] * 1e6,
+           replayed_steps=sum(r.replayed for r in runners))
 
 
 @pytest.mark.parametrize("policy", ["speculative", "hybrid"])
