@@ -147,8 +147,13 @@ class Runner:
         #: dispatches recorded and host reads done (tests count them)
         self.dispatches = 0
         self.reads = 0
+        #: why the subgroup size is unknown (the probe failed), or None
+        self.subgroup_probe_error: str | None = None
         if "subgroup" in self.features:
-            self._probe_subgroup_size()  # now, so that no step's recording is interrupted by its read
+            try:  # now, so that no step's recording is interrupted by its read
+                self._probe_subgroup_size()
+            except Exception as exc:  # a driver that offers the feature but fails the probe: per-lane loads
+                self._subgroup_size, self.subgroup_probe_error = 0, f"{type(exc).__name__}: {exc}"
 
     # ---- shaders and pipelines -------------------------------------------------------------------------
 
@@ -538,7 +543,12 @@ def availability() -> tuple[bool, str]:
         r = default_runner()
     except BitMTPError as exc:
         return False, str(exc)
-    return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')})"
+    sg = f", subgroups of {r.subgroup_size}" if r.subgroup_size else ""
+    try:
+        kernel = r.w2a8_kernel
+    except BitMTPError as exc:  # a bad BITMTP_WGPU_W2A8: the device is there, the choice is not
+        kernel = f"none ({exc})"
+    return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')}{sg}; W2A8 shader: {kernel})"
 
 
 __all__ = ["Runner", "Recording", "DeviceTensor", "default_runner", "availability", "VULKAN_HINT"]
