@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bitmtp.errors import BitMTPError, ShapeError
-from bitmtp.wgsl_fallback import w2a8_rows
+from bitmtp.wgsl_fallback import dense_rows, w2a8_rows
 from bitmtp.wgsl_fallback.runner import DeviceTensor, Runner
 
 MAX_TOKENS = 16  # register tile of the linear shaders: wider steps run in slices of 16 rows
@@ -208,6 +208,9 @@ class Ops:
             raise ShapeError(f"dense: x has K={k}, weight has shape {(n, wk)}")
         if m > MAX_TOKENS:
             return self._tiled(x, lambda part: self.dense(part, w, bias), n)
+        kind = w.kind if isinstance(w, DenseWeight) else "f32"
+        if self.r.dense_kernel == "rows" and dense_rows.usable(m, k, kind) and len(x.chunks) == 1:
+            return self._dense_rows(x, data, n, k, kind, bias)
         out = self.r.empty((m, n), "f32")
         k2 = data.shape[1]
         for i, chunk in enumerate(data.chunks):
@@ -217,6 +220,32 @@ class Ops:
             params = self.r.uniform("8I", m, rows, k, int(bias is not None), n, start, grid[0], k2)
             self.r.dispatch("dense", "main", {0: x, 1: chunk, 2: bias if bias is not None else self._zero, 3: out,
                                               4: params}, grid, defines, (("TOKENS", m),))
+        return out
+
+    def _dense_rows(self, x: DeviceTensor, data: DeviceTensor, n: int, k: int, kind: str,
+                    bias: DeviceTensor | None) -> DeviceTensor:
+        """``dense`` through the rows shader (``dense_rows.py``): ``x`` rearranged into token-minor quads
+        (``quads.wgsl``) in a buffer every activation window lies inside, then per weight chunk one
+        dispatch of 64·ROWS rows per workgroup."""
+        m = x.shape[0]
+        quads = -(-k // 4)
+        windows = dense_rows.windows_needed(m, k)
+        stride = dense_rows.window_quads(m) * 16 * m  # bytes per window
+        xt = self.r.empty((quads, m, 4), "f32", min_bytes=(windows - 1) * stride + dense_rows.WINDOW_BYTES)
+        grid = self.r.grid(-(-quads * m // 64))
+        self.r.dispatch("quads", "main", {0: x, 1: xt, 2: self.r.uniform("4I", m, k, quads, grid[0])}, grid)
+        out = self.r.empty((m, n), "f32")
+        x_bind = {dense_rows.WINDOW_BINDINGS[c]: (xt, c * stride, dense_rows.WINDOW_BYTES) for c in range(windows)}
+        defines = frozenset({f"TOKENS={m}", f"WINDOWS={windows}", f"KIND={kind}", f"ROWS={dense_rows.ROWS}",
+                             f"SHARE={w2a8_rows.share_size(self.r.subgroup_size)}"})
+        units = k // dense_rows.UNIT[kind]
+        for i, chunk in enumerate(data.chunks):
+            start = i * data.rows_per_chunk
+            rows = min(data.rows_per_chunk, n - start)
+            g = self.r.grid(-(-rows // (dense_rows.WG * dense_rows.ROWS)))
+            params = self.r.uniform("8I", m, rows, units, int(bias is not None), n, start, g[0], 0)
+            self.r.dispatch("dense_rows", "main", {1: chunk, 2: bias if bias is not None else self._zero, 3: out,
+                                                   4: params, **x_bind}, g, defines)
         return out
 
     def _tiled(self, x: DeviceTensor, fn, n: int) -> DeviceTensor:

@@ -57,8 +57,16 @@ fn main(@builtin(subgroup_size) sgs: u32) {
 """
 
 
+def _dense_rows_source(defines: frozenset[str]) -> str:
+    from bitmtp.wgsl_fallback import dense_rows
+
+    params = dict(d.split("=", 1) for d in defines)
+    return dense_rows.source(int(params["TOKENS"]), int(params["WINDOWS"]), params["KIND"], int(params["ROWS"]),
+                             int(params["SHARE"]))
+
+
 #: shaders whose WGSL is generated (name → generator of ``defines``) rather than read from a file
-GENERATED = {"w2a8_rows": _w2a8_rows_source}
+GENERATED = {"w2a8_rows": _w2a8_rows_source, "dense_rows": _dense_rows_source}
 
 
 def _preload_triton() -> None:
@@ -191,18 +199,31 @@ class Runner:
         lo, hi = (int(v) for v in np.frombuffer(self.device.queue.read_buffer(buf, 0, 8), np.uint32))
         self._subgroup_size = lo if lo == hi else 0
 
+    def _kernel_choice(self, variable: str) -> str:
+        """``"rows"`` on an adapter of type CPU, ``"tiled"`` on GPUs, unless ``variable`` says
+        ``rows`` or ``tiled`` (anything else is refused)."""
+        choice = os.environ.get(variable, "").strip().lower()
+        if choice in ("rows", "tiled"):
+            return choice
+        if choice:
+            raise BitMTPError(f"{variable}: expected 'rows' or 'tiled', got {choice!r}")
+        return "rows" if str(self.info.get("adapter_type", "")).upper() == "CPU" else "tiled"
+
     @property
     def w2a8_kernel(self) -> str:
         """Which W2A8 shader the ops use: ``"rows"`` (``w2a8_rows.py``: a row per invocation, activations
         from uniform-buffer windows — for CPU Vulkan drivers, where it measured 7–15× faster) or
         ``"tiled"`` (``w2a8.wgsl``: a workgroup per row, lanes over K — the GPU design). Default: rows on
         an adapter of type CPU, tiled on GPUs; ``BITMTP_WGPU_W2A8=rows|tiled`` overrides."""
-        choice = os.environ.get("BITMTP_WGPU_W2A8", "").strip().lower()
-        if choice in ("rows", "tiled"):
-            return choice
-        if choice:
-            raise BitMTPError(f"BITMTP_WGPU_W2A8: expected 'rows' or 'tiled', got {choice!r}")
-        return "rows" if str(self.info.get("adapter_type", "")).upper() == "CPU" else "tiled"
+        return self._kernel_choice("BITMTP_WGPU_W2A8")
+
+    @property
+    def dense_kernel(self) -> str:
+        """Which dense shader the ops use: ``"rows"`` (``dense_rows.py``: rows per invocation, activations
+        from uniform-buffer windows, vec4 weight loads — for CPU Vulkan drivers) or ``"tiled"``
+        (``dense.wgsl``: lanes over K, a workgroup reduction — the GPU design). Default: rows on an
+        adapter of type CPU, tiled on GPUs; ``BITMTP_WGPU_DENSE=rows|tiled`` overrides."""
+        return self._kernel_choice("BITMTP_WGPU_DENSE")
 
     def source(self, shader: str, defines: frozenset[str] = frozenset()) -> str:
         """A shader's WGSL after the small preprocessor: ``//#if NAME`` / ``//#else`` / ``//#endif``
@@ -545,10 +566,10 @@ def availability() -> tuple[bool, str]:
         return False, str(exc)
     sg = f", subgroups of {r.subgroup_size}" if r.subgroup_size else ""
     try:
-        kernel = r.w2a8_kernel
-    except BitMTPError as exc:  # a bad BITMTP_WGPU_W2A8: the device is there, the choice is not
-        kernel = f"none ({exc})"
-    return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')}{sg}; W2A8 shader: {kernel})"
+        kernels = f"W2A8 / dense shaders: {r.w2a8_kernel} / {r.dense_kernel}"
+    except BitMTPError as exc:  # a bad BITMTP_WGPU_W2A8 / _DENSE: the device is there, the choice is not
+        kernels = f"no shader choice ({exc})"
+    return True, f"{r.info.get('device', '?')} ({r.info.get('backend_type', '?')}{sg}; {kernels})"
 
 
 __all__ = ["Runner", "Recording", "DeviceTensor", "default_runner", "availability", "VULKAN_HINT"]

@@ -8,6 +8,10 @@ Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothin
   for both W2A8 shaders (``kernel``): ``rows`` (``w2a8_rows.py``, the default on CPU adapters) and
   ``tiled`` (``w2a8.wgsl``, the default on GPUs); ``rows_over_tiled_m16`` is how much faster the rows
   shader runs the M = 16 dispatch than the tiled one on this adapter (alternated the same way).
+* ``dense_rows_over_tiled`` — the rows dense shader (``dense_rows.py``, CPU adapters' default) over
+  ``dense.wgsl`` on an LM-head-like float32 matrix (8192 × 576 quick, SmolLM2's 49152 × 576 full) at
+  M = 1 and M = 16, alternated; ``dense_tiled_speedup``: 16 dispatches at M = 1 over one at M = 16 of
+  the rows dense shader.
 * ``captured_over_eager`` — AR tokens/s of the wgpu backend when steps replay their recorded commands
   (the default) over the same model with ``BITMTP_EAGER=1`` (every step runs the Python that records
   it), alternated, best round over best round. On lavapipe the device time of a step dominates; on a
@@ -82,6 +86,44 @@ def test_wgsl_tiled_vs_per_token(benchmark, runner, kernel, monkeypatch):
     record(benchmark, kernel=kernel, shape=f"{n}x{k}", device=runner.info.get("device", "?"),
            subgroups=runner.subgroups, tiled_ms=t_tiled * 1e3, per_token_ms=t_per_token * 1e3,
            tiled_speedup=ratio, goal=4.0, **extra)
+
+
+def test_wgsl_dense_rows_vs_tiled(benchmark, runner, monkeypatch):
+    from bitmtp.wgsl_fallback.ops import DenseWeight, Ops
+
+    n, k = by_mode((8192, 576), (49152, 576))
+    g = torch.Generator().manual_seed(0)
+    ops = Ops(runner)
+    w = DenseWeight.upload(runner, torch.randn(n, k, generator=g))
+    x16 = runner.upload(torch.randn(16, k, generator=g).numpy())
+    x1 = [runner.upload(torch.randn(1, k, generator=g).numpy()) for _ in range(16)]
+
+    def shader(kind, fn):
+        def run():
+            monkeypatch.setenv("BITMTP_WGPU_DENSE", kind)
+            fn()
+            runner.sync()
+        return run
+
+    def m16():
+        ops.dense(x16, w)
+
+    def m1():
+        ops.dense(x1[0], w)
+
+    def per_token():
+        for x in x1:
+            ops.dense(x, w)
+
+    benchmark.pedantic(shader("rows", m16), rounds=by_mode(3, 5), iterations=1, warmup_rounds=1)
+    if benchmark.disabled:
+        return
+    over16, t_tiled16, t_rows16 = alternating_ratio(shader("tiled", m16), shader("rows", m16), rounds=3, inner=1)
+    over1, t_tiled1, t_rows1 = alternating_ratio(shader("tiled", m1), shader("rows", m1), rounds=3, inner=2)
+    speedup = alternating_ratio(shader("rows", per_token), shader("rows", m16), rounds=3, inner=2)[0]
+    record(benchmark, shape=f"{n}x{k}", rows_m16_ms=t_rows16 * 1e3, tiled_m16_ms=t_tiled16 * 1e3,
+           rows_m1_ms=t_rows1 * 1e3, tiled_m1_ms=t_tiled1 * 1e3, dense_rows_over_tiled_m16=over16,
+           dense_rows_over_tiled_m1=over1, dense_tiled_speedup=speedup)
 
 
 def test_wgpu_captured_vs_eager_steps(benchmark, runner, monkeypatch):
