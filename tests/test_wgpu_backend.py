@@ -69,6 +69,25 @@ def test_wgpu_equals_torch_backend(device_runner, family, offload):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_shaders_end_to_end(device_runner, monkeypatch, family):
+    """The shaders a GPU adapter gets (w2a8.wgsl and dense.wgsl; CPU adapters default to the rows
+    shaders) give the torch backend's greedy output too, for ar / speculative / hybrid."""
+    monkeypatch.setenv("BITMTP_WGPU_W2A8", "tiled")
+    monkeypatch.setenv("BITMTP_WGPU_DENSE", "tiled")
+    hf = tiny_model(family, num_hidden_layers=2, **VARIED[family][0])
+    ref = bitmtp.load(hf, quantize="ternary", adapter=None)
+    dev = bitmtp.load(hf, quantize="ternary", adapter=None, backend="wgpu")
+    adapter = _adapter(ref, DRAFTER[family])
+    ref.load_adapter(adapter)
+    dev.load_adapter(adapter)
+    for policy in ("ar", "speculative", "hybrid"):
+        assert _gen(dev, policy).token_ids == _gen(ref, policy).token_ids, policy
+    used = {id(cmd[0]) for run in dev.engine.pool.runners.values() if run.captured for cmd in run.captured.commands}
+    shaders = {key[0] for key, pipe in device_runner._pipelines.items() if id(pipe) in used}
+    assert {"w2a8", "dense"} <= shaders and not shaders & {"w2a8_rows", "dense_rows"}, shaders
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_captured_steps_replay_the_same_commands(device_runner, monkeypatch, family):
     """A runner replays its step from a recording once two runs recorded the same commands: the output
     equals the eager wgpu backend's (BITMTP_EAGER=1: every step runs its Python) for ar / speculative /
