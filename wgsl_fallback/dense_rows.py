@@ -24,10 +24,10 @@ and the activations fit :data:`MAX_WINDOWS` windows; otherwise ``dense.wgsl`` ru
 
 from __future__ import annotations
 
-WINDOW_BYTES = 65536  # WebGPU guarantees maxUniformBufferBindingSize >= 64 KiB
+from bitmtp.wgsl_fallback.w2a8_rows import WG, WINDOW_BYTES, check_share, shared_gathers, window_words
+
 #: at most 8 windows + the params uniform: 9 of the 12 uniform buffers WebGPU guarantees per stage
 MAX_WINDOWS = 8
-WG = 64
 #: output rows per invocation (each activation broadcast serves all of them)
 ROWS = 4
 #: binding of activation window 0, 1, …; weights 1, bias 2, y 3, params 4
@@ -38,8 +38,8 @@ UNIT = {"f32": 4, "bf16": 8, "f16": 8}
 
 def window_quads(tokens: int) -> int:
     """Quads of K (4 elements each) per activation window at ``tokens`` tokens: a quad holds one vec4 per
-    token (16·M bytes); a multiple of 16, so every window offset is a multiple of 256 bytes."""
-    return (WINDOW_BYTES // (16 * tokens)) // 16 * 16
+    token, 16·M bytes like a T2 word's activations, so as many as ``w2a8_rows.window_words``."""
+    return window_words(tokens)
 
 
 def windows_needed(tokens: int, k: int) -> int:
@@ -63,8 +63,7 @@ def source(tokens: int, windows: int, kind: str, rows: int | None = None, share:
         raise ValueError(f"windows: 1..{MAX_WINDOWS}, got {windows}")
     if kind not in UNIT:
         raise ValueError(f"kind: one of {sorted(UNIT)}, got {kind!r}")
-    if share and (share < 4 or share > WG or share & (share - 1)):
-        raise ValueError(f"share: 0 or a power of two in 4..{WG}, got {share}")
+    check_share(share)
     t, rr, unit = tokens, rows or ROWS, UNIT[kind]
     qpu = unit // 4  # quads per unit
     wq = window_quads(t)
@@ -94,11 +93,8 @@ def source(tokens: int, windows: int, kind: str, rows: int | None = None, share:
         xs = _x_words(out, c, t, qpu, share)
         for m in range(t):
             for r in range(rr):
-                terms = [f"w{r}_{e} * {xs[m][e]}" for e in range(unit)]
-                expr = terms[0]
-                for term in terms[1:]:
-                    expr = f"{expr} + {term}"
-                out.append(f"    a{r}_{m} += {expr};")
+                dot = " + ".join(f"w{r}_{e} * {xs[m][e]}" for e in range(unit))  # left to right
+                out.append(f"    a{r}_{m} += {dot};")
         out.append("  }")
     out.append("  let hb = p.has_bias != 0u;")
     for r in range(rr):
@@ -133,11 +129,7 @@ def _x_words(out: list[str], c: int, t: int, qpu: int, share: int) -> list[list[
     words = 4 * t * qpu
     names = [[""] * (4 * qpu) for _ in range(t)]
     if share:
-        for q in range(-(-words // share)):
-            first = q * share
-            idx = f"{first}u + lane" if first + share <= words else f"min({first}u + lane, {words - 1}u)"
-            out.append(f"    let xi{q} = {idx};")
-            out.append(f"    let xl{q} = xw{c}[v + (xi{q} >> 2u)][xi{q} & 3u];")
+        shared_gathers(out, c, words, share)
     for i in range(words):
         quad, m, comp = i // (4 * t), (i // 4) % t, i % 4
         name = f"x{m}_{4 * quad + comp}"

@@ -89,8 +89,31 @@ def share_size(subgroup_size: int) -> int:
     every S-th word), or 0 for per-lane loads: sharing needs :data:`SHARE_ACTIVATIONS`, a power of two
     ≥ 4 (whole vec4s per round of loads) that divides the workgroup (:data:`WG`)."""
     s = int(subgroup_size)
-    ok = SHARE_ACTIVATIONS and 4 <= s <= WG and s & (s - 1) == 0
-    return s if ok else 0
+    return s if SHARE_ACTIVATIONS and _shareable(s) else 0
+
+
+def _shareable(s: int) -> bool:
+    return 4 <= s <= WG and s & (s - 1) == 0
+
+
+def check_share(share: int) -> None:
+    """``ValueError`` unless ``share`` is 0 or a subgroup size loads can be shared over (a generator argument)."""
+    if share and not _shareable(share):
+        raise ValueError(f"share: 0 or a power of two in 4..{WG}, got {share}")
+
+
+def shared_gathers(out: list[str], window: int, words: int, share: int) -> int:
+    """Emit the loads of ``words`` consecutive 32-bit activation words (from vec4 ``v`` of window
+    ``window``) spread over a subgroup of ``share`` lanes: ``xl{q}`` holds word ``q·share + lane``
+    (clamped to the last word where ``words`` is not a multiple). Returns how many (``q`` values);
+    ``subgroupBroadcast(xl{i // share}, i % share)`` is word i."""
+    rounds = -(-words // share)
+    for q in range(rounds):
+        first = q * share
+        idx = f"{first}u + lane" if first + share <= words else f"min({first}u + lane, {words - 1}u)"
+        out.append(f"    let xi{q} = {idx};")
+        out.append(f"    let xl{q} = xw{window}[v + (xi{q} >> 2u)][xi{q} & 3u];")
+    return rounds
 
 
 def source(tokens: int, windows: int, rows: int | None = None, arith: str | None = None, share: int = 0) -> str:
@@ -104,8 +127,7 @@ def source(tokens: int, windows: int, rows: int | None = None, arith: str | None
     t, rr, arith = tokens, rows or ROWS, arith or ARITH
     if arith not in ("dot4", "hi16"):
         raise ValueError(f"arith: dot4 or hi16, got {arith!r}")
-    if share and (share < 4 or share > WG or share & (share - 1)):
-        raise ValueError(f"share: 0 or a power of two in 4..{WG}, got {share}")
+    check_share(share)
     wj = window_words(t)
     vec4s = WINDOW_BYTES // 16
     out = [_HEADER]
@@ -172,11 +194,7 @@ class _SharedX(_LaneX):
         self.s, self.arith = s, arith
 
     def prologue(self, out: list[str]) -> None:
-        for q in range(-(-4 * self.t // self.s)):
-            first = q * self.s
-            idx = f"{first}u + lane" if first + self.s <= 4 * self.t else f"min({first}u + lane, {4 * self.t - 1}u)"
-            out.append(f"    let xi{q} = {idx};")
-            out.append(f"    let xl{q} = xw{self.c}[v + (xi{q} >> 2u)][xi{q} & 3u];")
+        for q in range(shared_gathers(out, self.c, 4 * self.t, self.s)):
             if self.arith == "hi16":
                 out.append(f"    let xu{q} = xl{q} ^ 0x80808080u;")
                 out.append(f"    let xe{q} = xu{q} & 0x00FF00FFu;")
