@@ -395,6 +395,17 @@ def test_dense_shaders(wg, dense_kernel, m, n, k, dtype, chunk, bias, rng):
         assert dense_rows.windows_needed(m, k) >= (3 if (k, m) == (2056, 16) else 1)
 
 
+@pytest.mark.parametrize("m,k", [(1, 4), (3, 72), (16, 2056)])
+def test_quads_layout_exact(wg, m, k, rng):
+    """quads.wgsl (the rows dense shader's activation layout) is an exact copy: xt[j, m] = x[m, 4j..4j+3]."""
+    r, _ = wg
+    x = torch.randn(m, k, generator=rng)
+    xt = r.upload(np.full((k // 4, m, 4), np.nan, np.float32))  # poisoned
+    grid = r.grid(-(-k // 4 * m // 64))
+    r.dispatch("quads", "main", {0: r.upload(x.numpy()), 1: xt, 2: r.uniform("4I", m, k, k // 4, grid[0])}, grid)
+    assert np.array_equal(xt.numpy(), x.numpy().reshape(m, k // 4, 4).transpose(1, 0, 2))
+
+
 def test_dense_rows_falls_back_where_it_cannot_run(monkeypatch, rng):
     """K not a multiple of the weight unit (4 float32, 8 bf16/f16), or activations wider than the
     shader's windows: dense.wgsl runs (same results within the tolerance)."""

@@ -10,7 +10,7 @@ invocation :data:`ROWS` output rows (n, n + 64, …) for all M ≤ 16 tokens and
 * **weights** are loaded one ``vec4`` per lane and step (four float32, or eight bf16 / f16 widened
   exactly in registers), so the per-lane storage-load loop is paid once per four or eight weights;
 * **activations** come from uniform-buffer windows of a token-minor copy of ``x`` (``quads.wgsl``
-  writes ``xt[j, m] = x[m, 4j .. 4j + 3]``, zero past K), loaded once per subgroup and handed to every
+  writes ``xt[j, m] = x[m, 4j .. 4j + 3]``), loaded once per subgroup and handed to every
   lane by ``subgroupBroadcast`` where the device has subgroups (``w2a8_rows``'s shared loads), else
   loaded by every lane;
 * token and row loops are unrolled in the generated source (one module per token count and weight

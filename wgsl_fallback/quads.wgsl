@@ -1,4 +1,4 @@
-// x f32[M, K] → token-minor quads xt[j, m] = x[m, 4j .. 4j + 3] (zero past K), the activation layout of the
+// x f32[M, K] → token-minor quads xt[j, m] = x[m, 4j .. 4j + 3] (K % 4 == 0), the activation layout of the
 // rows dense shader (dense_rows.py): one K range of every token is one contiguous, window-able range.
 
 struct Params { M: u32, K: u32, quads: u32, wg_x: u32 }
@@ -11,12 +11,6 @@ struct Params { M: u32, K: u32, quads: u32, wg_x: u32 }
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let i = (wid.x + wid.y * p.wg_x) * 64u + tid;
   if (i >= p.quads * p.M) { return; }
-  let j = i / p.M;
-  let m = i % p.M;
-  var q = vec4<f32>(0.0);
-  for (var c = 0u; c < 4u; c++) {
-    let k = 4u * j + c;
-    if (k < p.K) { q[c] = x[m * p.K + k]; }
-  }
-  xt[i] = q;
+  let at = (i % p.M) * p.K + 4u * (i / p.M);  // token i % M, quad i / M
+  xt[i] = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
 }
