@@ -11,7 +11,9 @@ predictions under teacher forcing (the argmax of its sequence rows) instead of t
 so drafts learn what verification accepts.
 
 Checkpoints (trainable tensors, optimizer, step, RNG, data order) are written atomically every
-``checkpoint_every`` steps to ``<out>.ckpt``; ``resume=True`` continues from there. The adapter
+``checkpoint_every`` steps to ``<out>.ckpt/state.pt``; ``resume=True`` continues from there. A
+checkpoint holds only tensors and plain Python values (numbers, strings, lists, tuples, dicts) and is
+read with ``torch.load(weights_only=True)``: a crafted file cannot run code (:func:`load_checkpoint`). The adapter
 folder (``full``: one GGUF file with the new base and its adapter) is written once at the end,
 atomically, with the provenance in its config.
 """
@@ -20,11 +22,14 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import platform
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +89,8 @@ class TrainConfig:
             raise BitMTPError(f"gamma: must be in (0, 1], got {self.gamma}")
         if Path(self.out).exists() and not self.overwrite and not self.resume:
             raise BitMTPError(f"out: {self.out} already exists; pass overwrite=True (--overwrite) to replace it")
+        if self.resume:
+            _check_checkpoint_present(self.out)
 
 
 @dataclass
@@ -96,15 +103,121 @@ class TrainResult:
     accuracy: list[float]  # per block position k = 1..D-1, over the last steps
 
 
+CHECKPOINT_FILE = "state.pt"
+# the checkpoint fields and their types; "base" and "fingerprint" are absent in checkpoints written
+# before they were added (those resume without the base-model check)
+_CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "params": dict, "opt": dict, "step": int, "tokens": int, "seconds": (int, float), "losses": list,
+    "order": list, "gen": torch.Tensor, "config": dict}
+# run settings that must match the interrupted run: they shape the trainable tensors or the data
+_RESUME_MUST_MATCH = ("mode", "block_size", "rank", "targets", "seq_len", "batch_size")
+
+
 def _checkpoint_path(out: str | Path) -> Path:
     return Path(str(out) + ".ckpt")
 
 
+def _start_over(ckpt: Path) -> str:
+    return f"delete {ckpt} and run without --resume to start over"
+
+
+def _check_checkpoint_present(out: str | Path) -> None:
+    """``resume=True`` with nothing to resume is an error (not a silent fresh start that would then
+    overwrite ``out``)."""
+    ckpt = _checkpoint_path(out)
+    state = ckpt / CHECKPOINT_FILE
+    if not ckpt.exists():
+        done = f"; {out} exists, so that run finished" if Path(out).exists() else ""
+        raise BitMTPError(f"resume (--resume): no checkpoint {state} to continue{done} (a run writes one every "
+                          f"--checkpoint-every steps and deletes it when it finishes); run without --resume to "
+                          f"start a new run")
+    if not state.is_file():
+        raise BitMTPError(f"resume (--resume): {ckpt} has no {CHECKPOINT_FILE} (the run stopped before its first "
+                          f"checkpoint, or the folder is not a bitmtp checkpoint); {_start_over(ckpt)}")
+
+
 def _save_checkpoint(path: Path, state: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "state.pt.tmp"
+    tmp = path / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
-    os.replace(tmp, path / "state.pt")
+    os.replace(tmp, path / CHECKPOINT_FILE)
+
+
+def load_checkpoint(out: str | Path) -> dict[str, Any]:
+    """The checkpoint of an interrupted run writing ``out`` (``<out>.ckpt/state.pt``), read with
+    ``torch.load(weights_only=True)``: only tensors and plain Python values are rebuilt, so a crafted
+    file cannot run code while it loads.
+
+    Raises:
+        BitMTPError: no checkpoint; a file that is not a plain tensor checkpoint (it asks to build
+            other objects); a damaged, truncated or empty file; a file without the checkpoint fields.
+    """
+    _check_checkpoint_present(out)
+    ckpt = _checkpoint_path(out)
+    path = ckpt / CHECKPOINT_FILE
+    try:
+        with warnings.catch_warnings():  # a legacy-format pickle warns about its protocol: irrelevant here
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower():
+            raise BitMTPError(f"resume (--resume): {path} is not a plain tensor checkpoint: it asks to build "
+                              f"Python objects other than tensors, numbers, strings, lists and dicts, which could "
+                              f"run code, so it was not loaded; {_start_over(ckpt)}") from None
+        raise BitMTPError(f"resume (--resume): {path} is damaged ({_first_line(exc)}); {_start_over(ckpt)}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever torch.load raises on a bad file is a bad file
+        what = "empty" if path.stat().st_size == 0 else "damaged or truncated"
+        raise BitMTPError(f"resume (--resume): {path} is {what} ({type(exc).__name__}: {_first_line(exc)}); "
+                          f"{_start_over(ckpt)}") from None
+    if not isinstance(state, dict):
+        raise BitMTPError(f"resume (--resume): {path} holds a {type(state).__name__}, not a bitmtp training "
+                          f"checkpoint; {_start_over(ckpt)}")
+    for name, kind in _CHECKPOINT_FIELDS.items():
+        if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
+            raise BitMTPError(f"resume (--resume): {path} is not a bitmtp training checkpoint (field {name!r} is "
+                              f"missing or not a {getattr(kind, '__name__', 'number')}); {_start_over(ckpt)}")
+    return state
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else "no detail"
+
+
+def _resume_from(state: dict[str, Any], cfg: TrainConfig, decoder: Decoder, fingerprint: str | None,
+                 params: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
+                 n_windows: int) -> None:
+    """Load a checkpoint's tensors, optimizer and RNG into this run after checking it is the same run:
+    the same base model, adapter settings and data."""
+    ckpt = _checkpoint_path(cfg.out)
+    path = ckpt / CHECKPOINT_FILE
+    fix = f"resume with the --model, --data and settings of the interrupted run, or {_start_over(ckpt)}"
+    saved = state["config"]
+    for name in _RESUME_MUST_MATCH:
+        if name in saved and saved[name] != getattr(cfg, name):
+            raise BitMTPError(f"resume (--resume): {path} was written by a run with {name}={saved[name]!r}, this "
+                              f"run has {getattr(cfg, name)!r}; {fix}")
+    base = state.get("base")
+    if isinstance(base, dict):
+        now = asdict(BaseShape.of(decoder.args))
+        for name, value in now.items():
+            if base.get(name) != value:
+                raise BitMTPError(f"resume (--resume): {path} was written for another model ({name} "
+                                  f"{base.get(name)!r}, this model {value!r}); {fix}")
+    if isinstance(state.get("fingerprint"), str) and fingerprint and state["fingerprint"] != fingerprint:
+        raise BitMTPError(f"resume (--resume): {path} was written for another model (same shape, other weights); "
+                          f"{fix}")
+    order = state["order"]
+    if sorted(order) != list(range(n_windows)):
+        raise BitMTPError(f"resume (--resume): {path} was written by a run on {len(order)} training windows, this "
+                          f"run has {n_windows}; {fix}")
+    try:
+        params.load_state_dict(state["params"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise BitMTPError(f"resume (--resume): {path} does not fit this run's tensors ({_first_line(exc)}); "
+                          f"{fix}") from None
 
 
 def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
@@ -270,13 +383,11 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     order = torch.randperm(len(windows), generator=gen).tolist()
     step, seen_tokens, elapsed, losses, accs = 0, 0, 0.0, [], []
     ckpt = _checkpoint_path(cfg.out)
-    if cfg.resume and (ckpt / "state.pt").is_file():
-        state = torch.load(ckpt / "state.pt", weights_only=False)
-        params.load_state_dict(state["params"])
-        opt.load_state_dict(state["opt"])
-        step, seen_tokens, elapsed = state["step"], state["tokens"], state["seconds"]
-        losses, order = state["losses"], state["order"]
-        gen.set_state(state["gen"])
+    if cfg.resume:
+        state = load_checkpoint(cfg.out)
+        _resume_from(state, cfg, decoder, config.fingerprint, params, opt, gen, len(windows))
+        step, seen_tokens, elapsed = state["step"], state["tokens"], float(state["seconds"])
+        losses, order = [float(x) for x in state["losses"]], [int(i) for i in state["order"]]
     t_start = time.perf_counter() - elapsed
 
     def lr_at(s):  # linear warm-up, cosine decay to 10 %
@@ -318,7 +429,8 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
                 _save_checkpoint(ckpt, {"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
                                         "tokens": seen_tokens, "seconds": time.perf_counter() - t_start,
                                         "losses": losses, "order": order, "gen": gen.get_state(),
-                                        "config": asdict(cfg)})
+                                        "config": asdict(cfg), "base": asdict(BaseShape.of(decoder.args)),
+                                        "fingerprint": config.fingerprint})
     finally:
         if bar is not None:
             bar.close()
