@@ -1,11 +1,19 @@
-"""Public entry points: :func:`load` and :func:`generate`."""
+"""Public entry points: :func:`load` and :func:`generate`.
+
+Concurrency: a model's engine owns one KV store, and one generation owns it at a time
+(``bitmtp.runtime.engine``): calls from several threads on one model serialize, and a stream keeps
+the model until it is exhausted or closed. :meth:`BitMTPModel.session` gives a caller its own KV
+store over the same weights, to decode concurrently.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import numbers
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,19 +22,116 @@ import torch
 
 from bitmtp.decoding.drafters import Drafter, drafter_for
 from bitmtp.decoding.policies import POLICIES
-from bitmtp.errors import BitMTPError, FormatError
+from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError
 from bitmtp.formats.adapters import AdapterConfig, load_adapter
 from bitmtp.model.adapters import build_adapter
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.loaders import from_safetensors_dir, from_transformers
 from bitmtp.runtime.decode import DecodeStats, GenerationResult
-from bitmtp.runtime.engine import Engine
+from bitmtp.runtime.engine import Engine, Generation
 
 log = logging.getLogger("bitmtp")
 
 #: the default block size when neither the call nor the adapter names one
 DEFAULT_BLOCK_SIZE = 8
+
+
+class TokenIdError(BitMTPError, IndexError):
+    """A token id outside the model's vocabulary; an ``IndexError`` too, as transformers' embedding
+    lookup raises for the same input (``bitmtp.patch`` keeps that contract)."""
+
+
+def _is_int(x: Any) -> bool:
+    """A Python / numpy integer or a one-element integer tensor (not a bool)."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, numbers.Integral):
+        return True
+    return isinstance(x, torch.Tensor) and x.numel() == 1 and x.dim() <= 1 and not x.is_floating_point() \
+        and not x.is_complex() and x.dtype != torch.bool
+
+
+def _describe(x: Any) -> str:
+    text = repr(x)
+    return f"{text[:40]}… ({type(x).__name__})" if len(text) > 40 else f"{text} ({type(x).__name__})"
+
+
+def _array_ids(arr: Any, name: str) -> list:
+    """A tensor / numpy array of token ids → a flat list, checking dtype and shape ([T] or [1, T])."""
+    if isinstance(arr, torch.Tensor):
+        bad = arr.dtype == torch.bool or arr.is_floating_point() or arr.is_complex()
+        dtype = str(arr.dtype).replace("torch.", "")
+    else:
+        kind = getattr(arr.dtype, "kind", "?")  # numpy: i/u are integers; b is bool
+        bad, dtype = kind not in "iu" or kind == "", str(arr.dtype)
+    if bad:
+        raise DTypeError(f"{name}: token ids must be integers, got an array of dtype {dtype}; "
+                         f"convert with .long() / .astype('int64') if the values are ids")
+    shape = tuple(int(s) for s in arr.shape)
+    if len(shape) == 2:
+        if shape[0] != 1:
+            raise ShapeError(f"{name}: batch of {shape[0]} (shape {list(shape)}): bitmtp decodes one sequence; "
+                             "call once per row")
+        arr = arr[0]
+    elif len(shape) != 1:
+        raise ShapeError(f"{name}: expected token ids of shape [T] or [1, T], got shape {list(shape)}")
+    return arr.tolist()
+
+
+def prompt_ids(input_ids: Any, vocab_size: int, name: str = "input_ids") -> list[int]:
+    """``input_ids`` as a list of ints: a 1-D sequence (list, tuple, range, 1-D tensor or numpy array)
+    or a ``[1, T]`` tensor / array / nested list; every id in ``[0, vocab_size)``.
+
+    Raises ShapeError for a batch of several rows, DTypeError for non-integer ids (floats, bools,
+    text), :class:`TokenIdError` for ids outside the vocabulary and BitMTPError for an empty prompt.
+    """
+    if isinstance(input_ids, (str, bytes)):
+        raise DTypeError(f"{name}: got text {_describe(input_ids)}; pass text as prompt=, token ids as {name}=")
+    if isinstance(input_ids, Mapping):
+        raise DTypeError(f"{name}: got a mapping (a tokenizer's BatchEncoding?); pass its ['input_ids'] instead")
+    if isinstance(input_ids, torch.Tensor) or (hasattr(input_ids, "dtype") and hasattr(input_ids, "shape")
+                                               and hasattr(input_ids, "tolist")):
+        items = _array_ids(input_ids, name)
+    elif isinstance(input_ids, Iterable):
+        items = list(input_ids)
+        nested = [x for x in items if isinstance(x, (list, tuple)) or (getattr(x, "ndim", 0) >= 1 and not _is_int(x))]
+        if items and len(nested) == len(items):  # [[ids]]: a batch written as nested lists
+            if len(items) != 1:
+                raise ShapeError(f"{name}: batch of {len(items)}: bitmtp decodes one sequence; call once per row")
+            inner = items[0]
+            items = _array_ids(inner, name) if hasattr(inner, "tolist") else list(inner)
+    else:
+        raise DTypeError(f"{name}: expected a sequence of token ids, got {_describe(input_ids)}")
+    ids = []
+    for i, x in enumerate(items):
+        if not _is_int(x):
+            raise DTypeError(f"{name}: element {i} is {_describe(x)}; token ids are integers")
+        ids.append(int(x))
+    if not ids:
+        raise BitMTPError(f"{name}: the prompt is empty; give at least one token id")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise TokenIdError(f"{name}: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size}); "
+                           "they must come from this model's tokenizer")
+    return ids
+
+
+def _check_messages(messages: Sequence[Any]) -> None:
+    """Chat messages: a non-empty list of ``{"role": str, "content": str}`` dicts."""
+    if len(messages) == 0:
+        raise BitMTPError("prompt: the chat is empty; give at least one message "
+                          "like {'role': 'user', 'content': '...'}")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise BitMTPError(f"prompt: message {i} is {_describe(msg)}, not a dict; "
+                              "write each message as {'role': ..., 'content': ...}")
+        for key in ("role", "content"):
+            if key not in msg:
+                raise BitMTPError(f"prompt: message {i} has no {key!r}; "
+                                  "write each message as {'role': ..., 'content': ...}")
+            if not isinstance(msg[key], str):
+                raise BitMTPError(f"prompt: message {i}'s {key!r} is {_describe(msg[key])}; it must be a str")
 
 
 @dataclass
@@ -49,6 +154,22 @@ class BitMTPModel:
     @property
     def args(self) -> ModelArgs:
         return self.decoder.args
+
+    def session(self) -> BitMTPModel:
+        """A view of this model with its own KV store and graph pool, to decode concurrently with it.
+
+        The view shares the decoder's weights, the tokenizer and the attached adapter (nothing is
+        copied: a step only reads them), but :func:`generate` calls on different sessions never wait
+        for each other and never touch each other's KV rows. Attaching or detaching an adapter on a
+        session affects that session only. Each session allocates a KV store of the same capacity
+        (``engine.kv.nbytes``). Calls on ONE model or session serialize instead (one generation owns
+        a KV store at a time). Not available for ``backend="wgpu"`` models (the Vulkan device holds
+        one copy of the model and its KV): their calls serialize.
+        """
+        if self.plan is not None:
+            raise BitMTPError("session: a backend='wgpu' model keeps one KV store on its Vulkan device; calls on "
+                              "it serialize. Load the model again for an independent copy")
+        return dataclasses.replace(self, engine=self.engine.sibling())
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
         """``(policy, block_size)`` to decode with when the caller left them open (None): what the
@@ -91,33 +212,48 @@ class BitMTPModel:
                            name=name or Path(str(self.source)).stem, overwrite=overwrite, progress=progress,
                            plain=plain)
 
-    def check_ids(self, input_ids: Sequence[int]) -> list[int]:
-        ids = [int(i) for i in input_ids]
+    def check_ids(self, input_ids: Any) -> list[int]:
+        """The prompt's token ids as a list of ints (see :func:`prompt_ids` for what is accepted)."""
+        return prompt_ids(input_ids, self.args.vocab_size)
+
+    def eos_ids(self, eos_token_id: Any) -> list[int]:
+        """Stop token ids: the model's (None), one id, or a sequence / 1-D tensor of ids."""
+        if eos_token_id is None:
+            return list(self.args.eos_token_id)
+        if _is_int(eos_token_id):
+            items = [eos_token_id]
+        elif isinstance(eos_token_id, (str, bytes, Mapping)) or not isinstance(eos_token_id, Iterable):
+            raise DTypeError(f"eos_token_id: expected a token id or a list of ids, got {_describe(eos_token_id)}")
+        else:
+            items = eos_token_id.reshape(-1).tolist() if isinstance(eos_token_id, torch.Tensor) else list(eos_token_id)
+        ids = []
+        for i, x in enumerate(items):
+            if not _is_int(x):
+                raise DTypeError(f"eos_token_id: element {i} is {_describe(x)}; token ids are integers")
+            ids.append(int(x))
         vocab = self.args.vocab_size
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
-            raise BitMTPError(f"input_ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        if not ids:
-            raise BitMTPError("input_ids: the prompt is empty")
+            raise TokenIdError(f"eos_token_id: {bad[:5]} are outside the vocabulary [0, {vocab}) and could never "
+                               "be generated; pass ids of this model's tokenizer ([] for no stop token)")
         return ids
 
-    def eos_ids(self, eos_token_id: int | Sequence[int] | None) -> list[int]:
-        if eos_token_id is None:
-            return list(self.args.eos_token_id)
-        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
-
     def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
-        """Token ids of a string, or of chat messages through the tokenizer's chat template."""
+        """Token ids of a string, or of chat messages (a list of ``{"role", "content"}`` dicts) through the
+        tokenizer's chat template."""
         if self.tokenizer is None:
             raise BitMTPError("prompt: this model has no tokenizer; pass input_ids instead")
-        if isinstance(prompt, list):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt, (list, tuple)):
+            _check_messages(prompt)
+            ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
+        if not isinstance(prompt, str):
+            raise DTypeError(f"prompt: expected text or a list of chat messages, got {_describe(prompt)}")
         return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
 
-    def generate_ar(self, input_ids: list[int], max_new_tokens: int = 128,
+    def generate_ar(self, input_ids: Sequence[int], max_new_tokens: int = 128,
                     eos_token_id: int | list[int] | None = None) -> GenerationResult:
         """Greedy AR decoding on bitmtp's runtime (the baseline the MTP policies are measured against)."""
         return self.engine.generate_ar(self.check_ids(input_ids), max_new_tokens, self.eos_ids(eos_token_id))
@@ -139,13 +275,17 @@ def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
 
         with tempfile.TemporaryDirectory(prefix="bitmtp-tok-") as tmp:
             try:
-                write_tokenizer_files(files, Path(tmp))
-                return AutoTokenizer.from_pretrained(tmp)
+                write_tokenizer_files(files, Path(tmp))  # FormatError for anything but tokenizer data
+            except FormatError as exc:
+                raise FormatError(f"{path}: {exc}") from exc
+            try:
+                # a file the GGUF carries must never run: no auto_map / custom tokenizer code
+                return AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
             except Exception as exc:  # transformers raises many types for bad tokenizer files
                 raise FormatError(f"{path}: the tokenizer stored in bitmtp.tokenizer.files cannot be loaded "
                                   f"({type(exc).__name__}: {exc})") from exc
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     except Exception as exc:  # e.g. an architecture transformers' GGUF reader does not know
         log.warning("%s: no tokenizer could be built from the GGUF metadata (%s: %s); pass tokenizer= or input_ids",
                     path, type(exc).__name__, exc)
@@ -178,6 +318,122 @@ def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cp
     return plan
 
 
+def _device(device: Any) -> torch.device:
+    """``device`` as a torch.device bitmtp can run on (CPU, or CUDA when it is there)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise DeviceError(f"device: {device!r} is not a device ({exc}); use 'cpu' or 'cuda'") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device: {str(device)!r} was requested but CUDA is not available here (no NVIDIA GPU "
+                              "or driver, or a CPU-only torch build); use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"device: {str(device)!r} does not exist; this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise DeviceError(f"device: bitmtp runs on 'cpu' or 'cuda', got {str(device)!r}")
+    return dev
+
+
+def _check_sizes(capacity: Any, m_max: Any) -> None:
+    for name, value in (("capacity", capacity), ("m_max", m_max)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise BitMTPError(f"{name}: must be an integer >= 1, got {_describe(value)}")
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can take on ``device`` (None when it cannot be told): free GPU memory,
+    or the host's available memory bounded by this process's cgroup limit."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except Exception:  # noqa: BLE001 - a driver that cannot tell: skip the check
+            return None
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # a container's limit can be far below the host's free memory
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return max(0, min(found))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"
+
+
+def _capacity_bytes(args: ModelArgs, capacity: int, m_max: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(bytes per row, total)``: the KV store (K and V, every layer, ``capacity + m_max`` rows in
+    ``dtype``) plus the float32 RoPE cos/sin tables the decoder builds for as many positions."""
+    kv_row = 2 * args.num_layers * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
+    row = kv_row + 2 * args.head_dim * 4
+    return row, row * (capacity + m_max)
+
+
+def _check_capacity_fits(args: ModelArgs, capacity: int, m_max: int, dtype: torch.dtype,
+                         device: torch.device) -> None:
+    """Refuse a capacity whose KV store and RoPE tables cannot fit in the device's available memory,
+    before anything of that size is allocated."""
+    row, need = _capacity_bytes(args, capacity, m_max, dtype)
+    avail = _available_bytes(device)
+    if avail is None or need <= avail:
+        return
+    fits = max(0, int(avail * 0.8) // row - m_max)  # leave room for activations and everything else
+    hint = (f"capacity={min(fits, args.max_position_embeddings)} or less fits" if fits >= 1
+            else "no capacity fits in what is left")
+    raise BitMTPError(f"capacity: {capacity} tokens need {_gib(need)} for the KV store and RoPE tables "
+                      f"({row} bytes per token), but only {_gib(avail)} is available on {device}; {hint} "
+                      f"(the model's context length is {args.max_position_embeddings} tokens, and generation "
+                      "stops at capacity anyway)")
+
+
+def _source_args(source: Any, rows: int) -> ModelArgs | None:
+    """The model's shape, read cheaply before loading it (for the capacity check); None when the
+    source does not tell it cheaply or is broken (the loader then reports what is wrong)."""
+    try:
+        if isinstance(source, (str, Path)):
+            path = Path(source)
+            if path.is_dir() and (path / "config.json").is_file():
+                import json
+
+                return ModelArgs.from_hf_config(json.loads((path / "config.json").read_text()), source=str(path))
+            if path.is_file() and path.suffix == ".gguf" and rows > 1 << 16:  # small capacities need no pre-read
+                from bitmtp.formats.gguf import read_gguf
+                from bitmtp.model.gguf_io import args_from_gguf
+
+                return args_from_gguf(read_gguf(path))
+            return None
+        config = getattr(source, "config", None)
+        return None if config is None else ModelArgs.from_hf_config(config, source=type(source).__name__)
+    except Exception:  # noqa: BLE001 - any failure here is reported by the loader itself
+        return None
+
+
+def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
+    """The engine, with an allocator failure for its KV store reported against ``capacity``."""
+    try:
+        return Engine(decoder, capacity=capacity, m_max=m_max, **kw)
+    except RuntimeError as exc:  # torch.OutOfMemoryError and the CPU allocator's "can't allocate memory"
+        if "memory" not in str(exc).lower() and "alloc" not in str(exc).lower():
+            raise
+        _, need = _capacity_bytes(decoder.args, capacity, m_max, decoder.dtype)
+        raise BitMTPError(f"capacity: allocating the KV store for {capacity} tokens ({_gib(need)}) failed on "
+                          f"{decoder.device} ({str(exc).splitlines()[0][:200]}); lower capacity") from exc
+
+
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
          dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
          tokenizer: Any = None, adapter: str | Path | None = "auto", vram_budget: int | str | None = None,
@@ -192,9 +448,10 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             driver; Mesa lavapipe on a CPU), with the layers that do not fit ``vram_budget`` on the CPU.
         quantize: ``"ternary"`` to ternarize float linear weights by absmean (per tensor); default
             keeps them as the checkpoint stores them.
-        capacity: maximum tokens (prompt + generated) of the KV store.
+        capacity: maximum tokens (prompt + generated) of the KV store, an integer >= 1; a capacity whose
+            KV store does not fit in the available memory is refused before it is allocated.
         dtype: dense compute dtype (default float32).
-        device: ``"cpu"`` or ``"cuda"``.
+        device: ``"cpu"`` or ``"cuda"`` (DeviceError when CUDA is not available).
         m_max: widest replay step: 2D − 1 for block size D (the default, 31, covers D ≤ 16).
         tokenizer: override the tokenizer (e.g. for a live model object).
         adapter: an MTP adapter folder (``mask-block`` or ``heads``) to draft with; ``"auto"`` (the
@@ -205,9 +462,15 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             default 3.9 GB (a 4 GB laptop GPU). ``bitmtp.offload.plan_offload`` places the layers.
         cpu_layers: ``backend="wgpu"``: force the last N layers onto the CPU whatever the budget.
     """
+    device = _device(device)
+    _check_sizes(capacity, m_max)
+    capacity, m_max = int(capacity), int(m_max)
+    early = _source_args(source, capacity + m_max)
+    if early is not None:  # before the loader builds RoPE tables of capacity + m_max rows
+        _check_capacity_fits(early, capacity, m_max, dtype or torch.float32, device)
     wgpu = backend == "wgpu"
     if wgpu:
-        if torch.device(device).type != "cpu":
+        if device.type != "cpu":
             raise BitMTPError("device: backend='wgpu' loads the model on the CPU (the Vulkan device holds its copy)")
         backend = None  # the host-side modules (CPU-offloaded layers) use the automatic CPU kernels
     elif vram_budget is not None or cpu_layers is not None:
@@ -234,7 +497,7 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             if tok is None and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
                 from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(str(path))
+                tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         else:
             raise BitMTPError(f"source: {path} is neither a checkpoint folder nor a .gguf file")
         name = str(path)
@@ -246,8 +509,9 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         raise BitMTPError(f"source: expected a path or a transformers model, got {type(source).__name__}")
     decoder = decoder.to(device)
     plan = _wgpu_plan(decoder, capacity, m_max, vram_budget, cpu_layers) if wgpu else None
-    engine = Engine(decoder, capacity=capacity, m_max=m_max, device_backend="wgpu" if wgpu else None,
-                    gpu_layers=len(plan.gpu_layers) if plan is not None else None)
+    _check_capacity_fits(decoder.args, capacity, m_max, decoder.dtype, decoder.device)
+    engine = _engine(decoder, capacity, m_max, device_backend="wgpu" if wgpu else None,
+                     gpu_layers=len(plan.gpu_layers) if plan is not None else None)
     model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine,
                         gguf_tokenizer_fields=gguf_fields, plan=plan)
     if adapter == "auto" and packed_adapter is not None:
@@ -291,8 +555,10 @@ def _check_policy_args(model: BitMTPModel, policy: str, block_size: int | None, 
     if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
         raise BitMTPError(f"block_size: D must be an integer in 2..16, got {block_size!r}")
     m = max(2, d // 2) if min_prefix is None else min_prefix
-    if isinstance(m, bool) or not isinstance(m, int) or m > d:
-        raise BitMTPError(f"min_prefix: m must be an integer <= block_size ({d}), got {min_prefix!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        # any m >= 0 is meaningful: m <= 1 is confidence-only, m > D speculative-only
+        raise BitMTPError(f"min_prefix: m must be an integer >= 0 (m <= 1: confidence only, m > block_size: "
+                          f"speculative only), got {min_prefix!r}")
     if policy != "ar":
         if drafter is None:
             raise BitMTPError(f"policy: {policy!r} drafts tokens and needs an MTP adapter; load one with "
@@ -304,7 +570,7 @@ def _check_policy_args(model: BitMTPModel, policy: str, block_size: int | None, 
 
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
-             input_ids: Sequence[int] | None = None, max_new_tokens: int = 128, policy: str = "hybrid",
+             input_ids: Any = None, max_new_tokens: int = 128, policy: str = "hybrid",
              block_size: int | None = None, tau: float = 0.9, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
              drafter: Drafter | None = None) -> GenerateOutput | TextStream:
@@ -314,21 +580,32 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         model: from :func:`load`, with an adapter unless ``policy="ar"``.
         prompt: text, or chat messages (``[{"role": ..., "content": ...}]``) which go through the
             tokenizer's chat template. Give either ``prompt`` or ``input_ids``.
-        input_ids: token ids of the prompt.
+        input_ids: token ids of the prompt: a 1-D sequence, tensor or numpy array, or a ``[1, T]`` tensor
+            or array (what a tokenizer's ``return_tensors`` gives); a batch of several rows is refused
+            (call once per row).
         max_new_tokens: most tokens to generate.
         policy: ``"ar"`` (one token per step, the baseline), ``"confidence"`` (commit the confident
             prefix, unverified), ``"speculative"`` (verify every block: exactly AR greedy's output) or
             ``"hybrid"`` (confidence when at least ``min_prefix`` tokens are confident, else verify).
         block_size: D, tokens drafted per iteration (2..16; default: the adapter's).
         tau: confidence threshold τ in (0, 1].
-        min_prefix: hybrid's m (default max(2, D // 2)); m ≤ 1 is confidence-only, m > D speculative-only.
+        min_prefix: hybrid's m, any integer ≥ 0 (default max(2, D // 2)); m ≤ 1 is confidence-only,
+            m > D speculative-only.
         eos_token_id: stop token(s) (default: the model's).
-        stream: return an iterator of text pieces as they are committed instead of the result.
+        stream: return an iterator of text pieces as they are committed instead of the result. The
+            stream owns the model's KV store from its first piece until it is exhausted or closed
+            (``stream.close()``, or use it as a context manager); other threads' calls wait for it,
+            and another generation on the same model in the same thread meanwhile raises
+            BitMTPError (use ``model.session()`` to decode concurrently).
         drafter: draft with this drafter instead of the loaded adapter's (e.g. an ``OracleDrafter``).
 
     Returns:
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
         (an iterator of text pieces whose ``result`` is the GenerateOutput once it is exhausted).
+
+    Thread safety: calls on one model from several threads are serialized (each waits for the KV
+    store); their outputs are exactly what each call gives alone. ``model.session()`` runs them
+    concurrently instead.
     """
     if not isinstance(model, BitMTPModel):
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
@@ -339,10 +616,10 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     drafter = drafter if drafter is not None else model.drafter
     d, m = _check_policy_args(model, policy, block_size, tau, min_prefix, drafter)
     ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
+    eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
-        raise BitMTPError(f"input_ids: prompt of {len(ids)} tokens exceeds capacity {model.engine.capacity}; "
-                          f"load the model with bitmtp.load(..., capacity={len(ids) + max_new_tokens}) or more")
-    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=model.eos_ids(eos_token_id),
+        raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
+    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos,
                                  policy=policy, block_size=d, tau=float(tau), min_prefix=m, drafter=drafter)
     if stream:
         if model.tokenizer is None:
@@ -350,6 +627,20 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         return TextStream(model, chunks)
     res = Engine.run(chunks)
     return _output(model, res)
+
+
+def _capacity_advice(model: BitMTPModel, prompt_len: int, max_new_tokens: int) -> str:
+    """The error for a prompt longer than the KV store, with a capacity to load with that the model
+    supports (its context length) — not prompt + max_new_tokens blindly: generation stops at
+    capacity anyway, so a huge max_new_tokens needs no huge store."""
+    cap, ctx = model.engine.capacity, model.args.max_position_embeddings
+    head = f"input_ids: prompt of {prompt_len} tokens exceeds the KV store's capacity of {cap} tokens"
+    if prompt_len >= ctx:
+        return (f"{head}, and the model's context length of {ctx} tokens; shorten the prompt to under {ctx} "
+                "tokens")
+    want = min(prompt_len + max_new_tokens, ctx)
+    return (f"{head}; load the model with bitmtp.load(..., capacity={want}) (at most its context length, "
+            f"{ctx}; generation stops at capacity anyway, whatever max_new_tokens says) or shorten the prompt")
 
 
 def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:
@@ -364,38 +655,56 @@ class TextStream:
     Decodes the whole output after each commit and yields the new suffix, holding back a trailing
     replacement character (a multi-byte character split across tokens). Once exhausted,
     :attr:`result` holds the same :class:`GenerateOutput` the call without ``stream`` returns.
+
+    From its first piece until it is exhausted the stream owns the model's KV store: other threads'
+    generations wait for it, and a generation started in the thread reading it raises BitMTPError.
+    :meth:`close` (or leaving a ``with`` block, or dropping the stream) ends it early and releases
+    the model; :attr:`result` then stays None.
     """
 
-    def __init__(self, model: BitMTPModel, chunks: Iterator[list[int]]):
+    def __init__(self, model: BitMTPModel, chunks: Generation):
+        # no generator over self here: a stream must not sit in a reference cycle, so that dropping
+        # it releases the model at once (the Generation releases the store when it is freed)
         self._model, self._chunks = model, chunks
-        self._gen = self._pieces()
+        self._tokens: list[int] = []
+        self._sent = 0
+        self._done = False
         self.result: GenerateOutput | None = None
 
     def __iter__(self) -> TextStream:
         return self
 
-    def __next__(self) -> str:
-        return next(self._gen)
+    def __enter__(self) -> TextStream:
+        return self
 
-    def _pieces(self) -> Iterator[str]:
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop generating and release the model's KV store (idempotent; a no-op once exhausted)."""
+        self._done = True
+        self._chunks.close()
+
+    def __next__(self) -> str:
         tok = self._model.tokenizer
-        tokens: list[int] = []
-        sent = 0
-        while True:
+        while not self._done:
             try:
                 chunk = next(self._chunks)
             except StopIteration as stop:
+                self._done = True
                 res: GenerationResult = stop.value
+                self.result = _output(self._model, res)
+                if len(self.result.text) > self._sent:
+                    return self.result.text[self._sent :]
                 break
             if not chunk:
                 continue
-            tokens.extend(chunk)
-            text = tok.decode(tokens, skip_special_tokens=True)
+            self._tokens.extend(chunk)
+            text = tok.decode(self._tokens, skip_special_tokens=True)
             if text.endswith("\ufffd"):
                 continue
-            if len(text) > sent:
-                yield text[sent:]
-                sent = len(text)
-        self.result = _output(self._model, res)
-        if len(self.result.text) > sent:
-            yield self.result.text[sent:]
+            if len(text) > self._sent:
+                piece = text[self._sent :]
+                self._sent = len(text)
+                return piece
+        raise StopIteration

@@ -170,7 +170,14 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
                                    stopping_criteria=stopping_criteria, generation_config=generation_config,
                                    synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
     gc = generation_config
+    from bitmtp.api import TokenIdError
+
     prompt = input_ids[0].tolist()
+    vocab = state.bm.args.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:  # unpatched, the embedding lookup raises IndexError for these: so does the patched call
+        raise TokenIdError(f"input_ids: token ids {bad[:5]} are outside the vocabulary [0, {vocab}) (transformers "
+                           "raises IndexError for them too); pass ids of this model's tokenizer")
     max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - len(prompt)
     eos = gc.eos_token_id
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
@@ -180,31 +187,35 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
                               drafter=bm.drafter)
     seq = input_ids
     stopped = False
-    while True:
-        try:
-            chunk = next(chunks)
-        except StopIteration:
-            break
-        if not chunk:
-            continue
-        emitted = []
-        for tok in chunk:
-            emitted.append(tok)
-            seq = torch.cat([seq, torch.tensor([[tok]], device=seq.device, dtype=seq.dtype)], dim=1)
-            # the caller's stopping criteria (max length and EOS are already the engine's): stop at the
-            # same token transformers would
-            if stopping_criteria is not None and bool(stopping_criteria(seq, None).all()):
-                stopped = True
+    try:  # the generation owns the engine's KV store until it ends: close it on every exit
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
                 break
-        if streamer is not None and emitted:
-            streamer.put(torch.tensor(emitted))
-        if stopped:
-            chunks.close()
-            break
+            if not chunk:
+                continue
+            emitted = []
+            for tok in chunk:
+                emitted.append(tok)
+                seq = torch.cat([seq, torch.tensor([[tok]], device=seq.device, dtype=seq.dtype)], dim=1)
+                # the caller's stopping criteria (max length and EOS are already the engine's): stop at the
+                # same token transformers would
+                if stopping_criteria is not None and bool(stopping_criteria(seq, None).all()):
+                    stopped = True
+                    break
+            if streamer is not None and emitted:
+                streamer.put(torch.tensor(emitted))
+            if stopped:
+                break
+    finally:
+        chunks.close()
     if streamer is not None:
         streamer.end()
     state.calls["bitmtp"] += 1
-    state.last_stats = bm.engine.last_stats  # filled as decoding ran, also when the criteria cut it
+    # this call's own stats (filled as decoding ran, also when the criteria cut it): engine.last_stats
+    # may already be another thread's generation
+    state.last_stats = chunks.stats
     if gc.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=seq)
     return seq

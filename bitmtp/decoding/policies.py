@@ -38,10 +38,14 @@ def _check_draft(draft: Sequence[int], name: str = "draft") -> None:
 
 
 def confident_prefix(probs: Sequence[float], tau: float) -> int:
-    """h: the length of the longest prefix of the draft whose every probability is ≥ τ."""
+    """h: the length of the longest prefix of the draft whose every probability is ≥ τ.
+
+    A NaN probability (a broken draft: NaN logits) is never confident: the test is ``p >= tau``, which
+    is False for NaN, rather than ``p < tau``, which would be False too and count it as confident.
+    """
     h = 0
     for p in probs:
-        if p < tau:  # the first draft token below the threshold ends the confident prefix
+        if not p >= tau:  # the first draft token not at the threshold (or NaN) ends the confident prefix
             break
         h += 1
     return h

@@ -7,15 +7,37 @@ Two things are written for a tokenizer:
   tokenizers (Llama-3, Qwen, SmolLM2, GPT-2 style) are translated; other kinds are reported and skipped.
 * ``bitmtp.tokenizer.files`` — the tokenizer's own files (``save_pretrained``), so bitmtp rebuilds
   exactly the tokenizer it exported, whatever its kind.
+
+A GGUF file is data from anywhere, so the files rebuilt from ``bitmtp.tokenizer.files`` are limited to
+the tokenizer *data* files transformers writes (:data:`TOKENIZER_DATA_FILES`: vocabularies, merges,
+configs, chat templates) at the top of the folder; a Python file, any other name, a path, or a
+``tokenizer_config.json`` that names custom code (``auto_map``) is a FormatError — nothing a file
+carries ever runs (the loader also passes ``trust_remote_code=False``).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bitmtp.errors import FormatError
+
+log = logging.getLogger("bitmtp")
+
+#: the GGUF key the files travel under (named in errors)
+FILES_KEY = "bitmtp.tokenizer.files"
+#: what a tokenizer's ``save_pretrained`` writes that is data, never code: tokenizers' JSON, BPE and
+#: WordPiece vocabularies and merges, SentencePiece models, configs and chat templates
+TOKENIZER_DATA_FILES = frozenset({
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
+    "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model", "spm.model", "bpe.codes",
+})
 
 #: llama.cpp token types
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
@@ -35,7 +57,10 @@ def tokenizer_files(tokenizer: Any) -> dict[str, dict[str, str]] | None:
             if not f.is_file():
                 continue
             raw = f.read_bytes()
-            rel = str(f.relative_to(tmp))
+            rel = f.relative_to(tmp).as_posix()
+            if rel not in TOKENIZER_DATA_FILES:  # the reader refuses anything else: do not write it
+                log.warning("tokenizer file %r is not a known tokenizer data file; not stored in the GGUF", rel)
+                continue
             try:
                 files[rel] = {"text": raw.decode("utf-8")}
             except UnicodeDecodeError:
@@ -43,17 +68,54 @@ def tokenizer_files(tokenizer: Any) -> dict[str, dict[str, str]] | None:
     return files or None
 
 
-def write_tokenizer_files(files: dict[str, dict[str, str]], folder: Path) -> None:
-    """Inverse of :func:`tokenizer_files`: recreate the files under ``folder``."""
-    for rel, entry in files.items():
-        target = (folder / rel).resolve()
-        if folder.resolve() not in target.parents:
-            raise ValueError(f"tokenizer file name {rel!r} escapes its folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if "text" in entry:
-            target.write_text(entry["text"], encoding="utf-8")
-        else:
-            target.write_bytes(base64.b64decode(entry["base64"]))
+def _file_bytes(name: str, entry: Any) -> bytes:
+    """The content of one ``{"text": …} | {"base64": …}`` entry (FormatError when it is neither)."""
+    if isinstance(entry, dict) and isinstance(entry.get("text"), str):
+        return entry["text"].encode("utf-8")
+    if isinstance(entry, dict) and isinstance(entry.get("base64"), str):
+        try:
+            return base64.b64decode(entry["base64"], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise FormatError(f"{FILES_KEY}: {name!r} is not valid base64 ({exc})") from exc
+    raise FormatError(f"{FILES_KEY}: the entry of {name!r} must be {{'text': str}} or {{'base64': str}}, "
+                      f"got {type(entry).__name__}")
+
+
+def check_tokenizer_files(files: Any) -> dict[str, bytes]:
+    """Validate ``bitmtp.tokenizer.files`` of an untrusted file; return ``{name: bytes}``.
+
+    Refused (FormatError naming the file): a name that is not in :data:`TOKENIZER_DATA_FILES` — Python
+    or any other code, unknown files, paths with separators or ``..`` — and a ``tokenizer_config.json``
+    whose ``auto_map`` points at custom tokenizer code.
+    """
+    if not isinstance(files, dict) or not files:
+        raise FormatError(f"{FILES_KEY}: expected a non-empty mapping of file name to content, "
+                          f"got {type(files).__name__}")
+    out: dict[str, bytes] = {}
+    for name, entry in files.items():
+        if not isinstance(name, str) or name not in TOKENIZER_DATA_FILES:
+            raise FormatError(f"{FILES_KEY}: {name!r} is not a tokenizer data file (allowed: "
+                              f"{', '.join(sorted(TOKENIZER_DATA_FILES))}); bitmtp never writes or runs code or "
+                              "other files from a GGUF. Re-export the model with bitmtp (save_gguf) to fix the file")
+        out[name] = _file_bytes(name, entry)
+    config = out.get("tokenizer_config.json")
+    if config is not None:
+        try:
+            parsed = json.loads(config.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"{FILES_KEY}: tokenizer_config.json is not valid JSON ({exc})") from exc
+        if isinstance(parsed, dict) and parsed.get("auto_map"):
+            raise FormatError(f"{FILES_KEY}: tokenizer_config.json names custom tokenizer code (auto_map = "
+                              f"{parsed['auto_map']!r}); bitmtp never runs code a file carries. Use a tokenizer "
+                              "transformers implements, or pass tokenizer= to bitmtp.load")
+    return out
+
+
+def write_tokenizer_files(files: Any, folder: Path) -> None:
+    """Inverse of :func:`tokenizer_files`: recreate the files under ``folder``, after
+    :func:`check_tokenizer_files` (FormatError for anything that is not tokenizer data)."""
+    for name, raw in check_tokenizer_files(files).items():
+        (folder / name).write_bytes(raw)
 
 
 def ggml_tokenizer_fields(tokenizer: Any, vocab_size: int) -> tuple[dict[str, Any], str | None]:
@@ -103,4 +165,5 @@ def ggml_tokenizer_fields(tokenizer: Any, vocab_size: int) -> tuple[dict[str, An
     return fields, None
 
 
-__all__ = ["tokenizer_files", "write_tokenizer_files", "ggml_tokenizer_fields"]
+__all__ = ["TOKENIZER_DATA_FILES", "tokenizer_files", "check_tokenizer_files", "write_tokenizer_files",
+           "ggml_tokenizer_fields"]

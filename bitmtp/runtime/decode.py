@@ -136,11 +136,14 @@ class _Output:
 
 
 def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (), policy: str = "ar",
-           block_size: int = 8, tau: float = 0.9, min_prefix: int = 2, drafter=None
-           ) -> Iterator[list[int]]:
+           block_size: int = 8, tau: float = 0.9, min_prefix: int = 2, drafter=None,
+           report: dict[str, DecodeStats] | None = None) -> Iterator[list[int]]:
     """Generate greedily; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
 
     Arguments are validated by the caller (``bitmtp.api.generate``), except what only the engine knows.
+    Run it through ``Engine.decode``, whose ``Generation`` owns the engine's KV store meanwhile (this
+    generator writes the store's rows and ``engine.n`` and assumes no one else does). ``report``
+    receives ``{"stats": DecodeStats}`` as soon as decoding starts.
     """
     if max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
@@ -154,11 +157,13 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         drafter.check_block(d)
     stats = DecodeStats(policy, d if policy != "ar" else 1)
     engine.last_stats = stats  # readable even when the caller stops the generator early
+    if report is not None:
+        report["stats"] = stats  # the caller's own view (engine.last_stats is the latest generation's)
     syncs0 = engine.syncs
     engine.reset()
     ids = list(input_ids)
     t0 = time.perf_counter()
-    first = engine.prefill(ids)
+    first = engine._prefill(ids)
     t1 = time.perf_counter()
     # committed tokens may reach capacity + 1: the last one needs no KV row
     out = _Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids))
@@ -167,7 +172,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     if policy == "ar":
         tok = first
         while out.reason is None:
-            tok = engine.ar_step(tok)
+            tok = engine._ar_step(tok)
             stats.committed.append(1)
             stats.verified.append(False)
             stats.widths[1] += 1

@@ -3,24 +3,105 @@ through the graph pool, over one in-place KV store.
 
 Every device→host transfer of the decode loop goes through :meth:`Engine.read`, which counts it:
 one per AR step, one per MTP iteration.
+
+One generation owns the KV store at a time. The store is a single set of buffers written in place,
+so two sequences decoded on one engine at once would write each other's rows and both come out
+wrong without a word. :meth:`Engine.decode` therefore returns a :class:`Generation` that takes the
+engine's lock at its first step and holds it until it is exhausted, fails, is closed or is garbage
+collected. A generation started in another thread waits for it (calls serialize); one started in
+the thread that last advanced the holder would wait for itself forever, so it raises
+:class:`~bitmtp.errors.BitMTPError` instead. For real concurrency give each caller its own engine
+(:meth:`Engine.sibling`, ``BitMTPModel.session()``): engines over one decoder share only read-only
+weights.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder
-from bitmtp.runtime.decode import GenerationResult, decode
+from bitmtp.runtime.decode import DecodeStats, GenerationResult, decode
 from bitmtp.runtime.graphs import GraphPool
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
 
+#: CUDA graph capture (lazy, inside a step) must not overlap CUDA work of another thread, which
+#: torch's default capture mode forbids; engines that capture take this lock for each decode step,
+#: so sessions on one GPU interleave their iterations instead of overlapping them.
+_CAPTURE_STEP_LOCK = threading.Lock()
+
+
+class Generation(Iterator[list[int]]):
+    """One sequence's decode loop: an iterator of committed token chunks that owns its engine's KV
+    store from its first ``next()`` until it is exhausted, raises, is closed (:meth:`close`) or is
+    garbage collected. ``StopIteration.value`` is the :class:`GenerationResult`; :attr:`stats` is the
+    :class:`DecodeStats`, filled as it runs (also when the caller stops early)."""
+
+    def __init__(self, engine: Engine, input_ids: list[int], kwargs: dict[str, Any]):
+        self._engine = engine
+        # stats are reported through a box, not through this object: the decode generator must not
+        # reference its wrapper, or the pair becomes a cycle that only the cyclic GC frees (and an
+        # abandoned generation would hold the store until then)
+        self._box: dict[str, DecodeStats] = {}
+        self._gen = decode(engine, input_ids, report=self._box, **kwargs)
+        self._state = "new"  # new → owner → done
+
+    @property
+    def stats(self) -> DecodeStats | None:
+        return self._box.get("stats")
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> list[int]:
+        eng = self._engine
+        if self._state == "new":
+            eng._acquire()
+            self._state = "owner"
+        elif self._state == "owner":
+            eng._holder = threading.get_ident()  # the thread advancing it now is the one that may not wait on it
+        step_lock = _CAPTURE_STEP_LOCK if self._state == "owner" and eng._captures else None
+        try:
+            if step_lock is None:
+                return next(self._gen)
+            with step_lock:
+                return next(self._gen)
+        except BaseException:  # StopIteration (the end) included: the store is free again
+            self._release()
+            raise
+
+    def close(self) -> None:
+        """Stop the generation and release the engine (idempotent)."""
+        try:
+            self._gen.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._state == "owner":
+            self._state = "done"
+            self._engine._release()
+        else:
+            self._state = "done"
+
+    def __del__(self) -> None:
+        # an abandoned generation (a stream dropped half-read) must not keep the store forever
+        if getattr(self, "_state", None) == "owner":
+            self._state = "done"
+            self._engine._release()
+
 
 class Engine:
     """Owns the KV store and graph pool of one decoder.
+
+    Decoding goes through :meth:`decode`, whose :class:`Generation` owns the store while it runs (see
+    the module docstring); :meth:`prefill` / :meth:`ar_step` are the low-level steps (tests,
+    benchmarks) and refuse to run while a generation holds the store.
 
     Args:
         decoder: the model.
@@ -34,6 +115,10 @@ class Engine:
                  eager: bool | None = None, keep_logits: bool = False, device_backend: str | None = None,
                  gpu_layers: int | None = None):
         a = decoder.args
+        self._config = dict(capacity=capacity, m_max=m_max, prefill_chunk=prefill_chunk, eager=eager,
+                            keep_logits=keep_logits, device_backend=device_backend, gpu_layers=gpu_layers)
+        self._lock = threading.Lock()  # held by the Generation that owns the KV store
+        self._holder: int | None = None  # the thread that last advanced that generation
         if capacity + m_max > decoder.rope_cos.shape[0]:
             raise BitMTPError(
                 f"capacity: {capacity} + {m_max} rows exceed the model's RoPE table "
@@ -50,6 +135,7 @@ class Engine:
             raise BitMTPError(f"device_backend: expected None or 'wgpu', got {device_backend!r}")
         else:
             self.pool = GraphPool(decoder, self.kv, eager=eager, keep_logits=keep_logits)
+        self._captures = bool(getattr(self.pool, "capture", False))
         self.prefill_chunk = int(prefill_chunk)
         self.n = 0  # committed tokens whose KV rows [0, n) are materialized (host mirror)
         self.syncs = 0  # device→host reads (tests count them)
@@ -61,6 +147,38 @@ class Engine:
     @property
     def capacity(self) -> int:
         return self.kv.capacity
+
+    def sibling(self) -> Engine:
+        """A new engine over the same decoder with the same settings: its own KV store and graph pool,
+        so it decodes concurrently with this one (the decoder's weights are only read by a step)."""
+        return Engine(self.decoder, **self._config)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation holds the KV store right now."""
+        return self._lock.locked()
+
+    def _acquire(self) -> None:
+        """Take the store for a generation: wait for a generation advanced by another thread; raise
+        for one advanced by this thread (waiting would deadlock: only this thread can finish it)."""
+        me = threading.get_ident()
+        if not self._lock.acquire(blocking=False):
+            if self._holder == me:
+                raise BitMTPError(
+                    "generate: a stream on this model is still open in this thread and owns its KV store; "
+                    "exhaust it or call its close() (or use `with generate(..., stream=True) as s:`) before "
+                    "starting another generation, or decode concurrently on model.session()")
+            self._lock.acquire()
+        self._holder = me
+
+    def _release(self) -> None:
+        self._holder = None
+        self._lock.release()
+
+    def _check_free(self, what: str) -> None:
+        if self._lock.locked():
+            raise BitMTPError(f"{what}: a generation owns this engine's KV store; finish or close it first "
+                              "(or step a separate Engine / model.session())")
 
     def reset(self) -> None:
         """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied)."""
@@ -82,6 +200,10 @@ class Engine:
 
     def prefill(self, ids: Iterable[int]) -> int:
         """Materialize the KV of ``ids`` from position ``self.n`` on; return the argmax after the last one."""
+        self._check_free("prefill")
+        return self._prefill(ids)
+
+    def _prefill(self, ids: Iterable[int]) -> int:
         ids_t = torch.as_tensor(list(ids), dtype=torch.long)
         if ids_t.numel() == 0:
             raise BitMTPError("input_ids: the prompt is empty")
@@ -99,6 +221,10 @@ class Engine:
 
     def ar_step(self, token: int) -> int:
         """Feed one committed token at position ``n`` (its KV is written, n += 1); return the next argmax."""
+        self._check_free("ar_step")
+        return self._ar_step(token)
+
+    def _ar_step(self, token: int) -> int:
         if self.n >= self.capacity:
             raise BitMTPError(f"capacity: the KV store is full ({self.capacity} tokens)")
         runner = self._step("ar", int(token), self.n)
@@ -133,10 +259,11 @@ class Engine:
             lo += k
         return out
 
-    def decode(self, input_ids: Iterable[int], **kwargs) -> Iterator[list[int]]:
-        """The decode loop as a generator of committed token chunks (see ``runtime/decode.py``);
-        its return value (``StopIteration.value``) is the :class:`GenerationResult`."""
-        return decode(self, list(input_ids), **kwargs)
+    def decode(self, input_ids: Iterable[int], **kwargs) -> Generation:
+        """The decode loop (see ``runtime/decode.py``) as a :class:`Generation` of committed token chunks;
+        its return value (``StopIteration.value``) is the :class:`GenerationResult`. It owns the KV
+        store from its first ``next()`` until it ends or is closed (module docstring)."""
+        return Generation(self, list(input_ids), kwargs)
 
     def generate_ar(self, input_ids: Iterable[int], max_new_tokens: int, eos_token_id: Iterable[int] = (),
                     on_token: Callable[[int], None] | None = None) -> GenerationResult:
