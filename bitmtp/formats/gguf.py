@@ -55,8 +55,10 @@ Writing is atomic (temporary file beside the target, then rename); nothing is le
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import struct
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -68,6 +70,7 @@ import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+from bitmtp.formats.ggml_blocks import F16_SCALE_OFFSETS, check_block_scales
 
 #: bitmtp family -> GGUF ``general.architecture``
 GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "bitnet": "bitnet"}
@@ -463,49 +466,242 @@ class GGUFContents:
         return str(self.meta.get("general.architecture", ""))
 
 
-def read_gguf(path: str | Path) -> GGUFContents:
-    """Read a GGUF file's metadata and tensor index (tensor data stays memory-mapped)."""
+#: GGUF metadata value type tags: fixed-size scalars as struct codes, and the two variable-size types
+_SCALAR_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MIN_KV_BYTES = 8 + 4 + 1  # empty key, value type tag, a one-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dimension, type tag, data offset
+#: tensor types exposed as typed numpy arrays (as gguf-py's reader does); the others as raw block bytes
+_NATIVE_DTYPES = {"F32": "f4", "F16": "f2", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4", "I64": "i8"}
+_READ_CHUNK = 1 << 20
+
+
+class _Cursor:
+    """Bounds-checked reads of a GGUF header from an open file.
+
+    Every length and count is checked against the bytes left in the file before anything is read or
+    allocated, so a corrupt field (a string length of 2⁶⁰, an array count larger than the file) raises a
+    FormatError naming the key instead of a MemoryError, a hang or a read past the end.
+    """
+
+    def __init__(self, f: Any, size: int, path: Path):
+        self.f, self.size, self.path = f, size, path
+        self.pos = 0
+        self.buf, self.buf_start = b"", 0
+        self.endian = "<"
+        self.ctx = "header"  # what is being read, for error messages
+
+    def fail(self, what: str) -> FormatError:
+        return FormatError(f"{self.path}: {self.ctx}: {what}; the file is truncated or corrupt "
+                           "(re-download or re-export it)")
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int, what: str) -> tuple[bytes, int]:
+        """``(buffer, offset)`` of the next ``n`` bytes (no copy), after checking they exist."""
+        if n > self.left():
+            raise self.fail(f"{what} needs {n} bytes at offset {self.pos}, past the end of the file "
+                            f"({self.size} bytes)")
+        if self.pos + n > self.buf_start + len(self.buf):
+            self.f.seek(self.pos)
+            self.buf, self.buf_start = self.f.read(max(n, _READ_CHUNK)), self.pos
+        off = self.pos - self.buf_start
+        self.pos += n
+        return self.buf, off
+
+    def unpack(self, code: str, what: str) -> Any:
+        size = struct.calcsize("<" + code)
+        buf, off = self.take(size, what)
+        return struct.unpack_from(self.endian + code, buf, off)[0]
+
+    def string(self, what: str) -> str:
+        n = self.unpack("Q", f"{what} length")
+        if n > self.left():
+            raise self.fail(f"{what} length {n} runs past the end of the file ({self.left()} bytes left)")
+        buf, off = self.take(n, what)
+        try:
+            return bytes(buf[off:off + n]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(f"{what} is not valid UTF-8 ({exc})") from exc
+
+    def value(self, vtype: int) -> tuple[Any, int | None]:
+        """A metadata value of type tag ``vtype`` and its array item type (None for scalars)."""
+        if vtype in _SCALAR_CODES:
+            return self.unpack(_SCALAR_CODES[vtype], "value"), None
+        if vtype == _STRING:
+            return self.string("string value"), None
+        if vtype != _ARRAY:
+            raise self.fail(f"unknown value type tag {vtype} (GGUF knows 0..12)")
+        itype = self.unpack("I", "array item type")
+        count = self.unpack("Q", "array count")
+        if itype == _ARRAY:
+            raise self.fail("nested arrays are not supported (GGUF readers refuse them too)")
+        if itype not in _SCALAR_CODES and itype != _STRING:
+            raise self.fail(f"unknown array item type tag {itype} (GGUF knows 0..12)")
+        item = 8 if itype == _STRING else struct.calcsize("<" + _SCALAR_CODES[itype])  # a string: ≥ its length
+        if count > self.left() // item:
+            raise self.fail(f"array count {count} is impossible: {self.left()} bytes are left in the file")
+        if itype == _STRING:
+            return [self.string("array element") for _ in range(count)], itype
+        code = _SCALAR_CODES[itype]
+        buf, off = self.take(count * item, "array data")
+        np_code = "u1" if code == "?" else np.dtype(code).str[1:]
+        arr = np.frombuffer(buf, dtype=np.dtype(np_code).newbyteorder(self.endian), count=count, offset=off)
+        return (arr != 0).tolist() if code == "?" else arr.tolist(), itype
+
+
+@dataclass
+class _TensorInfo:
+    name: str
+    qtype: Any  # gguf.GGMLQuantizationType
+    dims: tuple[int, ...]  # GGML order (innermost first)
+    offset: int  # relative to the data section
+    n_bytes: int
+
+
+def _parse_header(path: Path, size: int) -> tuple[dict[str, GGUFField], list[_TensorInfo], int, str]:
+    """Metadata, tensor infos, the data section's offset and the byte order of a GGUF file, every count,
+    length, type tag and tensor extent checked against the file size. Reads the header only."""
     gguf = _gguf()
+    vt, qt = gguf.GGUFValueType, gguf.GGMLQuantizationType
+    with open(path, "rb") as f:
+        c = _Cursor(f, size, path)
+        magic, _ = c.take(4, "magic")
+        if magic[:4] != b"GGUF":
+            raise FormatError(f"{path}: not a GGUF file (starts with {bytes(magic[:4])!r}, expected b'GGUF')")
+        version = c.unpack("I", "version")
+        if version & 0xFFFF == 0:  # written big-endian
+            c.endian, version = ">", int.from_bytes(version.to_bytes(4, "little"), "big")
+        if version not in (2, 3):
+            raise FormatError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+        n_tensors = c.unpack("Q", "tensor count")
+        n_kv = c.unpack("Q", "metadata count")
+        if n_kv > c.left() // _MIN_KV_BYTES or n_tensors > c.left() // _MIN_TENSOR_INFO_BYTES:
+            raise c.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {size} bytes")
+        fields: dict[str, GGUFField] = {}
+        for i in range(n_kv):
+            c.ctx = f"metadata entry {i}"
+            key = c.string("key")
+            c.ctx = f"metadata key {key!r}"
+            if key in fields:
+                raise c.fail("the key appears twice")
+            vtype = c.unpack("I", "value type")
+            value, itype = c.value(vtype)
+            fields[key] = GGUFField(value, vt(vtype), None if itype is None else vt(itype))
+        infos: list[_TensorInfo] = []
+        names: set[str] = set()
+        for i in range(n_tensors):
+            c.ctx = f"tensor info {i}"
+            name = c.string("name")
+            c.ctx = f"tensor {name!r}"
+            if name in names:
+                raise c.fail("the name appears twice")
+            names.add(name)
+            n_dims = c.unpack("I", "dimension count")
+            if not 1 <= n_dims <= _MAX_DIMS:
+                raise c.fail(f"{n_dims} dimensions (GGUF tensors have 1 to {_MAX_DIMS})")
+            dims = tuple(c.unpack("Q", "dimension") for _ in range(n_dims))
+            raw_type = c.unpack("I", "type")
+            offset = c.unpack("Q", "data offset")
+            try:
+                qtype = qt(raw_type)
+            except ValueError:
+                raise c.fail(f"unknown GGML type {raw_type} (a newer format than this gguf package knows, or "
+                             "corruption)") from None
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            if 0 in dims:
+                raise c.fail(f"empty dimension in shape {dims}")
+            if dims[0] % block:
+                raise c.fail(f"rows of {dims[0]} elements are not whole {qtype.name} blocks of {block}")
+            n_bytes = math.prod(dims) // block * type_size
+            if n_bytes > size:
+                raise c.fail(f"shape {dims} of {qtype.name} needs {n_bytes} bytes, more than the whole file")
+            infos.append(_TensorInfo(name, qtype, dims, offset, n_bytes))
+        c.ctx = "general.alignment"
+        alignment = 32
+        if "general.alignment" in fields:
+            a = fields["general.alignment"]
+            if a.vtype != vt.UINT32 or not isinstance(a.value, int) or a.value <= 0 or a.value & (a.value - 1):
+                raise c.fail(f"must be a power of two stored as UINT32, got {a.value!r} ({a.vtype.name})")
+            alignment = a.value
+        data_start = -(-c.pos // alignment) * alignment
+    # every tensor inside the file, aligned, and no two overlapping (a flipped offset bit shows as one of these)
+    end_prev, prev = data_start, None
+    for t in sorted(infos, key=lambda t: t.offset):
+        if t.offset % alignment:
+            raise FormatError(f"{path}: tensor {t.name!r}: data offset {t.offset} is not a multiple of the "
+                              f"alignment {alignment}; the file is corrupt")
+        start = data_start + t.offset
+        if start + t.n_bytes > size:
+            raise FormatError(f"{path}: tensor {t.name!r}: data [{start}, {start + t.n_bytes}) runs past the end "
+                              f"of the file ({size} bytes); the file is truncated (re-download or re-export it)")
+        if start < end_prev:
+            raise FormatError(f"{path}: tensor {t.name!r}: data at offset {t.offset} overlaps "
+                              f"{'the header' if prev is None else repr(prev)}; the file is corrupt")
+        end_prev, prev = start + t.n_bytes, t.name
+    return fields, infos, data_start, c.endian
+
+
+def read_gguf(path: str | Path) -> GGUFContents:
+    """Read a GGUF file's metadata and tensor index; tensor data stays memory-mapped.
+
+    The header is parsed here (not by gguf-py's reader) so that every count, length and tensor extent is
+    checked against the file size *before* the file is mapped: a corrupt or truncated file raises a
+    FormatError naming the key or tensor, never a hang, a MemoryError or a SIGBUS.
+    """
     path = Path(path)
     if not path.is_file():
         raise BitMTPError(f"{path}: no such file")
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:  # the reader raises ValueError/IndexError/struct errors on bad files
-        detail = str(exc)
-        if "GGMLQuantizationType" in detail:
-            detail = f"unknown tensor type ({detail})"
-        raise FormatError(f"{path}: cannot read GGUF: {detail}; the file is truncated, corrupt, or uses a "
-                          "tensor type this gguf package does not know") from exc
-    fields: dict[str, GGUFField] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            value = field.contents()
-        except Exception as exc:
-            raise FormatError(f"{path}: metadata key {key!r} cannot be decoded ({exc})") from exc
-        sub = field.types[-1] if len(field.types) > 1 else None
-        fields[key] = GGUFField(value, field.types[0] if field.types else None, sub)
+    size = path.stat().st_size
+    fields, infos, data_start, endian = _parse_header(path, size)
+    gguf = _gguf()
     tensors: dict[str, GGUFTensor] = {}
-    for t in reader.tensors:
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        tensors[t.name] = GGUFTensor(t.name, t.tensor_type.name, shape, t.data)
-    _check_sizes(path, reader, tensors)
+    mm = np.memmap(path, dtype=np.uint8, mode="r") if infos else None
+    for t in infos:
+        raw = mm[data_start + t.offset:data_start + t.offset + t.n_bytes]
+        shape = tuple(reversed(t.dims))  # PyTorch order
+        native = _NATIVE_DTYPES.get(t.qtype.name)
+        if native is not None:
+            data = raw.view(np.dtype(native).newbyteorder(endian)).reshape(shape)
+        else:
+            block, type_size = gguf.GGML_QUANT_SIZES[t.qtype]
+            data = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
+        tensors[t.name] = GGUFTensor(t.name, t.qtype.name, shape, data)
     return GGUFContents(path, fields, tensors)
 
 
-def _check_sizes(path: Path, reader: Any, tensors: dict[str, GGUFTensor]) -> None:
-    gguf = _gguf()
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
-            raise FormatError(f"{path}: tensor {t.name!r} runs past the end of the file ({size} bytes); "
-                              "the file is truncated")
-        block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
-        if t.n_elements % block or t.n_bytes != t.n_elements // block * type_size:
-            raise FormatError(f"{path}: tensor {t.name!r} has {t.n_bytes} bytes, which does not match "
-                              f"{t.n_elements} elements of {t.tensor_type.name}")
+def check_finite(t: GGUFTensor, source: str) -> None:
+    """FormatError naming the tensor when it holds Inf or NaN, checked on its smallest representation.
+
+    Block types are checked through their float16 scales only (``ggml_blocks.F16_SCALE_OFFSETS``: a block's
+    values are finite exactly when its scales are), float tensors as stored, integer tensors not at all;
+    other block types (IQ*, MXFP4, …) are dequantized first, the one case that costs a float32 copy.
+    Random bytes in block data usually show here: about 1 in 32 random float16s is Inf or NaN.
+    """
+    what = f"{source}: tensor {t.name!r}"
+    if t.type_name in F16_SCALE_OFFSETS:
+        gguf = _gguf()
+        check_block_scales(t.data, t.type_name, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t.type_name]][1],
+                           what)
+        return
+    if t.type_name in ("I8", "I16", "I32", "I64"):
+        return
+    if t.type_name in ("F32", "F16", "F64"):  # as stored (numpy: the data is a read-only memory map)
+        values = np.asarray(t.data).reshape(-1)
+        bad = ~np.isfinite(values)
+    elif t.type_name == "BF16":  # as stored: Inf and NaN are the bfloat16s whose exponent bits are all ones
+        values = np.asarray(t.data).view(np.uint16).reshape(-1)
+        bad = (values & 0x7F80) == 0x7F80
+        values = dense_tensor(t).reshape(-1).float().numpy() if bad.any() else values
+    else:  # other block types: a dequantized float32 copy
+        values = dense_tensor(t).reshape(-1).numpy()
+        bad = ~np.isfinite(values)
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise FormatError(f"{what} holds a non-finite value ({float(values[at])} at flat index {at}); the weights "
+                          "are corrupt — re-download or re-export the file")
 
 
 def dense_tensor(t: GGUFTensor) -> torch.Tensor:
@@ -620,6 +816,7 @@ __all__ = [
     "speculative_metadata",
     "adapter_from_gguf",
     "read_gguf",
+    "check_finite",
     "write_gguf",
     "dense_tensor",
     "GGUFContents",
