@@ -10,11 +10,16 @@ Rules stated per test:
 * greedy generation through the fused path equals the per-op path token for token;
 * the gated LoRA of a mask-block draft step changes only the mask rows, as the per-op path does;
 * the fused path is off (and says why) for BITMTP_FUSED=0, another backend, an overridden cpu op
-  or a non-float32 model; bad input raises BitMTPError.
+  or a non-float32 model; bad input raises BitMTPError;
+* every comparison asserts which path each side actually ran (``Decoder.last_path`` / ``path_counts``):
+  a fused step that silently fell back to the per-op layers would compare per-op with per-op. A
+  fallback records its reason in ``fused_reason`` and logs it once at debug level.
 Outputs are poisoned first (KV rows to be written hold NaN) so an unwritten element shows.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -22,8 +27,9 @@ import torch
 import bitmtp
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import MaskBlock
-from bitmtp.model.decoder import StepInputs
+from bitmtp.model.decoder import FUSED, PER_OP, Decoder, StepInputs
 from bitmtp.ops import registry
+from bitmtp.ops.fused_layers import FusedUnsupported
 from bitmtp.runtime.kv import KVStore
 from tests.hf_models import tiny_model
 from tests.test_cpu_kernels import ISAS, cpu_backend  # the ISA paths this CPU can run
@@ -55,7 +61,8 @@ def _kv(model) -> KVStore:
     return KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity=300, m_max=16)
 
 
-def _step(dec, kv, tokens, start, *, mask_rows=0, block=None, segment=None):
+def _step(dec, kv, tokens, start, *, mask_rows=0, block=None, segment=None, path=None):
+    """One step; with ``path`` ("fused" / "per-op"), assert that the step really ran that path."""
     m = len(tokens)
     pos = torch.arange(start, start + m)
     seg = segment or kv.segment_for(start + m)
@@ -63,7 +70,21 @@ def _step(dec, kv, tokens, start, *, mask_rows=0, block=None, segment=None):
     if mask_rows:
         reach[m - mask_rows :] = pos[-1]  # mask rows see the whole block
     mask = torch.arange(seg)[None, :] <= reach[:, None]
-    return dec.hidden_states(StepInputs(torch.tensor(tokens), pos, mask, mask_rows, block), kv)
+    before = dict(dec.path_counts)
+    out = dec.hidden_states(StepInputs(torch.tensor(tokens), pos, mask, mask_rows, block), kv)
+    if path is not None:
+        assert dec.last_path == path, f"expected the {path} path, ran {dec.last_path}: {dec.fused_reason}"
+        assert dec.path_counts[path] == before[path] + 1
+        assert (dec.fused_reason == "") == (path == FUSED), dec.fused_reason
+    return out
+
+
+def _counts(dec) -> dict[str, int]:
+    return dict(dec.path_counts)
+
+
+def _delta(dec, before: dict[str, int]) -> dict[str, int]:
+    return {k: dec.path_counts[k] - before[k] for k in before}
 
 
 def _prefilled(model, fused: bool, monkeypatch, n=21, seed=0):
@@ -114,9 +135,10 @@ def test_fused_step_matches_per_op_step(model, monkeypatch, width, isa):
     _poison(kv_p, range(n, n + width))
     with cpu_backend.forced_isa(isa):
         monkeypatch.setenv("BITMTP_FUSED", "1")
-        fused = _step(model.decoder, kv_f, tokens, n)
+        fused = _step(model.decoder, kv_f, tokens, n, path=FUSED)
         monkeypatch.setenv("BITMTP_FUSED", "0")
-        per_op = _step(model.decoder, kv_p, tokens, n)
+        per_op = _step(model.decoder, kv_p, tokens, n, path=PER_OP)
+        assert "BITMTP_FUSED=0" in model.decoder.fused_reason
     assert torch.isfinite(fused).all()
     _same(fused, per_op)
     for a, b in zip(kv_f.k + kv_f.v, kv_p.k + kv_p.v, strict=True):
@@ -134,8 +156,8 @@ def test_fused_rows_do_not_depend_on_width(model, monkeypatch, width):
     _poison(kv_wide, range(n, n + width))
     _poison(kv_one, range(n, n + width))
     # a larger segment for the wide step: the read length must not matter either
-    wide = _step(model.decoder, kv_wide, tokens, n, segment=kv_wide.rows)
-    rows = torch.cat([_step(model.decoder, kv_one, [t], n + i) for i, t in enumerate(tokens)])
+    wide = _step(model.decoder, kv_wide, tokens, n, segment=kv_wide.rows, path=FUSED)
+    rows = torch.cat([_step(model.decoder, kv_one, [t], n + i, path=FUSED) for i, t in enumerate(tokens)])
     assert torch.equal(wide, rows)
     for a, b in zip(kv_wide.k + kv_wide.v, kv_one.k + kv_one.v, strict=True):
         assert torch.equal(a[:, : n + width], b[:, : n + width])
@@ -145,10 +167,15 @@ def test_fused_greedy_equals_per_op_greedy(model, monkeypatch):
     g = torch.Generator().manual_seed(3)
     for _ in range(3):
         ids = torch.randint(3, model.args.vocab_size, (9,), generator=g).tolist()
+        dec = model.decoder
         monkeypatch.setenv("BITMTP_FUSED", "1")
+        before = _counts(dec)
         fused = bitmtp.generate(model, input_ids=ids, max_new_tokens=24, policy="ar", eos_token_id=[]).token_ids
+        assert _delta(dec, before) == {FUSED: 24, PER_OP: 0}  # the prefill and 23 AR steps, all fused
         monkeypatch.setenv("BITMTP_FUSED", "0")
+        before = _counts(dec)
         per_op = bitmtp.generate(model, input_ids=ids, max_new_tokens=24, policy="ar", eos_token_id=[]).token_ids
+        assert _delta(dec, before) == {FUSED: 0, PER_OP: 24}
         assert fused == per_op
 
 
@@ -161,16 +188,46 @@ def test_fused_gated_lora_matches_per_op(model, monkeypatch, mask_rows):
     n = len(prompt)
     tokens = [11] + [0] * mask_rows  # one pending row, then mask rows (their ids are ignored)
     monkeypatch.setenv("BITMTP_FUSED", "1")
-    fused = _step(model.decoder, kv_f, tokens, n, mask_rows=mask_rows, block=block)
+    fused = _step(model.decoder, kv_f, tokens, n, mask_rows=mask_rows, block=block, path=FUSED)
     monkeypatch.setenv("BITMTP_FUSED", "0")
-    per_op = _step(model.decoder, kv_p, tokens, n, mask_rows=mask_rows, block=block)
+    per_op = _step(model.decoder, kv_p, tokens, n, mask_rows=mask_rows, block=block, path=PER_OP)
     plain = _step(model.decoder, _clone(kv_p), tokens, n, mask_rows=mask_rows, block=MaskBlock(
-        cfg, {k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}))
+        cfg, {k: (v * 0 if "lora_B" in k else v) for k, v in tensors.items()}), path=PER_OP)
     _same(fused, per_op)
     assert not torch.allclose(per_op[1:], plain[1:], atol=1e-3)  # the deltas matter on mask rows …
     monkeypatch.setenv("BITMTP_FUSED", "1")
-    pending = _step(model.decoder, _clone(kv_p), tokens[:1], n)
+    pending = _step(model.decoder, _clone(kv_p), tokens[:1], n, path=FUSED)
     assert torch.equal(fused[:1], pending)  # … and the pending row is the base model's, bit for bit
+
+
+def test_fallback_is_recorded_and_logged_once(model, monkeypatch, caplog):
+    """A step the plan cannot take (here: a mask block whose LoRA the native table refuses) runs the
+    per-op layers, equal to them, with the reason in ``fused_reason`` and one debug line per reason."""
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=16)
+    block = MaskBlock(cfg, tensors)
+    kv_f, prompt = _prefilled(model, True, monkeypatch, seed=4)
+    kv_p = _clone(kv_f)
+    n = len(prompt)
+    tokens = [13, 0, 0, 0]
+    dec = model.decoder
+    reason = "lora 0.qkv: refused by this test"
+
+    def refuse(plan, blk):
+        raise FusedUnsupported(reason)
+
+    monkeypatch.setenv("BITMTP_FUSED", "0")
+    want = _step(dec, kv_p, tokens, n, mask_rows=3, block=block, path=PER_OP)
+    monkeypatch.setenv("BITMTP_FUSED", "1")
+    monkeypatch.setattr(Decoder, "_fused_lora", staticmethod(refuse))
+    dec._logged_reasons.discard(reason)
+    with caplog.at_level(logging.DEBUG, logger="bitmtp"):
+        got = _step(dec, _clone(kv_f), tokens, n, mask_rows=3, block=block, path=PER_OP)
+        assert dec.fused_reason == reason
+        _step(dec, _clone(kv_f), tokens, n, mask_rows=3, block=block, path=PER_OP)
+        _step(dec, _clone(kv_f), tokens[:1], n, path=FUSED)  # a step without mask rows still fuses
+    _same(got, want)
+    logged = [r for r in caplog.records if reason in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.DEBUG
 
 
 def test_switches_turn_the_fused_path_off(model, monkeypatch):

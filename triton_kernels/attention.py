@@ -4,7 +4,8 @@ One program per (query row, head). It walks the KV rows in fixed blocks of BLOCK
 with an online softmax whose running max starts at a finite floor: a block with no visible row
 adds exactly 0 and rescales by exactly 1, so the result does not depend on the segment length L,
 and with one program per row it does not depend on the step's width M either. Bitwise equal rows
-whatever the replay state is what lets speculative decoding equal AR greedy output exactly.
+whatever the replay state is what lets speculative decoding equal AR greedy output exactly. Masked KV
+rows are not loaded at all, so garbage in them (NaN, Inf) never matters.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def _attention_row_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, H, S, L, scale
         in_l = offs_l < L
         vis = tl.load(mask_ptr + row * L + offs_l, mask=in_l, other=0) != 0
         kv_off = kv_base + offs_l[:, None] * D + offs_d[None, :]
-        kv_mask = in_l[:, None] & d_mask[None, :]
+        # Masked KV rows are never read (they load as 0): what rejected drafts or a longer earlier
+        # sequence left there, NaN/Inf included, cannot reach the sums (p = 0 times NaN would be NaN).
+        kv_mask = (in_l & vis)[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.sum(k * q[None, :], axis=1) * scale
         s = tl.where(vis, s, float("-inf"))

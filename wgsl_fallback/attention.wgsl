@@ -2,7 +2,8 @@
 //   scores[l] = (q[m, h] . k[h / group, l]) * scale   where mask[m, l] != 0, else -inf
 //   out[m, h] = softmax(scores) @ v[h / group, :L]
 // The mask [M, L] carries the step's structure (AR causal, draft block-causal, verify), so one shader
-// serves every replay state. Scores live in workgroup memory: L <= MAX_L.
+// serves every replay state. Scores live in workgroup memory: L <= MAX_L. Masked KV rows are never
+// read (neither K nor V), so whatever they hold cannot reach the output.
 
 struct Params { M: u32, heads: u32, kv_heads: u32, Dh: u32, S: u32, L: u32, scale: f32, _p: u32 }
 
@@ -61,7 +62,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let inv = 1.0 / red[0];
   for (var d = tid; d < p.Dh; d += WG) {
     var acc: f32 = 0.0;
-    for (var l = 0u; l < p.L; l++) { acc += scores[l] * vc[(kvh * p.S + l) * p.Dh + d]; }
+    for (var l = 0u; l < p.L; l++) {
+      // Masked rows are skipped, never weighted by 0: their V may hold NaN/Inf (rejected drafts, an
+      // earlier longer sequence), and 0 * NaN is NaN.
+      if (mask[m * p.L + l] != 0u) { acc += scores[l] * vc[(kvh * p.S + l) * p.Dh + d]; }
+    }
     out[qb + d] = acc * inv;
   }
 }

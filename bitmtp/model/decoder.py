@@ -9,6 +9,7 @@ norms, per-row attention), so a row's result does not depend on the other rows o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,11 @@ from bitmtp.model.fuse import fuse_rows
 from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables, silu
 from bitmtp.ops import TernaryLinear, attention
 from bitmtp.ops.fused_layers import Dims, FusedPlan, FusedUnsupported, LayerSpec, fused_enabled, kv_pointer_table
+
+log = logging.getLogger("bitmtp")
+
+#: the two ways :meth:`Decoder.run_layers` can run a step (:attr:`Decoder.last_path`)
+FUSED, PER_OP = "fused", "per-op"
 
 
 class Attention(nn.Module):
@@ -106,6 +112,11 @@ class Decoder(nn.Module):
         self._fused_unsupported: str | None = None  # why this model cannot build a plan
         #: why the last step did not use the fused CPU layers ("" when it did, None before any step)
         self.fused_reason: str | None = None
+        #: the path the last step ran: ``"fused"`` or ``"per-op"`` (None before any step)
+        self.last_path: str | None = None
+        #: steps run on each path since this decoder was built (tests assert the path they meant)
+        self.path_counts: dict[str, int] = {FUSED: 0, PER_OP: 0}
+        self._logged_reasons: set[str] = set()  # fallback reasons already logged (once each)
 
     def _apply(self, fn, recurse=True):
         self.invalidate_native()  # tensors move: the native table would dangle
@@ -209,9 +220,13 @@ class Decoder(nn.Module):
         sin = self.rope_sin[step.positions].to(x.dtype)
         plan = self.fused_plan()
         if plan is not None:
-            out = self._run_fused(plan, x, step, kv, layers, cos, sin)
+            out, why = self._run_fused(plan, x, step, kv, layers, cos, sin)
             if out is not None:
+                self._took(FUSED, "")
                 return out
+            self._took(PER_OP, why)
+        else:
+            self._took(PER_OP, self.fused_reason or "")
         for i in layers:
             layer = self.layers[i]
             at = layer.attn
@@ -239,23 +254,38 @@ class Decoder(nn.Module):
             x = x + layer.mlp(h, adapt)
         return x
 
-    def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos, sin) -> torch.Tensor | None:
-        """All ``layers`` in one native call, or None when this KV store or mask block cannot take it."""
+    def _took(self, path: str, reason: str) -> None:
+        """Record the path a step ran (:attr:`last_path`, :attr:`path_counts`, :attr:`fused_reason`); the
+        per-op path is logged once per reason at debug level, so a fallback is never silent."""
+        self.last_path = path
+        self.path_counts[path] += 1
+        self.fused_reason = reason
+        if path == PER_OP and reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            log.debug("bitmtp: a step ran the per-op layers instead of the fused CPU layers: %s", reason)
+
+    def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos,
+                   sin) -> tuple[torch.Tensor | None, str]:
+        """All ``layers`` in one native call: ``(hidden, "")``, or ``(None, why)`` when this KV store or
+        mask block cannot take it (the caller runs the per-op path and records ``why``)."""
         try:
             table = getattr(kv, "_fused_kv_table", None)
             if table is None:  # the store's buffers never move (runtime/kv.py): build once per store
                 table = kv._fused_kv_table = kv_pointer_table(kv.k, kv.v, plan.dims)
             if table.shape[0] != plan.num_layers:
-                return None  # a store for some of the layers only: the per-op path indexes it as it must
+                # a store for some of the layers only: the per-op path indexes it as it must
+                return None, f"the KV store holds {table.shape[0]} of the {plan.num_layers} layers"
             lora, scaling, first = None, 1.0, 0
             if step.mask_rows:
                 lora, scaling = self._fused_lora(plan, step.mask_block)
                 first = step.tokens.shape[0] - step.mask_rows
-        except (FusedUnsupported, AttributeError):
-            return None
+        except FusedUnsupported as exc:
+            return None, str(exc)
+        except AttributeError as exc:  # a KV store without k/v buffer lists, a block without LoRA tables
+            return None, f"{type(exc).__name__}: {exc}"
         return plan.run(x, step.positions, cos, sin, step.mask, kv.k, kv.v, list(layers),
                         attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
-                        lora_scaling=scaling, kv_table=table)
+                        lora_scaling=scaling, kv_table=table), ""
 
     @staticmethod
     def _fused_lora(plan: FusedPlan, block) -> tuple[torch.Tensor, float]:

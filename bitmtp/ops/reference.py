@@ -70,17 +70,30 @@ def w2a8_linear_reference(
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                         scale: float) -> torch.Tensor:
     """Masked multi-head attention with GQA: ``q[M, H, D]`` against KV rows ``[0, L)`` of
-    ``k, v[KVH, S, D]`` under ``mask[M, L]`` (True = visible); float32 math, output in q's dtype."""
+    ``k, v[KVH, S, D]`` under ``mask[M, L]`` (True = visible); float32 math, output in q's dtype.
+
+    Masked KV rows are ignored exactly, whatever they hold: rows past the committed length inside the
+    read segment keep what rejected drafts or an earlier, longer sequence wrote, NaN and Inf included.
+    A masked score is replaced, never added to; and because ``0 · NaN`` and ``0 · Inf`` are NaN inside
+    ``probs @ V``, non-finite V entries are zeroed before that product. So that this never hides real
+    corruption, a *visible* V row holding NaN/Inf turns the scores of the rows that see it into NaN
+    (their whole head output is NaN). With finite inputs the result is bit-identical to the plain
+    formula: ``+0`` is added to each score and ``nan_to_num`` leaves finite values as they are.
+    No host sync (a data-dependent branch would break CUDA graph capture): the safe form always runs.
+    """
     m, h, d = q.shape
     kvh, length = k.shape[0], mask.shape[1]
     g = h // kvh
     keys, values = k[:, :length].float(), v[:, :length].float()
     qh = q.float().view(m, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * m, d)
-    scores = (torch.matmul(qh, keys.transpose(1, 2)) * scale).view(kvh, g, m, length)
+    # [KVH, L]: +0 for a finite V row, NaN for a row holding NaN/Inf (x - x is NaN exactly then).
+    # Float ops only: elementwise ops producing bool masks cost several times more on CPU.
+    row_bad = (values - values).sum(-1)
+    scores = (torch.matmul(qh, keys.transpose(1, 2)) * scale).view(kvh, g, m, length) + row_bad[:, None, None, :]
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(kvh, g * m, length)
-    out = torch.matmul(probs, values).view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d)
-    return out.to(q.dtype)
+    out = torch.matmul(probs, torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0))
+    return out.view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d).to(q.dtype)
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
