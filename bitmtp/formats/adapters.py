@@ -21,6 +21,8 @@ place; an existing adapter is replaced only with ``overwrite=True``. Nothing hal
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -31,12 +33,39 @@ from typing import Any
 import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
+from bitmtp.formats.scales import check_finite
 
 CONFIG_FILE = "adapter_config.json"
 TENSOR_FILE = "adapter.safetensors"
 KINDS = ("mask-block", "heads")
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 FORMAT_VERSION = 1
+FAMILIES = ("llama", "qwen3", "bitnet")
+_MAX_SIZE = 2**31 - 1
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _int_field(value: Any, name: str, lo: int = 1, hi: int = _MAX_SIZE) -> int:
+    """``value`` as an int in ``[lo, hi]``; FormatError naming the field otherwise (a string "8" is not 8:
+    it would load and fail later, far from the file)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise FormatError(f"{name}: expected an integer, got {_show(value)}")
+    if not lo <= value <= hi:
+        raise FormatError(f"{name}: must be in {lo}..{hi}, got {value}")
+    return int(value)
+
+
+def _real_field(value: Any, name: str, lo: float = 0.0, hi: float = math.inf) -> float:
+    """``value`` as a finite float in ``(lo, hi]``; FormatError naming the field otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise FormatError(f"{name}: expected a number, got {_show(value)}")
+    if not math.isfinite(value) or not lo < value <= hi:
+        bound = f"({lo}, {hi}]" if math.isfinite(hi) else f"finite and > {lo}"
+        raise FormatError(f"{name}: must be {bound}, got {value}")
+    return float(value)
 
 
 @dataclass
@@ -51,6 +80,13 @@ class BaseShape:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
+            raise FormatError(f"base.family: expected one of {FAMILIES}, got {_show(self.family)}")
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "vocab_size"):
+            setattr(self, name, _int_field(getattr(self, name), f"base.{name}"))
 
     @classmethod
     def of(cls, args: Any) -> BaseShape:
@@ -84,21 +120,39 @@ class AdapterConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.base, dict):
+            fields = set(BaseShape.__dataclass_fields__)
+            unknown, missing = sorted(set(self.base) - fields), sorted(fields - set(self.base))
+            if unknown or missing:
+                raise FormatError(f"base: {'unknown fields ' + str(unknown) if unknown else ''}"
+                                  f"{' and ' if unknown and missing else ''}"
+                                  f"{'missing fields ' + str(missing) if missing else ''}; expected {sorted(fields)}")
             self.base = BaseShape(**self.base)
-        if self.kind not in KINDS:
+        elif not isinstance(self.base, BaseShape):
+            raise FormatError(f"base: expected an object with the base model's shape, got {_show(self.base)}")
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
             raise FormatError(f"kind: expected one of {KINDS}, got {self.kind!r}")
-        if not 2 <= int(self.block_size) <= 16:
-            raise FormatError(f"block_size: D must be in 2..16, got {self.block_size}")
-        if int(self.rank) < 1:
-            raise FormatError(f"rank: must be >= 1, got {self.rank}")
+        self.block_size = _int_field(self.block_size, "block_size (D)", 2, 16)
+        self.rank = _int_field(self.rank, "rank")
+        if not isinstance(self.targets, (list, tuple)) or not all(isinstance(t, str) for t in self.targets):
+            raise FormatError(f"targets: expected a list of names from {TARGETS}, got {_show(self.targets)}")
+        self.targets = list(self.targets)
         if self.kind == "mask-block":
             bad = [t for t in self.targets if t not in TARGETS]
             # an empty list is a mask embedding without LoRA: the adapter of a ``full`` fine-tune, whose
             # mask rows run the (fine-tuned) base weights themselves
             if bad or len(set(self.targets)) != len(self.targets):
                 raise FormatError(f"targets: expected distinct names from {TARGETS}, got {self.targets}")
-        if not 0 < float(self.discount_gamma) <= 1:
-            raise FormatError(f"discount_gamma: must be in (0, 1], got {self.discount_gamma}")
+        self.discount_gamma = _real_field(self.discount_gamma, "discount_gamma", 0.0, 1.0)
+        if self.lora_alpha is not None:
+            self.lora_alpha = _real_field(self.lora_alpha, "lora_alpha")
+        self.version = _int_field(self.version, "version", 1, _MAX_SIZE)
+        if self.version > FORMAT_VERSION:
+            raise FormatError(f"version: format version {self.version} is newer than this bitmtp reads "
+                              f"({FORMAT_VERSION}); upgrade bitmtp")
+        if self.fingerprint is not None and not isinstance(self.fingerprint, str):
+            raise FormatError(f"fingerprint: expected a string or null, got {_show(self.fingerprint)}")
+        if self.training is not None and not isinstance(self.training, dict):
+            raise FormatError(f"training: expected an object or null, got {_show(self.training)}")
 
     @property
     def num_heads(self) -> int:
@@ -146,6 +200,7 @@ def check_tensors(config: AdapterConfig, tensors: dict[str, torch.Tensor], sourc
                              f"(block_size={config.block_size}, rank={config.rank})")
         if not t.is_floating_point():
             raise FormatError(f"{source}: tensor {name!r} must be floating point, got {t.dtype}")
+        check_finite(t, f"{source}: tensor {name!r}")
 
 
 def save_adapter(path: str | Path, config: AdapterConfig, tensors: dict[str, torch.Tensor], *,
@@ -178,6 +233,30 @@ def save_adapter(path: str | Path, config: AdapterConfig, tensors: dict[str, tor
     return path
 
 
+def adapter_config_from_dict(raw: Any, source: str) -> AdapterConfig:
+    """An :class:`AdapterConfig` from parsed JSON, every field checked: FormatError naming ``source`` and the
+    field (wrong type, out of range, unknown or missing) otherwise."""
+    if not isinstance(raw, dict):
+        raise FormatError(f"{source}: expected a JSON object of adapter fields (kind, block_size, rank, base, ...), "
+                          f"got {type(raw).__name__}")
+    fields = set(AdapterConfig.__dataclass_fields__)
+    required = {"kind", "block_size", "rank", "base"}
+    try:
+        if "version" in raw:  # first, so a newer file's new fields get the "upgrade bitmtp" message
+            v = _int_field(raw["version"], "version", 1, _MAX_SIZE)
+            if v > FORMAT_VERSION:
+                raise FormatError(f"format version {v} is newer than this bitmtp reads ({FORMAT_VERSION}); "
+                                  "upgrade bitmtp")
+        unknown, missing = sorted(set(raw) - fields), sorted(required - set(raw))
+        if unknown:
+            raise FormatError(f"unknown field(s) {unknown}; an adapter config has {sorted(fields)}")
+        if missing:
+            raise FormatError(f"missing field(s) {missing}")
+        return AdapterConfig(**raw)
+    except FormatError as exc:
+        raise FormatError(f"{source}: {exc}") from None
+
+
 def load_adapter(path: str | Path) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
     """Read and validate an adapter folder."""
     from safetensors import SafetensorError
@@ -188,15 +267,10 @@ def load_adapter(path: str | Path) -> tuple[AdapterConfig, dict[str, torch.Tenso
     if not cfg_path.is_file() or not tensor_path.is_file():
         raise FormatError(f"{path}: not an adapter folder (needs {CONFIG_FILE} and {TENSOR_FILE})")
     try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{cfg_path}: not valid JSON ({exc})") from exc
-    if raw.get("version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise FormatError(f"{cfg_path}: format version {raw['version']} is newer than this bitmtp reads")
-    try:
-        config = AdapterConfig(**raw)
-    except TypeError as exc:
-        raise FormatError(f"{cfg_path}: bad or missing field ({exc})") from exc
+        raw = json.loads(cfg_path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit number
+        raise FormatError(f"{cfg_path}: not valid JSON ({exc}); rewrite it or save the adapter again") from exc
+    config = adapter_config_from_dict(raw, str(cfg_path))
     try:
         tensors = load_file(str(tensor_path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

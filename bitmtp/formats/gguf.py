@@ -49,7 +49,8 @@ and the adapter's tensors as ``bitmtp.mtp.<name>`` (``bitmtp.mtp.mask_embedding`
 document's ``divine.speculative.*`` keys (``architecture: "mtp"`` = heads; ``num_heads`` M → D = M + 1;
 ``projection_dim`` = rank) and tensors ``divine.mtp.{k}.proj_down|proj_up|norm.weight``.
 
-Writing is atomic (temporary file beside the target, then rename); nothing is left behind on error.
+Writing is atomic (temporary file beside the target, then rename); nothing is left behind on an error,
+KeyboardInterrupt, SIGTERM or SIGHUP (see :func:`write_gguf`).
 """
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ import json
 import math
 import os
 import re
+import signal
 import struct
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +73,14 @@ import numpy as np
 import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
-from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+from bitmtp.formats.adapters import (
+    AdapterConfig,
+    BaseShape,
+    _int_field,
+    _real_field,
+    adapter_config_from_dict,
+    check_tensors,
+)
 from bitmtp.formats.ggml_blocks import F16_SCALE_OFFSETS, check_block_scales
 
 #: bitmtp family -> GGUF ``general.architecture``
@@ -369,31 +380,47 @@ def adapter_from_gguf(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ba
     return _divine_adapter(meta, divine, base, source)
 
 
-def _need(meta: dict[str, Any], key: str, source: str) -> Any:
+def _need(meta: dict[str, Any], key: str, source: str, check: Callable[..., Any] | None = None,
+          default: Any = None, **limits: Any) -> Any:
+    """A metadata value, checked by ``check`` (``_int_field`` / ``_real_field``) when given; FormatError naming
+    the key when it is missing (and has no ``default``), of the wrong type or out of range."""
     if key not in meta:
+        if default is not None:
+            return default
         raise FormatError(f"{source}: missing metadata key {key!r}")
-    return meta[key]
+    if check is None:
+        return meta[key]
+    try:
+        return check(meta[key], key, **limits)
+    except FormatError as exc:
+        raise FormatError(f"{source}: metadata {exc}") from None
 
 
 def _bitmtp_adapter(meta, mtp, base, source):
     kind = _need(meta, SPEC + "architecture", source)
-    block = int(_need(meta, SPEC + "block_size", source))
+    block = _need(meta, SPEC + "block_size", source, _int_field, lo=2, hi=16)
     if SPEC + "config" in meta:
+        raw = meta[SPEC + "config"]
+        if not isinstance(raw, str):
+            raise FormatError(f"{source}: metadata {SPEC}config: expected a JSON string, got {type(raw).__name__}")
         try:
-            raw = json.loads(meta[SPEC + "config"])
-            config = AdapterConfig(**raw)
-        except (json.JSONDecodeError, TypeError) as exc:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise FormatError(f"{source}: {SPEC}config is not a valid adapter config ({exc})") from exc
+        config = adapter_config_from_dict(parsed, f"{source}: metadata {SPEC}config")
     else:
-        rank = int(meta.get(SPEC + "rank", meta.get(SPEC + "projection_dim", 0)))
-        config = AdapterConfig(kind=kind, block_size=block, rank=rank, base=base,
-                               discount_gamma=float(meta.get(SPEC + "discount_gamma", 0.8)))
+        rank = _need(meta, SPEC + ("rank" if SPEC + "rank" in meta else "projection_dim"), source, _int_field)
+        gamma = _need(meta, SPEC + "discount_gamma", source, _real_field, 0.8, hi=1.0)
+        try:
+            config = AdapterConfig(kind=kind, block_size=block, rank=rank, base=base, discount_gamma=gamma)
+        except FormatError as exc:
+            raise FormatError(f"{source}: metadata {SPEC}*: {exc}") from None
     checks = {"architecture": (kind, config.kind), "block_size": (block, config.block_size)}
     if SPEC + "num_heads" in meta:
-        checks["num_heads"] = (int(meta[SPEC + "num_heads"]), config.num_heads)
+        checks["num_heads"] = (_need(meta, SPEC + "num_heads", source, _int_field), config.num_heads)
     for key in ("rank", "projection_dim"):
         if SPEC + key in meta:
-            checks[key] = (int(meta[SPEC + key]), config.rank)
+            checks[key] = (_need(meta, SPEC + key, source, _int_field), config.rank)
     for key, (said, actual) in checks.items():
         if said != actual:
             raise FormatError(f"{source}: inconsistent metadata: {SPEC}{key} = {said!r} but the adapter "
@@ -410,12 +437,10 @@ def _divine_adapter(meta, divine, base, source):
     arch = _need(meta, DIVINE_SPEC + "architecture", source)
     if arch != "mtp":
         raise FormatError(f"{source}: {DIVINE_SPEC}architecture = {arch!r}; bitmtp reads Divine's 'mtp' heads")
-    heads = int(_need(meta, DIVINE_SPEC + "num_heads", source))
-    rank = int(_need(meta, DIVINE_SPEC + "projection_dim", source))
-    if heads < 1:
-        raise FormatError(f"{source}: inconsistent metadata: {DIVINE_SPEC}num_heads = {heads}")
-    config = AdapterConfig(kind="heads", block_size=heads + 1, rank=rank, base=base,
-                           discount_gamma=float(meta.get(DIVINE_SPEC + "discount_gamma", 0.9)))
+    heads = _need(meta, DIVINE_SPEC + "num_heads", source, _int_field, hi=15)
+    rank = _need(meta, DIVINE_SPEC + "projection_dim", source, _int_field)
+    gamma = _need(meta, DIVINE_SPEC + "discount_gamma", source, _real_field, 0.9, hi=1.0)
+    config = AdapterConfig(kind="heads", block_size=heads + 1, rank=rank, base=base, discount_gamma=gamma)
     adapter = {}
     for name, t in divine.items():
         rest = name[len(DIVINE_MTP_PREFIX):]
@@ -742,10 +767,45 @@ def numpy_of(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
     raise FormatError(f"dtype {t.dtype}: GGUF export writes float32, float16 or bfloat16 dense tensors")
 
 
+#: signals whose default action kills the process; while a file is written they raise instead (if no one
+#: installed a handler of their own), so the ``except`` below removes the temporary file
+_FATAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _raise_on_signal(signum: int, frame: Any) -> None:
+    # SystemExit, not an Exception subclass: nothing on the way up swallows it, and the process still ends
+    # with the status a shell reports for a signal death (128 + signum) once the cleanup has run
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Inside the block, fatal signals left at their default action raise ``SystemExit`` (restored after).
+    Only the main thread can install handlers; elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {}
+    for sig in _FATAL_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            saved[sig] = signal.signal(sig, _raise_on_signal)
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
 def write_gguf(path: str | Path, arch: str, fields: Iterable[tuple[str, GGUFField]],
                tensors: Iterable[TensorOut], *, overwrite: bool = False,
                progress: Callable[[str], None] | None = None) -> Path:
-    """Write a GGUF file atomically: a temporary file beside ``path``, renamed into place when complete."""
+    """Write a GGUF file atomically: a temporary file beside ``path``, renamed into place when complete.
+
+    The temporary file is removed on every exit Python sees: an exception (from ``tensors`` too: it is
+    consumed during the write), KeyboardInterrupt, and SIGTERM / SIGHUP, which raise ``SystemExit(128 +
+    signum)`` during the write when they have no handler of their own. Only SIGKILL (or a crash of the
+    interpreter) can leave a ``.<name>.*.tmp`` file behind.
+    """
     gguf = _gguf()
     path = Path(path)
     if path.exists() and not overwrite:
@@ -753,29 +813,38 @@ def write_gguf(path: str | Path, arch: str, fields: Iterable[tuple[str, GGUFFiel
     if path.exists() and not path.is_file():
         raise BitMTPError(f"{path}: exists and is not a file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(str(tmp), arch)
-        for key, f in fields:
-            if key == "general.architecture":
-                continue
-            writer.add_key_value(key, f.value, f.vtype, sub_type=f.sub_type)
-        for t in tensors:
-            raw = None if t.type_name is None else gguf.GGMLQuantizationType[t.type_name]
-            writer.add_tensor(t.name, t.data, raw_dtype=raw)
-            if progress is not None:
-                progress(t.name)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    tmp: Path | None = None
+    writer = None
+    with _signals_raise():
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+            writer = gguf.GGUFWriter(str(tmp), arch)
+            for key, f in fields:
+                if key == "general.architecture":
+                    continue
+                writer.add_key_value(key, f.value, f.vtype, sub_type=f.sub_type)
+            for t in tensors:
+                if t.type_name is not None and t.type_name not in gguf.GGMLQuantizationType.__members__:
+                    raise FormatError(f"tensor {t.name!r}: unknown GGML type {t.type_name!r}; use one of "
+                                      f"{', '.join(gguf.GGMLQuantizationType.__members__)}")
+                raw = None if t.type_name is None else gguf.GGMLQuantizationType[t.type_name]
+                writer.add_tensor(t.name, t.data, raw_dtype=raw)
+                if progress is not None:
+                    progress(t.name)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            for f in (getattr(writer, "fout", None) or []):  # an open handle would keep the unlinked bytes
+                f.close()
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise
     return path
 
 

@@ -11,9 +11,10 @@ Scales are ``float32[N_s, n_groups]``; a real weight is ``(c − 1) · scale``:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from bitmtp.errors import DTypeError, ShapeError
+from bitmtp.errors import DTypeError, FormatError, ShapeError
 from bitmtp.formats.ternary import WEIGHTS_PER_WORD
 
 GRANULARITIES = ("tensor", "row", "group")
@@ -69,4 +70,30 @@ def expand_scales(scales: torch.Tensor, n: int, k: int, group_size: int) -> torc
     return scales.expand(n, n_groups)[:, col]
 
 
-__all__ = ["GRANULARITIES", "resolve_group_size", "expand_scales"]
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """FormatError naming ``what`` (the file and tensor) when a floating tensor holds Inf or NaN.
+
+    One pass over the tensor as stored (no float32 copy of float16/bfloat16 data). float16/32/64 CPU
+    tensors go through numpy, single-threaded: on a small machine shared with other work torch's threaded
+    ``isfinite`` was many times slower (its worker threads spin). Integer tensors (packed codes) pass.
+    """
+    if not t.is_floating_point() or t.numel() == 0:
+        return
+    t = t.detach()
+    if t.device.type == "cpu" and t.dtype in (torch.float16, torch.float32, torch.float64):
+        flat = t.reshape(-1).numpy()
+        if np.isfinite(flat).all():
+            return
+        at = int(np.flatnonzero(~np.isfinite(flat))[0])
+    else:
+        flat = t.reshape(-1)
+        finite = torch.isfinite(flat)
+        if bool(finite.all()):
+            return
+        at = int((~finite).nonzero()[0, 0])
+    raise FormatError(f"{what} holds a non-finite value ({float(flat[at])} at flat index {at} of shape "
+                      f"{tuple(t.shape)}); the weights are corrupt or diverged — re-download, re-export or "
+                      "retrain them")
+
+
+__all__ = ["GRANULARITIES", "resolve_group_size", "expand_scales", "check_finite"]

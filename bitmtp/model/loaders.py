@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
-from bitmtp.formats.bitnet import bitnet_scale_to_multiplier, bitnet_to_t2
+from bitmtp.formats.bitnet import LINEAR_CLASSES, bitnet_scale_to_multiplier, bitnet_to_t2
 from bitmtp.formats.quantize import absmean_ternarize
+from bitmtp.formats.scales import check_finite
 from bitmtp.formats.ternary import pack_t2, words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
@@ -145,9 +146,25 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
     return decoder
 
 
-def _linear_class(config: dict[str, Any]) -> str:
+def _linear_class(config: dict[str, Any], source: str = "config") -> str:
     qc = config.get("quantization_config") or {}
-    return qc.get("linear_class", "bitlinear") if qc.get("quant_method") == "bitnet" else "bitlinear"
+    if not isinstance(qc, dict):
+        raise FormatError(f"{source}: quantization_config: expected an object, got {qc!r}")
+    if qc.get("quant_method") != "bitnet":
+        return "bitlinear"
+    cls = qc.get("linear_class", "bitlinear")
+    if cls not in LINEAR_CLASSES:
+        raise FormatError(f"{source}: quantization_config.linear_class: expected one of {LINEAR_CLASSES}, got {cls!r}")
+    return cls
+
+
+def check_finite_tensors(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """FormatError naming the first tensor holding Inf or NaN: one pass per floating tensor as stored
+    (float16/bfloat16 are not widened; BitNet's packed uint8 codes are skipped, their float
+    ``weight_scale`` is checked). On SmolLM2-sized checkpoints this is a small fraction of the load
+    (see ``formats.scales.check_finite``)."""
+    for name, t in tensors.items():
+        check_finite(t, f"{source}: tensor {name!r}")
 
 
 def from_transformers(model: Any, **kwargs: Any) -> Decoder:
@@ -157,9 +174,11 @@ def from_transformers(model: Any, **kwargs: Any) -> Decoder:
     torch may return the same storage). Ternary BitNet weights are repacked to T2.
     """
     config = model.config.to_dict()
-    args = ModelArgs.from_hf_config(config, source=type(model).__name__)
+    source = type(model).__name__
+    args = ModelArgs.from_hf_config(config, source=source)
     state = {k: v.detach() for k, v in model.state_dict().items()}
-    kwargs.setdefault("linear_class", _linear_class(config))
+    check_finite_tensors(state, source)
+    kwargs.setdefault("linear_class", _linear_class(config, source))
     return build_decoder(args, state, source=type(model).__name__, **kwargs)
 
 
@@ -172,18 +191,27 @@ def read_safetensors_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     if not cfg_path.is_file():
         raise FormatError(f"{path}: no config.json (is this a Hugging Face checkpoint folder?)")
     try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{cfg_path}: not valid JSON ({exc})") from exc
+        config = json.loads(cfg_path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit number
+        raise FormatError(f"{cfg_path}: not valid JSON ({exc}); restore the checkpoint's config.json") from exc
+    if not isinstance(config, dict):
+        raise FormatError(f"{cfg_path}: expected a JSON object of model hyperparameters (as transformers' "
+                          f"save_pretrained writes), got {type(config).__name__}")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FormatError(f"{path}: no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            tensors.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise FormatError(f"{f}: cannot read safetensors file ({exc}); truncated or corrupt?") from exc
+            part = load_file(str(f))
+        except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
+            raise FormatError(f"{f}: cannot read safetensors file ({exc}); truncated or corrupt? "
+                              "Re-download the checkpoint") from exc
+        dup = sorted(set(part) & set(tensors))
+        if dup:
+            raise FormatError(f"{f}: tensor {dup[0]!r} also appears in another *.safetensors file of {path}")
+        check_finite_tensors(part, str(f))
+        tensors.update(part)
     return config, tensors
 
 
@@ -191,5 +219,5 @@ def from_safetensors_dir(path: str | Path, **kwargs: Any) -> Decoder:
     path = Path(path)
     config, tensors = read_safetensors_dir(path)
     args = ModelArgs.from_hf_config(config, source=str(path / "config.json"))
-    kwargs.setdefault("linear_class", _linear_class(config))
+    kwargs.setdefault("linear_class", _linear_class(config, str(path / "config.json")))
     return build_decoder(args, tensors, source=str(path), **kwargs)
