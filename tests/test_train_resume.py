@@ -192,3 +192,47 @@ def test_plain_file_that_is_not_a_checkpoint(model, real_state, tmp_path, bad):
     torch.save(value, state)
     msg = _resume_error(model, out)
     assert str(state) in msg and "not a bitmtp training checkpoint" in msg
+
+
+# --- distill --resume: OUT.partial of a killed run ---------------------------------------------------------
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 90, (n,), generator=g).tolist() for n in (4, 6, 5)]
+
+
+def test_distill_resume_cuts_a_torn_last_record(model, tmp_path):
+    import json
+
+    from bitmtp.train.distill import distill_corpus
+
+    prompts = _prompts(7)
+    out, partial = tmp_path / "d.jsonl", tmp_path / "d.jsonl.partial"
+    first = {"tokens": prompts[0] + [11, 12], "prompt_tokens": len(prompts[0])}
+    torn = json.dumps({"tokens": prompts[1] + [13, 14, 15], "prompt_tokens": len(prompts[1])})[:-9]
+    partial.write_text(json.dumps(first) + "\n" + torn)  # killed while writing record 2
+    st = distill_corpus(model, prompts, out, max_new_tokens=4, resume=True, progress=False)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]  # every line is a whole record
+    assert st.records == 3 and recs[0] == first
+    for ids, rec in zip(prompts[1:], recs[1:], strict=True):  # the torn prompt ran again
+        ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=4, policy="ar")
+        assert rec == {"tokens": ids + ar.token_ids, "prompt_tokens": len(ids)}
+
+
+@pytest.mark.parametrize("bad", [b"not json", b'{"tokens": [1, "a"], "prompt_tokens": 1}', b"[1, 2]",
+                                 b'{"tokens": [1, 2], "prompt_tokens": 5}', b'{"tokens": [1, 2]}', b"\xff\xfe{}"])
+def test_distill_resume_refuses_a_foreign_partial(model, tmp_path, bad):
+    import json
+
+    from bitmtp.train.distill import distill_corpus
+
+    prompts = _prompts(8)
+    out, partial = tmp_path / "d.jsonl", tmp_path / "d.jsonl.partial"
+    partial.write_bytes(json.dumps({"tokens": prompts[0] + [9], "prompt_tokens": 4}).encode() + b"\n" + bad + b"\n")
+    with pytest.raises(BitMTPError) as err:
+        distill_corpus(model, prompts, out, max_new_tokens=2, resume=True, progress=False)
+    msg = str(err.value)
+    assert "--resume" in msg and str(partial) in msg and "delete it" in msg
+    assert ("line 2" in msg) or b"\xff" in bad
+    assert not out.exists()

@@ -92,7 +92,7 @@ def distill_corpus(model: Any, prompts: Sequence[list[int]], out: str | Path, *,
     partial = out.with_name(out.name + ".partial")
     done = 0
     if resume and partial.exists():
-        done = sum(1 for ln in partial.read_text(encoding="utf-8").splitlines() if ln.strip())
+        done = _resume_partial(partial)
     elif partial.exists():
         partial.unlink()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +121,43 @@ def distill_corpus(model: Any, prompts: Sequence[list[int]], out: str | Path, *,
             n_gen += len(rec["tokens"]) - rec["prompt_tokens"]
     os.replace(partial, out)
     return DistillStats(out, n_rec, n_prompt, n_gen, time.perf_counter() - start)
+
+
+def _check_record(line: str) -> bool:
+    """Whether ``line`` is one distillation record: ``{"tokens": [ints], "prompt_tokens": int}``."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(rec, dict) and isinstance(rec.get("tokens"), list)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in rec["tokens"])
+            and isinstance(rec.get("prompt_tokens"), int) and 0 <= rec["prompt_tokens"] <= len(rec["tokens"]))
+
+
+def _resume_partial(partial: Path) -> int:
+    """The records already in ``partial`` (``--resume``). A run killed mid-write leaves a last line
+    without its newline: it is cut off (that prompt runs again) so the next record starts on a line of
+    its own. Any other line that is not a record means the file is not this run's: an error."""
+    data = partial.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]  # up to the last newline; b"" when there is none
+    try:
+        lines = complete.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise BitMTPError(f"resume (--resume): {partial} is not UTF-8 JSONL; delete it and run without --resume "
+                          f"to start over") from None
+    done = 0
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if not _check_record(line):
+            raise BitMTPError(f"resume (--resume): line {i} of {partial} is not a distillation record "
+                              f"({{\"tokens\": [...], \"prompt_tokens\": n}}); delete it and run without --resume "
+                              f"to start over")
+        done += 1
+    if len(complete) < len(data):
+        with partial.open("r+b") as fh:
+            fh.truncate(len(complete))
+    return done
 
 
 def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *,
