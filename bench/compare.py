@@ -4,7 +4,16 @@ Absolute times on a shared machine are noise (this project's CI host switches it
 between ~76 and ~44 GB/s for minutes at a time), so the gate compares *ratios* each benchmark
 measured within its own run — kernel bandwidth over measured copy bandwidth, time at width M over
 width 1, hybrid tokens/s over AR tokens/s — against a baseline stored per machine kind
-(``bench/baselines/<kind>.json``, kind from :mod:`bench.machine`).
+(``bench/baselines/<kind>.json``, kind from :mod:`bench.machine`). A figure's margin is a factor:
+it may move at most ``(1 + margin)×`` the wrong way (margins sized from measured run-to-run noise,
+:mod:`bench.noise`, and never above :data:`MAX_MARGIN`, so a 2.5× regression always fails); figures
+gated ``exact`` (oracle token counts) must equal the baseline.
+
+Every run, with a baseline or without, is also held to machine-independent checks
+(:mod:`bench.goals`): floors and ceilings from the goals (bandwidth fractions, speedups ≥ 1, widths)
+and the oracle's committed-token figures, computed independently. A machine kind (or mode) with no
+baseline is gated by those alone, and the run is written as a candidate baseline for that kind,
+``bench/out/candidate-<kind>.json``, with the command that adopts it.
 
 Input is what ``pytest bench --benchmark-only --benchmark-json RUN.json`` writes (or a run saved with
 ``--benchmark-save``/``--benchmark-autosave``, the files ``--benchmark-compare`` reads: same format).
@@ -17,11 +26,12 @@ Usage::
     python -m bench.compare RUN.json                     # gate against bench/baselines/<kind>.json
     python -m bench.compare RUN.json --baseline FILE     # an explicit baseline
     python -m bench.compare RUN1.json RUN2.json --spread # run-to-run spread of every gated figure
-    python -m bench.compare RUN1.json [RUN2.json …] --update [--margin 0.3]   # write the baseline
+    python -m bench.compare RUN1.json [RUN2.json …] --update [--spread-factor 2]   # write the baseline
 
-Exit status: 0 the gate passes (or no baseline exists for this machine kind and mode: said, not
-failed, unless ``--require-baseline``), 1 a gated figure regressed beyond its margin (or a baseline
-figure was not measured), 2 bad input (the message says what).
+Exit status: 0 the gate passes (with no baseline for this machine kind and mode: the
+machine-independent checks pass, unless ``--require-baseline``), 1 a gated figure regressed beyond
+its margin, fell under its floor (over its ceiling), differs from its exact value, or a baseline
+figure was not measured; 2 bad input (the message says what).
 """
 
 from __future__ import annotations
@@ -36,12 +46,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.goals import EXACT, EXACT_TOL, bound_for, exact_expectation
+from bench.noise import BASELINE_DIR, MAX_MARGIN, margin_for
 from bitmtp.errors import BitMTPError
 
-BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
+CANDIDATE_DIR = Path(__file__).resolve().parent / "out"
 DEFAULT_MARGIN = 0.25
 FOREIGN_LOAD_WARN = 0.25  # as bench.conftest.FOREIGN_LOAD_WARN
-DIRECTIONS = ("higher", "lower")
+DIRECTIONS = ("higher", "lower", EXACT)
+FAILED = ("REGRESSED", "MISSING", "UNDER FLOOR", "OVER CEILING", "WRONG")
 
 
 @dataclass
@@ -57,10 +70,16 @@ class Run:
     figures: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
     #: mean cores other processes kept busy during the run (bench/conftest.py), if recorded
     foreign_load: float | None = None
+    #: benchmark fullname -> its whole extra_info (parameters such as D, M, new_tokens)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
 class Row:
+    """One check of one figure. ``check``: ``baseline`` (against the stored value within its margin),
+    ``floor`` (a machine-independent floor or ceiling, :mod:`bench.goals`; ``baseline`` holds the
+    bound) or ``exact`` (an independently computed exact value, held in ``baseline``)."""
+
     benchmark: str
     figure: str
     direction: str
@@ -68,6 +87,8 @@ class Row:
     baseline: float | None
     now: float | None
     verdict: str
+    check: str = "baseline"
+    why: str = ""
 
     @property
     def delta(self) -> float | None:
@@ -77,15 +98,24 @@ class Row:
 
     @property
     def failed(self) -> bool:
-        return self.verdict in ("REGRESSED", "MISSING")
+        return self.verdict in FAILED
 
     def message(self) -> str:
         if self.verdict == "MISSING":
             return (f"{self.benchmark}: gated ratio {self.figure} was not measured in this run "
                     f"(baseline {self.baseline:.4g}; skipped or failed benchmark?)")
+        if self.verdict in ("UNDER FLOOR", "OVER CEILING"):
+            side = "under its floor" if self.verdict == "UNDER FLOOR" else "over its ceiling"
+            return (f"{self.benchmark}: {self.figure} = {self.now:.4g} is {side} {self.baseline:.4g} "
+                    f"(machine-independent: {self.why})")
+        if self.direction == EXACT:
+            source = f"computed: {self.why}" if self.check == "exact" else "baseline, exact"
+            return (f"{self.benchmark}: {self.figure} = {self.now:.6g}, expected exactly {self.baseline:.6g} "
+                    f"({source}); a committed-token count changed: a runtime bug, not noise")
         word = "dropped" if self.direction == "higher" else "rose"
         return (f"{self.benchmark}: ratio {self.figure} {word} from {self.baseline:.4g} to {self.now:.4g} "
-                f"({self.delta:+.1%}; {self.direction} is better, margin {self.margin:.0%})")
+                f"({self.delta:+.1%}; {self.direction} is better, margin {self.margin:.0%}: at most "
+                f"{1 + self.margin:.2f}x {'lower' if self.direction == 'higher' else 'higher'})")
 
 
 def _read_json(path: Path) -> Any:
@@ -129,6 +159,7 @@ def load_run(path: str | Path) -> Run:
             figs[fig] = (float(value), direction)
         if figs:
             run.figures[name] = figs
+        run.extra[name] = extra
     return run
 
 
@@ -151,11 +182,26 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
             for fig, spec in figs.items():
                 ok = isinstance(spec, dict) and isinstance(spec.get("value"), (int, float)) \
                     and spec.get("direction") in DIRECTIONS and isinstance(spec.get("margin"), (int, float)) \
-                    and 0 <= spec["margin"] < 10
+                    and 0 <= spec["margin"]
                 if not ok:
                     raise BitMTPError(f"{path}: modes.{mode}.{name}.{fig}: expected value, direction "
                                       f"({'/'.join(DIRECTIONS)}) and margin (a fraction, e.g. 0.25), got {spec!r}")
+                if spec["margin"] > MAX_MARGIN:
+                    raise BitMTPError(f"{path}: modes.{mode}.{name}.{fig}: margin {spec['margin']} lets a "
+                                      f"{1 + spec['margin']:.1f}x regression pass (at most {MAX_MARGIN}); make the "
+                                      f"benchmark less noisy, or rewrite the margins: python -m bench.noise --apply")
     return data
+
+
+def verdict(value: float, base: float, direction: str, margin: float) -> str:
+    """``REGRESSED``, ``ok`` or ``better`` for ``value`` against ``base``. Margins are factors: higher
+    is better regresses below ``base / (1 + margin)``, lower is better above ``base × (1 + margin)``;
+    ``exact`` regresses off ``base`` by more than :data:`~bench.goals.EXACT_TOL` (relative)."""
+    if direction == EXACT:
+        return "REGRESSED" if abs(value - base) > EXACT_TOL * max(1.0, abs(base)) else "ok"
+    if direction == "higher":
+        return "REGRESSED" if value < base / (1 + margin) else "better" if value > base * (1 + margin) else "ok"
+    return "REGRESSED" if value > base * (1 + margin) else "better" if value < base / (1 + margin) else "ok"
 
 
 def compare(run: Run, section: dict[str, Any], margin: float | None = None) -> list[Row]:
@@ -170,12 +216,8 @@ def compare(run: Run, section: dict[str, Any], margin: float | None = None) -> l
             if now is None:
                 rows.append(Row(name, fig, direction, m, base, None, "MISSING"))
                 continue
-            value = now[0]
-            if direction == "higher":
-                verdict = "REGRESSED" if value < base * (1 - m) else "better" if value > base * (1 + m) else "ok"
-            else:
-                verdict = "REGRESSED" if value > base * (1 + m) else "better" if value < base * (1 - m) else "ok"
-            rows.append(Row(name, fig, direction, m, base, value, verdict))
+            m = 0.0 if direction == EXACT else m
+            rows.append(Row(name, fig, direction, m, base, now[0], verdict(now[0], base, direction, m)))
     for name, figs in run.figures.items():
         for fig, (value, direction) in figs.items():
             if fig not in section["benchmarks"].get(name, {}):
@@ -183,15 +225,37 @@ def compare(run: Run, section: dict[str, Any], margin: float | None = None) -> l
     return rows
 
 
+def machine_independent(run: Run) -> list[Row]:
+    """The checks that hold on every machine (:mod:`bench.goals`): one ``floor`` row per gated figure
+    that has a floor or ceiling, one ``exact`` row per figure whose exact value the gate computes."""
+    rows = []
+    for name, figs in run.figures.items():
+        extra = run.extra.get(name, {})
+        for fig, (value, _direction) in figs.items():
+            bound = bound_for(name, fig, extra)
+            if bound is not None:
+                b, d, why = bound
+                bad = value < b if d == "higher" else value > b
+                word = "UNDER FLOOR" if d == "higher" else "OVER CEILING"
+                rows.append(Row(name, fig, d, 0.0, b, value, word if bad else "ok", "floor", why))
+            exact = exact_expectation(name, fig, extra)
+            if exact is not None:
+                e, why = exact
+                rows.append(Row(name, fig, EXACT, 0.0, e, value, "WRONG" if verdict(value, e, EXACT, 0.0) != "ok"
+                                else "ok", "exact", why))
+    return rows
+
+
 def format_table(rows: list[Row]) -> str:
     """The ratio-delta table (Markdown)."""
-    out = ["| benchmark | figure | better | baseline | now | delta % | margin | verdict |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| benchmark | figure | check | better | baseline / bound | now | delta % | margin | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = "" if r.baseline is None else f"{r.baseline:.4g}"
         now = "" if r.now is None else f"{r.now:.4g}"
         delta = "" if r.delta is None else f"{r.delta * 100:+.1f}"
-        out.append(f"| {r.benchmark} | {r.figure} | {r.direction} | {base} | {now} | {delta} | {r.margin:.0%} "
+        margin = "" if r.check != "baseline" or r.direction == EXACT else f"{r.margin:.0%}"
+        out.append(f"| {r.benchmark} | {r.figure} | {r.check} | {r.direction} | {base} | {now} | {delta} | {margin} "
                    f"| {r.verdict} |")
     return "\n".join(out)
 
@@ -213,10 +277,13 @@ def spread(runs: list[Run]) -> list[tuple[str, str, float, float, float]]:
 def update_baseline(runs: list[Run], path: Path, margin: float | None = None,
                     spread_factor: float | None = None) -> dict[str, Any]:
     """Write (or update) the baseline at ``path`` from ``runs`` (one machine kind, one mode): each gated
-    figure's value is the median over the runs; its margin is ``margin`` if given, else the margin
-    already stored for it, else :data:`DEFAULT_MARGIN` — widened, with ``spread_factor`` and several
-    runs, to ``spread_factor`` × the figure's observed spread (max/min − 1), rounded up to 5%, capped
-    at 90%. Other modes in the file are kept."""
+    figure's value is the median over the runs. Its margin is ``margin`` if given, else the margin
+    already stored for it, else the one :func:`bench.noise.margin_for` sizes from the noise measured on
+    known kinds — widened, with ``spread_factor`` and several runs, to ``spread_factor`` × the
+    figure's observed spread (max/min − 1), rounded up to 5%; never above :data:`MAX_MARGIN`
+    (``spread`` records the observed spread; ``capped`` the figures whose noise wanted more).
+    ``exact`` figures get margin 0, and runs that disagree on one are an error. Other modes in the
+    file are kept."""
     kinds = {r.kind for r in runs}
     modes = {r.mode for r in runs}
     if len(modes) != 1:
@@ -228,24 +295,49 @@ def update_baseline(runs: list[Run], path: Path, margin: float | None = None,
     data = load_baseline(path) if path.exists() else {"machine_kind": kind, "modes": {}}
     old = data["modes"].get(mode, {}).get("benchmarks", {})
     benches: dict[str, dict[str, Any]] = {}
+    capped = []
     for name in runs[0].figures:
         for fig, (_, direction) in runs[0].figures[name].items():
             vals = [r.figures[name][fig][0] for r in runs if fig in r.figures.get(name, {})]
-            m = margin if margin is not None else old.get(name, {}).get(fig, {}).get("margin", DEFAULT_MARGIN)
-            if spread_factor and len(vals) > 1 and min(vals) > 0:
-                wide = math.ceil(spread_factor * (max(vals) / min(vals) - 1) * 20) / 20
-                m = min(0.9, max(m, wide))
-            benches.setdefault(name, {})[fig] = {"value": round(statistics.median(vals), 6), "direction": direction,
-                                                 "margin": m}
+            spec: dict[str, Any] = {"value": round(statistics.median(vals), 6), "direction": direction}
+            if direction == EXACT:
+                if max(vals) - min(vals) > 1e-9 * max(1.0, abs(max(vals))):
+                    raise BitMTPError(f"--update: {name}: exact figure {fig} differs between the runs ({vals}): "
+                                      f"a token count that changes from run to run is a bug to fix, not a baseline")
+                m = 0.0
+            elif margin is not None:
+                m = margin
+            elif "margin" in old.get(name, {}).get(fig, {}):
+                m = old[name][fig]["margin"]
+            else:
+                m = margin_for(name, fig, direction)[0]
+            if direction != EXACT and len(vals) > 1 and min(vals) > 0:
+                s = max(vals) / min(vals) - 1
+                spec["spread"] = round(s, 4)
+                if spread_factor:
+                    wide = math.ceil(round(spread_factor * s * 20, 9)) / 20
+                    if wide > MAX_MARGIN:
+                        capped.append(f"{name}: {fig} (spread {s:.0%})")
+                    m = min(MAX_MARGIN, max(m, wide))
+            spec["margin"] = m
+            benches.setdefault(name, {})[fig] = spec
     data["machine_kind"] = kind
     data["modes"][mode] = {
         "updated": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "source": {"runs": len(runs), "commit": runs[0].commit, "datetime": [r.datetime for r in runs]},
+        "margins": "a figure may move (1 + margin)x the wrong way; see bench/noise.py for how margins are sized",
         "benchmarks": benches,
     }
+    if capped:
+        data["modes"][mode]["capped"] = capped
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     return data
+
+
+def candidate_path(kind: str, directory: Path = CANDIDATE_DIR) -> Path:
+    """Where a run on a machine kind without a baseline leaves its candidate baseline."""
+    return directory / f"candidate-{kind}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spread-factor", type=float,
                    help="with --update and several runs: widen each margin to this × the figure's observed spread")
     p.add_argument("--require-baseline", action="store_true", help="fail (exit 2) when no baseline exists")
+    p.add_argument("--candidate-dir", type=Path, default=CANDIDATE_DIR,
+                   help="where a run without a baseline writes candidate-<kind>.json (default: bench/out)")
     args = p.parse_args(argv)
     try:
         return _main(args)
@@ -267,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.margin is not None and not 0 <= args.margin < 10:
-        raise BitMTPError(f"--margin {args.margin}: expected a fraction such as 0.25")
+    if args.margin is not None and not 0 <= args.margin <= MAX_MARGIN:
+        raise BitMTPError(f"--margin {args.margin}: expected a fraction from 0 to {MAX_MARGIN} such as 0.25 (a "
+                          f"figure may move (1 + margin)x the wrong way)")
     runs = [load_run(p) for p in args.runs]
     if args.spread:
         for r in runs:
@@ -295,28 +390,30 @@ def _main(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         raise BitMTPError("compare takes one run (several only with --update or --spread)")
     run = runs[0]
-    if not path.exists():
-        if args.baseline is not None or args.require_baseline:
-            raise BitMTPError(f"{path}: no baseline for machine kind {kind!r}; record one with "
-                              f"python -m bench.compare {run.path} --update")
-        print(f"bench.compare: no baseline for machine kind {kind!r} ({path} does not exist): nothing to gate. "
-              f"Record one with: python -m bench.compare {run.path} --update")
-        return 0
-    baseline = load_baseline(path)
-    section = baseline["modes"].get(run.mode)
-    if section is None:
-        msg = f"{path}: no {run.mode!r}-mode baseline (modes: {', '.join(baseline['modes']) or 'none'})"
-        if args.require_baseline:
-            raise BitMTPError(msg)
-        print(f"bench.compare: {msg}: nothing to gate")
-        return 0
-    if kind is not None and baseline.get("machine_kind") not in (None, kind):
-        print(f"bench.compare: note: baseline is for machine kind {baseline['machine_kind']!r}, this run {kind!r}")
     if not run.figures:
         raise BitMTPError(f"{run.path}: no gated figures in this run (run with --benchmark-only, not "
                           f"--benchmark-disable)")
-    rows = compare(run, section, args.margin)
-    print(f"ratio gate: {run.path} (mode {run.mode}, machine kind {kind}) against {path}")
+    section = None
+    if path.exists():
+        baseline = load_baseline(path)
+        section = baseline["modes"].get(run.mode)
+        if section is None:
+            msg = f"{path}: no {run.mode!r}-mode baseline (modes: {', '.join(baseline['modes']) or 'none'})"
+            if args.require_baseline:
+                raise BitMTPError(msg)
+            print(f"bench.compare: {msg}")
+        elif kind is not None and baseline.get("machine_kind") not in (None, kind):
+            print(f"bench.compare: note: baseline is for machine kind {baseline['machine_kind']!r}, this run {kind!r}")
+    elif args.baseline is not None or args.require_baseline:
+        raise BitMTPError(f"{path}: no baseline for machine kind {kind!r}; record one with "
+                          f"python -m bench.compare {run.path} --update")
+    else:
+        print(f"bench.compare: no baseline for machine kind {kind!r} ({path} does not exist)")
+    rows = compare(run, section, args.margin) if section is not None else []
+    rows += machine_independent(run)
+    against = f"against {path} and" if section is not None else "against"
+    print(f"ratio gate: {run.path} (mode {run.mode}, machine kind {kind}) {against} the machine-independent "
+          f"floors and exact figures (bench/goals.py)")
     if run.foreign_load is not None and run.foreign_load > FOREIGN_LOAD_WARN:
         print(f"warning: other processes kept {run.foreign_load:.2f} cores busy during this run: its ratios may be "
               f"disturbed (rerun on a quiet machine before believing a regression)")
@@ -326,11 +423,24 @@ def _main(args: argparse.Namespace) -> int:
         if r.verdict == "new":
             print(f"note: {r.benchmark}: {r.figure} is gated but not in the baseline (--update adds it)")
     if failed:
-        print(f"\nbench gate FAILED: {len(failed)} of {sum(r.baseline is not None for r in rows)} gated ratios:")
+        print(f"\nbench gate FAILED: {len(failed)} of {len(rows)} checks:")
         for r in failed:
             print(f"  {r.message()}")
+        if section is None:
+            print(f"no candidate baseline written for machine kind {kind!r}: this run fails the machine-independent "
+                  f"checks")
         return 1
-    print(f"\nbench gate passed: {len(rows)} ratios within their margins")
+    if section is None:
+        candidate = candidate_path(kind or "unknown", args.candidate_dir)
+        candidate.unlink(missing_ok=True)
+        update_baseline([run], candidate, args.margin)
+        print(f"\nno baseline for this machine kind and mode: only the {len(rows)} machine-independent checks ran "
+              f"(passed). Candidate baseline from this run: {candidate}\n"
+              f"adopt it: run the quick suite 2-3 times on a quiet machine of this kind and record\n"
+              f"  python -m bench.compare q1.json q2.json q3.json --update --spread-factor 2 --baseline {path}\n"
+              f"or take this one run as it is:\n  cp {candidate} {path}\nthen commit {path}")
+        return 0
+    print(f"\nbench gate passed: {len(rows)} checks within their margins, floors and exact values")
     return 0
 
 

@@ -31,7 +31,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 MODE_ENV = "BITMTP_BENCH_MODE"
 MODES = ("quick", "full")
-HIGHER, LOWER = "higher", "lower"
+HIGHER, LOWER, EXACT = "higher", "lower", "exact"  # as bench.goals
 #: Cores' worth of CPU that other processes may use during a run before its ratios are suspect.
 FOREIGN_LOAD_WARN = 0.25
 
@@ -121,13 +121,14 @@ def record(benchmark: Any, gates: dict[str, str] | None = None, **figures: Any) 
     """Store ``figures`` in the benchmark's extra_info and in the end-of-run table.
 
     ``gates`` maps the figures the regression gate checks to ``"higher"`` or ``"lower"`` (which way
-    is better); each must be among ``figures`` and a finite number. Figures that are not gated
+    is better) or ``"exact"`` (a count, not a measurement: gated by equality); each must be among
+    ``figures`` and a finite number. Figures that are not gated
     (absolute times, GB/s, goals) are context: they drift with the machine's state, ratios do not.
     """
     gates = dict(gates or {})
     for name, direction in gates.items():
-        if direction not in (HIGHER, LOWER):
-            raise ValueError(f"gate {name!r}: direction must be {HIGHER!r} or {LOWER!r}, not {direction!r}")
+        if direction not in (HIGHER, LOWER, EXACT):
+            raise ValueError(f"gate {name!r}: direction must be {HIGHER!r}, {LOWER!r} or {EXACT!r}, not {direction!r}")
         value = figures.get(name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"gate {name!r}: needs a finite number among the figures, got {value!r}")
