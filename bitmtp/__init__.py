@@ -20,7 +20,7 @@ from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumu
 def __getattr__(name):
     # load() pulls in the model and runtime layers; import them on first use so `import bitmtp`
     # stays light for users of the ops alone.
-    if name in ("load", "generate", "BitMTPModel", "GenerateOutput"):
+    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "TextStream", "TokenIdError"):
         from bitmtp import api
 
         return getattr(api, name)
@@ -51,6 +51,8 @@ __all__ = [
     "generate",
     "BitMTPModel",
     "GenerateOutput",
+    "TextStream",
+    "TokenIdError",
     "patch",
     "unpatch",
 ]
