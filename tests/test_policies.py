@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -93,3 +95,44 @@ def test_bad_input():
         confidence_commit([1, 2], [0.5], 0.9)
     with pytest.raises(BitMTPError, match="verify"):
         hybrid_commit([1, 2], [0.1, 0.1], 0.9, 2, None)
+
+
+# --- NaN probabilities are never confident (issue 21) ----------------------------------------------
+
+
+def brute_h_nan(probs, tau):
+    """h with NaN spelled out: a token counts only when its probability is a number at least τ."""
+    h = 0
+    for p in probs:
+        if math.isnan(p) or p < tau:
+            break
+        h += 1
+    return h
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_nan_probabilities_are_never_confident(data):
+    d = data.draw(st.integers(2, 16))
+    probs = data.draw(st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), min_size=d, max_size=d))
+    tau = data.draw(st.floats(0.01, 1))
+    at = data.draw(st.integers(0, d - 1))
+    probs[at] = math.nan  # at least one NaN, anywhere
+    h = confident_prefix(probs, tau)
+    assert h == brute_h_nan(probs, tau) and h <= at
+    draft = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=d, max_size=d))
+    commit = confidence_commit(draft, probs, tau)
+    assert commit.tokens == tuple(draft[: max(1, h)])  # nothing past a NaN commits unverified
+    m = data.draw(st.integers(2, d))
+    if h < m:  # a NaN before the m-th token sends hybrid to the verifier
+        assert hybrid_uses_verifier(h, m)
+
+
+@pytest.mark.parametrize("probs, want", [([math.nan] * 4, 0), ([0.99, math.nan, 0.99, 0.99], 1),
+                                         ([0.99, 0.99, 0.99, math.nan], 3), ([math.nan, 1.0, 1.0, 1.0], 0)])
+def test_nan_cuts_the_confident_prefix(probs, want):
+    assert confident_prefix(probs, 0.5) == want
+    verify = [7, 7, 7, 7]
+    # hybrid with m = 2: a NaN at d_2 means verification, never a confident commit of it
+    commit = hybrid_commit([7, 7, 7, 7], probs, 0.5, 2, verify)
+    assert commit.verified == (max(1, want) < 2)
