@@ -430,8 +430,8 @@ def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
         if "memory" not in str(exc).lower() and "alloc" not in str(exc).lower():
             raise
         _, need = _capacity_bytes(decoder.args, capacity, m_max, decoder.dtype)
-        raise BitMTPError(f"capacity: allocating the KV store for {capacity} tokens ({_gib(need)}) failed on "
-                          f"{decoder.device} ({str(exc).splitlines()[0][:200]}); lower capacity") from exc
+        raise BitMTPError(f"capacity: allocating the KV store for {capacity} tokens ({need} bytes, {_gib(need)}) "
+                          f"failed on {decoder.device} ({str(exc).splitlines()[0][:200]}); lower capacity") from exc
 
 
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
@@ -497,7 +497,12 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             if tok is None and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
                 from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+                try:  # never run code the folder carries (auto_map): transformers refuses it
+                    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+                except Exception as exc:  # transformers raises many types for bad tokenizer files
+                    raise FormatError(f"{path}: the tokenizer files cannot be loaded ({type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0]}); bitmtp never runs a tokenizer's custom code. "
+                                      "Pass tokenizer= to bitmtp.load, or input_ids to generate") from exc
         else:
             raise BitMTPError(f"source: {path} is neither a checkpoint folder nor a .gguf file")
         name = str(path)
