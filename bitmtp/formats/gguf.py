@@ -323,6 +323,10 @@ def decode_ternary(data: np.ndarray, kind: str, n: int, k: int, name: str,
         return w, scales, group
     if exact_scales is None:
         raise FormatError(f"tensor {name!r}: a {kind} tensor is ternary only with a {scale_name(name)} tensor")
+    if kind not in ("F32", "F16"):
+        raise FormatError(f"tensor {name!r}: ternary weights (those with a {scale_name(name)} tensor) are read "
+                          f"from TQ1_0, TQ2_0, Q4_0, F32 or F16 data, not {kind}; the file is corrupt or was written "
+                          "by another tool — re-export it with bitmtp")
     values = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(n, k)
     group = _exact_group(exact_scales, n, k, name)
     expanded = exact_scales.expand(n, exact_scales.shape[1]).repeat_interleave(group, dim=1)[:, :k]
@@ -652,20 +656,29 @@ def _parse_header(path: Path, size: int) -> tuple[dict[str, GGUFField], list[_Te
                 raise c.fail(f"must be a power of two stored as UINT32, got {a.value!r} ({a.vtype.name})")
             alignment = a.value
         data_start = -(-c.pos // alignment) * alignment
-    # every tensor inside the file, aligned, and no two overlapping (a flipped offset bit shows as one of these)
-    end_prev, prev = data_start, None
-    for t in sorted(infos, key=lambda t: t.offset):
+    # Every tensor inside the file, aligned, and the data section tiled exactly as llama.cpp's and gguf-py's
+    # writers lay it out: each tensor at the first aligned offset after the previous one, nothing after the
+    # last but padding. Stricter than llama.cpp's reader, and it is what turns a flipped type tag, dimension
+    # or offset (a tensor that shrank, moved or overlaps) into an error instead of a shifted read.
+    for t in infos:  # first each tensor on its own, so the message names the tensor whose entry is wrong
+        where = f"{path}: tensor {t.name!r}: data offset {t.offset}"
         if t.offset % alignment:
-            raise FormatError(f"{path}: tensor {t.name!r}: data offset {t.offset} is not a multiple of the "
-                              f"alignment {alignment}; the file is corrupt")
+            raise FormatError(f"{where} is not a multiple of the alignment {alignment}; the file is corrupt")
         start = data_start + t.offset
         if start + t.n_bytes > size:
-            raise FormatError(f"{path}: tensor {t.name!r}: data [{start}, {start + t.n_bytes}) runs past the end "
-                              f"of the file ({size} bytes); the file is truncated (re-download or re-export it)")
-        if start < end_prev:
-            raise FormatError(f"{path}: tensor {t.name!r}: data at offset {t.offset} overlaps "
-                              f"{'the header' if prev is None else repr(prev)}; the file is corrupt")
-        end_prev, prev = start + t.n_bytes, t.name
+            raise FormatError(f"{where}: data [{start}, {start + t.n_bytes}) runs past the end of the file "
+                              f"({size} bytes); the file is truncated (re-download or re-export it)")
+    expect, prev = 0, None
+    for t in sorted(infos, key=lambda t: t.offset):
+        where = f"{path}: tensor {t.name!r}: data offset {t.offset}"
+        if t.offset != expect:
+            after = "the start of the data section" if prev is None else f"tensor {prev!r}"
+            raise FormatError(f"{where} should be {expect}, the first aligned offset after {after} "
+                              f"({'overlap' if t.offset < expect else 'gap'}); the file is corrupt")
+        expect, prev = -(-(t.offset + t.n_bytes) // alignment) * alignment, t.name
+    if infos and size > data_start + expect:  # beyond the last tensor's padding
+        raise FormatError(f"{path}: {size - data_start - expect} bytes after the last tensor ({prev!r}); a tensor's "
+                          "type or shape in the header does not match its data — the file is corrupt")
     return fields, infos, data_start, c.endian
 
 
@@ -733,6 +746,9 @@ def dense_tensor(t: GGUFTensor) -> torch.Tensor:
     """A float tensor of the GGUF tensor's logical shape (F32/F16/BF16 as stored; other types dequantized
     to float32 by the gguf package)."""
     gguf = _gguf()
+    if t.type_name in ("I8", "I16", "I32", "I64"):
+        raise FormatError(f"tensor {t.name!r}: GGML type {t.type_name} holds integers, not weights (bitmtp reads "
+                          "float and block-quantized tensors); the file is corrupt or not a model")
     if t.type_name == "F32":
         return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(t.shape)
     if t.type_name == "F16":

@@ -269,6 +269,14 @@ class GGUFModel:
 _MISSING = object()
 
 
+def _gguf_real(value: Any, name: str) -> float:
+    """A float metadata value: GGUF stores them as FLOAT32/FLOAT64, so an integer here means a corrupt type tag
+    (a FLOAT32 epsilon read as UINT32 is ~10⁹), not a number to convert."""
+    if not isinstance(value, float):
+        raise FormatError(f"{name}: expected a FLOAT32 value, got {value!r} ({type(value).__name__})")
+    return check_real(value, name)
+
+
 def _meta(meta: dict[str, Any], key: str, src: str, check: Any, default: Any = _MISSING, **limits: Any) -> Any:
     """A metadata value checked by ``check`` (``check_int`` / ``check_real``); FormatError naming the key
     when it is missing (without a default), of the wrong type or out of range."""
@@ -320,7 +328,7 @@ def _args_from_json(meta: dict[str, Any], arch: str, family: str, src: str) -> M
     said = {f"{arch}.{k}": (getattr(args, f), _meta(meta, f"{arch}.{k}", src, check_int, None))
             for k, f in _RESTATED.items()}
     said.update({f"{arch}.{k}": (float(np.float32(getattr(args, f))),
-                                 _meta(meta, f"{arch}.{k}", src, check_real, None)) for k, f in _RESTATED_F32.items()})
+                                 _meta(meta, f"{arch}.{k}", src, _gguf_real, None)) for k, f in _RESTATED_F32.items()})
     for k, (mine, theirs) in said.items():
         if theirs is not None and mine != theirs:
             raise FormatError(f"{src}: inconsistent metadata: {k} = {theirs!r} but {key} says {mine!r}; the file "
@@ -383,8 +391,8 @@ def _args_from_keys(meta: dict[str, Any], arch: str, family: str, contents: G.GG
         "num_key_value_heads": key("attention.head_count_kv", default=heads),
         "head_dim": key("attention.key_length", default=None) or key("rope.dimension_count", default=None)
         or hidden // heads,
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", check_real, 1e-6),
-        "rope_theta": key("rope.freq_base", check_real, 10000.0),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", _gguf_real, 1e-6),
+        "rope_theta": key("rope.freq_base", _gguf_real, 10000.0),
         "max_position_embeddings": key("context_length", default=4096),
         "tie_word_embeddings": "output.weight" not in contents.tensors,
         "attention_bias": "blk.0.attn_q.bias" in contents.tensors,
