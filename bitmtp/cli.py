@@ -14,13 +14,14 @@ Commands:
 
 Exit status and error output (the same for every command):
 
-  0    done (also when the reader of a streamed output closed it early, e.g. ``| head``: 141 when
-       stdout is a pipe closed mid-write, as shells expect of a program killed by SIGPIPE)
+  0    done
   2    a bad argument or a :class:`bitmtp.BitMTPError` (a bad file, a model/adapter mismatch, ...):
        exactly one line ``bitmtp: error: ...`` on stderr naming the flag or file and the fix
   1    an unexpected exception (a bug): one line with its type and message, plus "run with --debug
        for the traceback"
   130  interrupted (Ctrl-C): one line ``bitmtp: interrupted``
+  141  stdout's reader went away (``bitmtp generate ... | head -c 10``): stops quietly, the status a
+       shell reports for a program stopped by SIGPIPE
 
 ``--debug`` (before or after the command) shows the traceback instead of the one line.
 """
@@ -222,6 +223,27 @@ def device_name(flag: str, value) -> None:
 
     if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
         raise _err(flag, f"expected cpu, cuda or cuda:N, got {value!r}")
+
+
+def backend_name(flag: str, value: str) -> None:
+    """A kernel backend bitmtp knows (``bitmtp.ops.registry``) or ``wgpu``; whether it can run here is
+    load()'s check (BackendUnavailableError with the reason)."""
+    from bitmtp.ops.registry import backend_names
+
+    known = [*backend_names(), "wgpu"]
+    if value not in known:
+        raise _err(flag, f"unknown backend {value!r}; choose from {', '.join(known)}, or leave it out for the "
+                         f"automatic choice (`bitmtp info` shows which run here)")
+
+
+def byte_count(flag: str, value: str) -> None:
+    """A size like 3.9GB, 4GiB, 512MiB or 3900000000 (``bitmtp.offload.parse_bytes``)."""
+    from bitmtp.offload import parse_bytes
+
+    try:
+        parse_bytes(value)
+    except ValueError as exc:  # OffloadError: says what it could not parse and the accepted forms
+        raise _err(flag, str(exc).removeprefix("bytes: ")) from None
 
 
 def _walk_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace):
@@ -442,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "the CPU) for --model, --default-model or --preset")
     info.add_argument("--preset", help="a model shape for --plan without its weights: bitnet-b1.58-2b-4t, "
                                        "llama3-8b-1.58, smollm2-135m")
-    info.add_argument("--vram-budget", metavar="BYTES", help="budget for --plan (default 3.9GB)")
+    checked(info.add_argument("--vram-budget", metavar="BYTES", help="device memory budget for --plan, e.g. 3.9GB, "
+                                                                      "512MiB (default 3.9GB)"), byte_count)
     checked(info.add_argument("--cpu-layers", type=int, metavar="N",
                               help="force the last N layers onto the CPU (--plan; default 0)"), at_least(0))
     info.add_argument("--dense-bytes", type=int, default=2, choices=[1, 2, 4],
@@ -506,12 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
     checked(gen.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                              help="KV capacity in tokens: prompt + generated tokens must fit (default 2048)"),
             at_least(1, "give at least the prompt length + --max-new-tokens"))
-    gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic), or wgpu: "
-                                       "whole layers on a Vulkan device (any GPU with a Vulkan driver; lavapipe "
-                                       "on a CPU), layers beyond --vram-budget on the CPU")
-    gen.add_argument("--vram-budget", metavar="BYTES",
+    checked(gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic), or "
+                                               "wgpu: whole layers on a Vulkan device (any GPU with a Vulkan "
+                                               "driver; lavapipe on a CPU), layers beyond --vram-budget on the CPU"),
+            backend_name)
+    _vram = gen.add_argument("--vram-budget", metavar="BYTES",
                      help="--backend wgpu: device memory to use, e.g. 3.9GB, 512MiB (default 3.9GB: a 4 GB laptop "
                           "GPU); `bitmtp info --plan` shows the placement")
+    checked(_vram, byte_count)
     checked(gen.add_argument("--cpu-layers", type=int, metavar="N",
                              help="--backend wgpu: force the last N layers onto the CPU whatever the budget"),
             at_least(0))
