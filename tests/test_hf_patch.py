@@ -155,3 +155,26 @@ def test_patch_defaults_follow_the_adapters_recommendation(tmp_path):
     bitmtp.patch(hf, adapter=plain)
     assert (patch_state(hf).policy, patch_state(hf).block_size) == ("hybrid", 8)
     bitmtp.unpatch(hf)
+
+
+@pytest.mark.parametrize("bad", [-1, -50, 97, 10_000])
+def test_out_of_vocabulary_ids_raise_index_error_like_transformers(adapter_dir, bad):
+    """Unpatched transformers raises IndexError for an id outside the embedding (negative ones too);
+    patched, the call raises bitmtp's TokenIdError — an IndexError and a BitMTPError naming input_ids —
+    instead of generating."""
+    from bitmtp.api import TokenIdError
+
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    p = _prompts(1, seed=9)[0].clone()
+    p[0, p.shape[1] // 2] = bad
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with pytest.raises(IndexError):
+        hf.generate(p, **kw)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative", block_size=4)
+    with pytest.raises(TokenIdError, match=rf"input_ids: token ids \[{bad}\] are outside the vocabulary \[0, 97\)"):
+        hf.generate(p, **kw)
+    assert patch_state(hf).calls["bitmtp"] == 0 and not patch_state(hf).bm.engine.busy
+    good = _prompts(1, seed=9)[0]  # the patch still serves valid calls afterwards
+    out = hf.generate(good, **kw)
+    bitmtp.unpatch(hf)
+    assert torch.equal(out, hf.generate(good, **kw))
