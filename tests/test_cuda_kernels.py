@@ -6,8 +6,9 @@ the kernel's own fp32 result rounded to nearest-even (torch's rounding) and with
 the reference. Outputs are poisoned first, and sit inside a larger poisoned buffer, so an element a
 kernel never writes — or writes out of bounds — shows up.
 
-Every test needs an NVIDIA GPU (marker ``cuda``; skipped elsewhere by tests/conftest.py). References
-run on the CPU: CUDA has no int64 matmul.
+Every test here needs an NVIDIA GPU (marker ``cuda``; skipped elsewhere by tests/conftest.py). References
+run on the CPU: CUDA has no int64 matmul. The host-side parts of the backend (launch planner, source
+discovery) run anywhere: tests/test_cpu_planning.py.
 """
 
 from __future__ import annotations
@@ -169,26 +170,6 @@ def test_unaligned_inputs(backend, m, n, k, packed_offset, x_offset, rng):
                 packed_offset=packed_offset, x_offset=x_offset)
 
 
-def test_planner_picks_decode_and_tiled():
-    """Widths 1..16 use the width-specialized decode kernel (128-bit loads on aligned rows), 17+ the
-    tiled one; a group size no lane segment covers exactly falls back to the tiled kernel."""
-    for m in range(1, 17):
-        p = cuda_backend.plan_w2a8(m, 6912, 2560, 2560, shared_scales=True, flags=0, rows_aligned16=True, sm_count=132)
-        r = 4 if m <= 4 else 2
-        assert p.name == f"w2a8_decode_kernel<{m},{r},4>" and p.grid == (-(-6912 // (4 * r)), 1, 1)
-    # 2560 rows in 16-row blocks would leave most of 132 SMs with one block and some with two
-    assert cuda_backend.rows_per_warp(1, 2560, 132) == 2 and cuda_backend.rows_per_warp(1, 2560, 40) == 4
-    assert cuda_backend.plan_w2a8(17, 64, 256, 256, shared_scales=True, flags=0, rows_aligned16=True).name == (
-        "w2a8_tiled_kernel"
-    )
-    assert cuda_backend.plan_w2a8(4, 64, 400, 48, shared_scales=False, flags=0, rows_aligned16=True).name == (
-        "w2a8_tiled_kernel"
-    )
-    # group 128 on 16-byte rows: 2 lanes × 4 words per group, one shuffle level per step
-    assert cuda_backend.decode_layout(160, 20, 128, True) == (4, 40, 2, 2, 1)
-    assert cuda_backend.decode_layout(161, 21, 128, True)[0] == 1  # KW % 4 != 0: 32-bit loads
-
-
 @pytest.mark.parametrize("m", [1, 8, 16, 40])
 def test_front_door_and_auto_selection(m, rng):
     """``w2a8_linear`` / ``w2a8_accumulate`` with backend="cuda" and automatically on CUDA tensors."""
@@ -301,15 +282,3 @@ def test_bad_inputs_raise(backend, rng):
         lin(x_q, s, packed, scales, k, k, None, torch.float32, out=torch.empty(n, m, device=DEV).T)
     with pytest.raises(BitMTPError):
         lin(x_q, s, packed, scales, k, k, None, torch.int32)
-
-
-def test_sources_found_and_missing_reported(monkeypatch, tmp_path):
-    """Sources come from the package or the checkout; a bad $BITMTP_CUDA_SRC is passed over, and
-    when nothing holds them the error lists every path tried."""
-    monkeypatch.setenv(cuda_backend.SRC_ENV, str(tmp_path / "nowhere"))
-    found = cuda_backend.find_sources()
-    assert (found / "w2a8_decode.cu").is_file()
-    assert '#include "w2a8_common.cuh"' not in cuda_backend.load_source("w2a8_decode.cu")
-    monkeypatch.setattr(cuda_backend, "source_dirs", lambda: [tmp_path / "a", tmp_path / "b"])
-    with pytest.raises(BackendUnavailableError, match="tried .*a, .*b"):
-        cuda_backend.find_sources()
