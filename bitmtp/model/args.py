@@ -164,6 +164,8 @@ class ModelArgs:
     @classmethod
     def _from_dict(cls, cfg: dict[str, Any], source: str) -> ModelArgs:
         family = cfg.get("model_type")
+        if family is not None and not isinstance(family, str):
+            raise FormatError(f"model_type: expected a string such as 'llama', got {_type(family)}")
         if family not in FAMILIES:
             archs = cfg.get("architectures") or []
             if not isinstance(archs, list):

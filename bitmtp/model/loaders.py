@@ -42,10 +42,13 @@ class _Tensors:
     def has(self, name: str) -> bool:
         return name in self.t
 
-    def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...] | None = None, floating: bool = False) -> torch.Tensor:
         if name not in self.t:
             raise FormatError(f"{self.source}: missing tensor {name!r}")
         x = self.t[name]
+        if floating and not x.is_floating_point():  # an integer tensor would load as its integers, silently
+            raise FormatError(f"{self.source}: tensor {name!r} has dtype {x.dtype}; a float tensor is expected "
+                              "(the file's header and data disagree, or this is not a checkpoint of this model)")
         if shape is not None and tuple(x.shape) != tuple(shape):
             raise ShapeError(f"{self.source}: tensor {name!r} has shape {tuple(x.shape)}, expected {tuple(shape)}")
         self.used.add(name)
@@ -64,24 +67,25 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
     b = None
     if bias:
         ternary = quantize is not None or w.dtype in (torch.uint8, torch.int32)
-        b = ts.get(prefix + ".bias", (n,)).to(torch.float32 if ternary else dtype)
+        b = ts.get(prefix + ".bias", (n,), floating=True).to(torch.float32 if ternary else dtype)
     if w.dtype == torch.uint8:  # BitNet packed: [ceil(N/4), K] + weight_scale
         if tuple(w.shape) != (-(-n // 4), k):
             raise ShapeError(f"{ts.source}: packed tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, "
                              f"expected {(-(-n // 4), k)}")
-        scale = ts.get(prefix + ".weight_scale")
+        scale = ts.get(prefix + ".weight_scale", floating=True)
         packed, scales = bitnet_to_t2(w, scale, out_features=n, linear_class=linear_class)
         return TernaryLinear(k, n, packed, scales, bias=b, backend=backend)
     if w.dtype == torch.int32:  # T2 words (GGUF ternary, see model/gguf_io.py) + float32 [N_s, n_groups] scales
         if tuple(w.shape) != (n, words_per_row(k)):
             raise ShapeError(f"{ts.source}: T2 tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, "
                              f"expected {(n, words_per_row(k))}")
-        scale = ts.get(prefix + ".weight_scale").to(torch.float32).contiguous()
+        scale = ts.get(prefix + ".weight_scale", floating=True).to(torch.float32).contiguous()
         return TernaryLinear(k, n, w.contiguous(), scale, bias=b, backend=backend)
     if tuple(w.shape) != (n, k):
         raise ShapeError(f"{ts.source}: tensor {prefix + '.weight'!r} has shape {tuple(w.shape)}, expected {(n, k)}")
+    ts.get(prefix + ".weight", floating=True)
     if ts.has(prefix + ".weight_scale"):  # AutoBitLinear offline: ternary float weights times weight_scale
-        scale = ts.get(prefix + ".weight_scale")
+        scale = ts.get(prefix + ".weight_scale", floating=True)
         packed = pack_t2(w.float())
         return TernaryLinear(k, n, packed, bitnet_scale_to_multiplier(scale, "autobitlinear"), bias=b, backend=backend)
     if quantize == "ternary":
@@ -101,13 +105,13 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
     h = a.hidden_size
 
     def vec(name: str, size: int) -> torch.Tensor:
-        return ts.get(name, (size,)).to(dtype)
+        return ts.get(name, (size,), floating=True).to(dtype)
 
     def lin(prefix: str, n: int, k: int, bias: bool = False):
         return _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
                        linear_class=linear_class)
 
-    embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h)).to(dtype)
+    embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h), floating=True).to(dtype)
     layers = []
     for i in range(a.num_layers):
         p = f"model.layers.{i}."
@@ -134,10 +138,10 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
     norm = vec("model.norm.weight", h)
     if a.tie_word_embeddings:
         if ts.has("lm_head.weight"):
-            ts.get("lm_head.weight", (a.vocab_size, h))  # some tied checkpoints store it anyway
+            ts.get("lm_head.weight", (a.vocab_size, h), floating=True)  # some tied checkpoints store it anyway
         head = DenseLinear(embed, backend=backend)
     else:
-        head = DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h)).to(dtype), backend=backend)
+        head = DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h), floating=True).to(dtype), backend=backend)
     ts.check_all_used()
     decoder = Decoder(a, embed, layers, norm, head, max_positions=max_positions)
     decoder.backend = backend
