@@ -31,12 +31,20 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     adapter = None if args.no_adapter or args.plain else (args.adapter or "auto")
     print(f"loading {source} ...", file=sys.stderr)
     model = bitmtp.load(source, quantize=args.quantize, dtype=dtype, adapter=adapter)
-    path = model.save_gguf(out, adapter=not args.no_adapter, overwrite=args.overwrite, name=args.name,
-                           plain=args.plain)
+    try:
+        # atomic: a temporary file beside --output, removed on an error, Ctrl-C, SIGTERM or SIGHUP
+        path = model.save_gguf(out, adapter=not args.no_adapter, overwrite=args.overwrite, name=args.name,
+                               plain=args.plain)
+    except OSError as exc:  # disk full, permissions, a read-only folder: the user's to fix, not a bug
+        raise BitMTPError(f"--output: cannot write {out}: {exc.strerror or exc}; free space on that disk or choose "
+                          "another --output (nothing was left behind)") from exc
     contents = read_gguf(path)
     types = Counter(t.type_name for n, t in contents.tensors.items() if not n.startswith("bitmtp."))
     size = path.stat().st_size
-    print(f"wrote {path} ({size / 2**20:.1f} MiB): {len(contents.tensors)} tensors; base tensor types "
+    src_path = Path(source) if isinstance(source, (str, Path)) else None
+    of_source = (f", source {src_path.stat().st_size / 2**20:.1f} MiB"
+                 if src_path is not None and src_path.is_file() else "")
+    print(f"wrote {path} ({size / 2**20:.1f} MiB{of_source}): {len(contents.tensors)} tensors; base tensor types "
           + ", ".join(f"{k} x{v}" for k, v in sorted(types.items())))
     spec = {k[len(SPEC):]: (round(v, 6) if isinstance(v, float) else v)
             for k, v in contents.meta.items() if k.startswith(SPEC) and not k.endswith(".config")}
@@ -57,10 +65,13 @@ def add_commands(sub) -> None:
         "convert", help="write a model and its MTP adapter as one GGUF file",
         description="Convert a model (HF folder, .gguf, or the embedded default) and its MTP adapter into one GGUF "
                     "file: ternary weights as TQ2_0 where the layout allows (Q4_0 or F32 otherwise; exact float32 "
-                    "scales kept under bitmtp.scale.*), dense weights in --dtype, the tokenizer and chat template, "
+                    "scales kept under bitmtp.scale.*), dense weights that came from Q4_0 / Q4_1 / Q8_0 blocks as "
+                    "those same blocks (a quantized GGUF stays its size), other dense weights in --dtype, the "
+                    "tokenizer and chat template, "
                     "and the adapter under bitmtp.mtp.* with bitmtp.speculative.* metadata. bitmtp.load(FILE) arms "
                     "the adapter; readers that ignore unknown keys and tensors (transformers' GGUF loader) load the "
-                    "plain base model. The file is written atomically.",
+                    "plain base model. The file is written atomically: an error, Ctrl-C, SIGTERM or SIGHUP leaves no "
+                    "temporary or partial file.",
     )
     cv.add_argument("source", nargs="?", help="HF checkpoint folder or .gguf file (default: the embedded "
                                               "SmolLM2-135M-Instruct)")
@@ -72,7 +83,8 @@ def add_commands(sub) -> None:
     cv.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean first")
     cv.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="dtype of dense weights (embeddings, LM head, non-ternary projections); float32 (the "
-                         "default) keeps a float32 model exact")
+                         "default) keeps a float32 model exact and a GGUF source's Q4_0 / Q4_1 / Q8_0 blocks as "
+                         "they are; float16 / bfloat16 write every dense weight in that dtype")
     cv.add_argument("--plain", action="store_true",
                     help="write a file stock llama.cpp loads: it refuses files with tensors its architecture does "
                          "not create, so no MTP adapter and no exact-scale tensors (ternary scales rounded to fp16)")

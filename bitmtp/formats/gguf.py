@@ -26,7 +26,10 @@ F32 tensor ``bitmtp.scale.<name without .weight>`` of shape ``[N_s, n_groups]``;
 ternary, and the codes come back exactly from the blocks, so export → load is bit-exact. A foreign
 TQ1_0/TQ2_0 tensor without it is read as ternary with the block scales.
 
-**Dense tensors** are written in the model's dtype (F32/F16/BF16: exact round trip); norms as F32.
+**Dense tensors** whose values Q4_0 / Q4_1 / Q8_0 blocks reproduce exactly (a quantized GGUF source's
+projections and embedding, which the decoder keeps as blocks: ``bitmtp.formats.ggml_blocks``) are written
+as those blocks; other dense tensors in the model's dtype (F32/F16/BF16). Both round-trip exactly; norms
+are F32.
 
 **Metadata**: ``general.*``, the ``{arch}.*`` hyperparameters llama.cpp reads, ``tokenizer.ggml.*``
 and ``tokenizer.chat_template``; ``bitmtp.model_args`` (JSON of ``ModelArgs``: exact round trip of

@@ -22,6 +22,7 @@ from torch import nn
 from bitmtp.errors import BitMTPError, FormatError
 from bitmtp.formats import gguf as G
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
+from bitmtp.formats.ggml_blocks import BlockWeight, pack_lossless
 from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
 from bitmtp.formats.ternary import pack_t2, unpack_t2
 from bitmtp.model.args import ModelArgs, check_int, check_real
@@ -53,13 +54,34 @@ def _compact(scales: torch.Tensor) -> torch.Tensor:
     return scales.contiguous()
 
 
-def _split(module: nn.Module, sizes: list[int]) -> list[tuple[_Ternary | torch.Tensor, torch.Tensor | None]]:
-    """``(weight, bias)`` per part of a row-fused projection (sizes: rows of each part)."""
+#: the GGML type each ``ggml_blocks`` format is written as
+_BLOCK_TYPE = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+
+
+def _rows_of(bw: BlockWeight, rows: slice) -> BlockWeight:
+    """Rows ``rows`` of a block weight (blocks never cross rows, so this is a byte slice)."""
+    data = bw.data[rows].contiguous()
+    return BlockWeight(bw.fmt, data, (data.shape[0], bw.shape[1]))
+
+
+#: one projection part as :func:`_split` returns it: ``(weight, bias)``
+Part = tuple[_Ternary | BlockWeight | torch.Tensor, torch.Tensor | None]
+
+
+def _split(module: nn.Module, sizes: list[int], blocks: bool = False) -> list[Part]:
+    """``(weight, bias)`` per part of a row-fused projection (sizes: rows of each part).
+
+    With ``blocks``, a dense part whose values a GGML block encoding reproduces exactly comes as
+    :class:`BlockWeight`: rows of the copy the decoder keeps (``Decoder.pack_dense_blocks``), else a lossless
+    fit of the part alone (parts of different formats fuse into a float matrix without blocks; a model loaded
+    with ``BITMTP_DENSE_BLOCKS=0`` has none). A float checkpoint's parts are rejected on their first rows.
+    """
     if isinstance(module, Stacked):
-        return [_split(p, [s])[0] for p, s in zip(module.parts, sizes, strict=True)]
+        return [_split(p, [s], blocks)[0] for p, s in zip(module.parts, sizes, strict=True)]
     if sum(sizes) != module.out_features:
         raise BitMTPError(f"projection has {module.out_features} rows, expected {sum(sizes)}")
-    out = []
+    out: list[Part] = []
+    kept = module.blocks if blocks and isinstance(module, DenseLinear) else None
     start = 0
     for n in sizes:
         rows = slice(start, start + n)
@@ -69,17 +91,38 @@ def _split(module: nn.Module, sizes: list[int]) -> list[tuple[_Ternary | torch.T
             scales = module.scales if module.scales.shape[0] == 1 else module.scales[rows]
             out.append((_Ternary(codes, _compact(scales.detach().float().cpu()), module.group_size), bias))
         elif isinstance(module, DenseLinear):
-            out.append((module.weight.detach()[rows].cpu(), bias))
+            weight = module.weight.detach()[rows].cpu()
+            bw = _rows_of(kept, rows) if kept is not None else pack_lossless(weight) if blocks else None
+            out.append((weight if bw is None else bw, bias))
         else:
             raise BitMTPError(f"GGUF export: cannot write a projection of type {type(module).__name__}")
         start += n
     return out
 
 
-def decoder_state(decoder: Decoder) -> dict[str, Any]:
-    """Every base tensor of ``decoder`` under its transformers name; ternary weights as ``_Ternary``."""
+def _embedding(decoder: Decoder, blocks: bool) -> BlockWeight | torch.Tensor:
+    """The token embedding, as the blocks it came from where ``blocks`` and a lossless encoding exists: a
+    tied head holds them already (same storage as the embedding), an untied embedding is fitted here."""
+    embed = decoder.embed.detach()
+    if not blocks:
+        return embed
+    head = decoder.lm_head
+    if isinstance(head, DenseLinear) and head.blocks is not None and head.weight.shape == embed.shape \
+            and head.weight.data_ptr() == embed.data_ptr():
+        return head.blocks
+    bw = pack_lossless(embed.cpu())
+    return embed if bw is None else bw
+
+
+def decoder_state(decoder: Decoder, *, blocks: bool = False) -> dict[str, Any]:
+    """Every base tensor of ``decoder`` under its transformers name; ternary weights as ``_Ternary``.
+
+    With ``blocks=True`` (what export writes), dense weights whose values a Q4_0 / Q4_1 / Q8_0 block
+    encoding reproduces exactly come as :class:`~bitmtp.formats.ggml_blocks.BlockWeight`: a GGUF source's
+    quantized projections are written back as the same blocks instead of float32.
+    """
     a = decoder.args
-    state: dict[str, Any] = {"model.embed_tokens.weight": decoder.embed.detach()}
+    state: dict[str, Any] = {"model.embed_tokens.weight": _embedding(decoder, blocks)}
 
     def put(prefix: str, part) -> None:
         weight, bias = part
@@ -91,9 +134,9 @@ def decoder_state(decoder: Decoder) -> dict[str, Any]:
         p = f"model.layers.{i}."
         state[p + "input_layernorm.weight"] = layer.in_norm.detach()
         for name, part in zip(("q_proj", "k_proj", "v_proj"),
-                              _split(layer.attn.qkv_proj, [a.q_size, a.kv_size, a.kv_size]), strict=True):
+                              _split(layer.attn.qkv_proj, [a.q_size, a.kv_size, a.kv_size], blocks), strict=True):
             put(p + "self_attn." + name, part)
-        put(p + "self_attn.o_proj", _split(layer.attn.o_proj, [a.hidden_size])[0])
+        put(p + "self_attn.o_proj", _split(layer.attn.o_proj, [a.hidden_size], blocks)[0])
         if layer.attn.q_norm is not None:
             state[p + "self_attn.q_norm.weight"] = layer.attn.q_norm.detach()
             state[p + "self_attn.k_norm.weight"] = layer.attn.k_norm.detach()
@@ -101,14 +144,18 @@ def decoder_state(decoder: Decoder) -> dict[str, Any]:
             state[p + "self_attn.attn_sub_norm.weight"] = layer.attn.sub_norm.detach()
         state[p + "post_attention_layernorm.weight"] = layer.post_norm.detach()
         for name, part in zip(("gate_proj", "up_proj"),
-                              _split(layer.mlp.gate_up_proj, [a.intermediate_size] * 2), strict=True):
+                              _split(layer.mlp.gate_up_proj, [a.intermediate_size] * 2, blocks), strict=True):
             put(p + "mlp." + name, part)
-        put(p + "mlp.down_proj", _split(layer.mlp.down_proj, [a.hidden_size])[0])
+        put(p + "mlp.down_proj", _split(layer.mlp.down_proj, [a.hidden_size], blocks)[0])
         if layer.mlp.sub_norm is not None:
             state[p + "mlp.ffn_sub_norm.weight"] = layer.mlp.sub_norm.detach()
     state["model.norm.weight"] = decoder.norm.detach()
     if not a.tie_word_embeddings:
-        state["lm_head.weight"] = decoder.lm_head.weight.detach()
+        head = decoder.lm_head
+        if isinstance(head, DenseLinear):
+            state["lm_head.weight"] = _split(head, [head.out_features], blocks)[0][0]
+        else:
+            state["lm_head.weight"] = head.weight.detach()
     return state
 
 
@@ -158,6 +205,10 @@ def _tensors_out(args: ModelArgs, state: dict[str, Any], adapter, exact_scales: 
             yield G.TensorOut(name, data, None if kind == "F32" else kind)
             if exact_scales:
                 yield G.TensorOut(G.scale_name(name), scales.numpy())
+            continue
+        if isinstance(value, BlockWeight):  # the source's own blocks, byte for byte (rows permuted like floats)
+            data = value.data if heads is None else G.permute_rows(value.data, heads)
+            yield G.TensorOut(name, data.contiguous().numpy(), _BLOCK_TYPE[value.fmt])
             continue
         t = value
         if heads is not None:
@@ -220,7 +271,7 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
             fields[G.KEY_TOKENIZER_FILES] = G.field(json.dumps(files))
     if adapter is not None:
         fields.update({k: G.field(v) for k, v in G.speculative_metadata(adapter[0]).items()})
-    state = decoder_state(decoder)
+    state = decoder_state(decoder, blocks=True)
     n_tensors = len(state) + (0 if plain else sum(isinstance(v, _Ternary) for v in state.values())) + (
         len(adapter[1]) if adapter is not None else 0)
     bar = None
