@@ -17,6 +17,11 @@ a block copy, which the CPU kernels read instead (bit-identical results, ~1/5.6 
 bytes per step; ``bitmtp.formats.ggml_blocks``). Measured for SmolLM2-135M-Instruct.Q4_1.gguf in
 float32: 259 MB shared, 280 MB copied, 96 MB of blocks, plus the KV store (96 MB at the default
 ``capacity`` of 2048 tokens). The HF module is untouched and keeps serving the fall-through calls.
+
+Threads: the patch owns one bitmtp engine (one KV store), so patched ``generate`` calls from several
+threads decode one after another (each exactly as alone); fall-through calls run in transformers as
+before. Token ids outside the vocabulary raise :class:`bitmtp.api.TokenIdError`, an ``IndexError``
+as the unpatched embedding lookup raises.
 """
 
 from __future__ import annotations
