@@ -301,7 +301,8 @@ class Ops:
 
     def attention(self, q: DeviceTensor, kc: DeviceTensor, vc: DeviceTensor, mask: DeviceTensor,
                   scale: float) -> DeviceTensor:
-        """``q f32[M, H, Dh]`` over cache rows ``[0, L)`` under ``mask u32[M, L]`` (non-zero = visible)."""
+        """``q f32[M, H, Dh]`` over cache rows ``[0, L)`` under ``mask u32[M, L]`` (non-zero = visible).
+        Masked cache rows are never read, so whatever they hold (NaN, Inf) cannot reach the output."""
         m, h, dh = q.shape
         kvh, s, _ = kc.shape
         length = mask.shape[1]

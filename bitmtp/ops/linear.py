@@ -121,8 +121,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               *, backend: str | None = None) -> torch.Tensor:
     """Masked GQA attention of ``q[M, H, D]`` over KV rows ``[0, L)`` of ``k, v[KVH, S, D]``.
 
-    ``mask[M, L]`` (bool) says which KV rows each query row sees. On the ``cpu`` backend every row
-    is computed independently of the others and of L (see csrc/cpu/attention.cpp).
+    ``mask[M, L]`` (bool) says which KV rows each query row sees. KV rows a query row does not see are
+    ignored exactly on every backend, whatever they hold (NaN and Inf included): rows past the committed
+    length keep what rejected drafts or an earlier sequence wrote. A NaN/Inf in a row it does see
+    makes its output non-finite. On the ``cpu`` backend every row is computed independently of the
+    others and of L (see csrc/cpu/attention.cpp).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         validate.tensor(name, t)
