@@ -13,6 +13,7 @@ from bitmtp.errors import (
     FormatError,
     LayoutError,
     ShapeError,
+    TokenIdError,
 )
 from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumulate, w2a8_linear
 
@@ -20,7 +21,7 @@ from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumu
 def __getattr__(name):
     # load() pulls in the model and runtime layers; import them on first use so `import bitmtp`
     # stays light for users of the ops alone.
-    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "TextStream", "TokenIdError"):
+    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "TextStream"):
         from bitmtp import api
 
         return getattr(api, name)

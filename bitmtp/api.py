@@ -22,7 +22,7 @@ import torch
 
 from bitmtp.decoding.drafters import Drafter, drafter_for
 from bitmtp.decoding.policies import POLICIES
-from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError
+from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from bitmtp.formats.adapters import AdapterConfig, load_adapter
 from bitmtp.model.adapters import build_adapter
 from bitmtp.model.args import ModelArgs
@@ -35,11 +35,6 @@ log = logging.getLogger("bitmtp")
 
 #: the default block size when neither the call nor the adapter names one
 DEFAULT_BLOCK_SIZE = 8
-
-
-class TokenIdError(BitMTPError, IndexError):
-    """A token id outside the model's vocabulary; an ``IndexError`` too, as transformers' embedding
-    lookup raises for the same input (``bitmtp.patch`` keeps that contract)."""
 
 
 def _is_int(x: Any) -> bool:

@@ -32,6 +32,11 @@ class LayoutError(BitMTPError, ValueError):
     """A buffer is non-contiguous or misaligned where a kernel needs it dense and aligned."""
 
 
+class TokenIdError(BitMTPError, IndexError):
+    """A token id outside the model's vocabulary; an ``IndexError`` too, as transformers' embedding
+    lookup raises for the same input (``bitmtp.patch`` keeps that contract)."""
+
+
 class BackendUnavailableError(BitMTPError, RuntimeError):
     """An explicitly requested backend cannot run here (missing package, device or extension)."""
 
@@ -44,4 +49,5 @@ __all__ = [
     "FormatError",
     "LayoutError",
     "BackendUnavailableError",
+    "TokenIdError",
 ]

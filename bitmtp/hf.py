@@ -20,7 +20,7 @@ float32: 259 MB shared, 280 MB copied, 96 MB of blocks, plus the KV store (96 MB
 
 Threads: the patch owns one bitmtp engine (one KV store), so patched ``generate`` calls from several
 threads decode one after another (each exactly as alone); fall-through calls run in transformers as
-before. Token ids outside the vocabulary raise :class:`bitmtp.api.TokenIdError`, an ``IndexError``
+before. Token ids outside the vocabulary raise :class:`bitmtp.errors.TokenIdError`, an ``IndexError``
 as the unpatched embedding lookup raises.
 """
 
@@ -175,7 +175,7 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
                                    stopping_criteria=stopping_criteria, generation_config=generation_config,
                                    synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
     gc = generation_config
-    from bitmtp.api import TokenIdError
+    from bitmtp.errors import TokenIdError
 
     prompt = input_ids[0].tolist()
     vocab = state.bm.args.vocab_size

@@ -23,8 +23,7 @@ import pytest
 import torch
 
 import bitmtp
-from bitmtp.api import TokenIdError
-from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError
+from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from tests.hf_models import tiny_model
 from tests.test_mtp_decoding import INIT_RANGE, TAU, random_adapter
 
