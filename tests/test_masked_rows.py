@@ -314,3 +314,5 @@ def test_wgsl_argmax_nan_rows_are_never_confident():
     assert ids[0] == int(logits[0].argmax())
     assert abs(probs[0] - float(torch.softmax(logits[0].double(), 0).max())) <= 1e-6
     assert np.isnan(probs[1:]).all()
+    assert ids[2] == 0  # an all-NaN row: id 0 (as torch.argmax), never an id outside the vocabulary
+    assert all(0 <= i < 300 for i in ids)

@@ -37,7 +37,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   let mx = rv[0];
-  let arg = ri[0];
+  // an all-NaN (or all below -3.4e38) row found no max: id 0, as torch.argmax's NaN rows never give an
+  // id outside the vocabulary (its probability is NaN, so the policies never call it confident)
+  let arg = select(ri[0], 0u, ri[0] == 0xFFFFFFFFu);
   workgroupBarrier();
   var total: f32 = 0.0;
   for (var v = tid; v < p.V; v += WG) { total += exp(logits[base + v] - mx); }
