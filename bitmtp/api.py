@@ -470,6 +470,12 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         backend = None  # the host-side modules (CPU-offloaded layers) use the automatic CPU kernels
     elif vram_budget is not None or cpu_layers is not None:
         raise BitMTPError("vram_budget / cpu_layers: only meaningful with backend='wgpu'")
+    if backend is not None:
+        from bitmtp.ops.registry import backend_names
+
+        if not isinstance(backend, str) or backend not in backend_names():
+            raise BitMTPError(f"backend: expected one of {backend_names() + ['wgpu']} (or None for the automatic "
+                              f"choice; `python -m bitmtp info` says which can run here), got {backend!r}")
     dtype = dtype or torch.float32
     packed_adapter, gguf_fields = None, None
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)

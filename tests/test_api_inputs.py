@@ -211,6 +211,12 @@ def test_bad_device(monkeypatch, no_loading, device, mocked, msg):
         bitmtp.load(tiny_model("llama", seed=1), device=device, adapter=None)
 
 
+@pytest.mark.parametrize("backend", ["foo", "CPU", 3])
+def test_unknown_backend_is_refused_before_loading(no_loading, backend):
+    with pytest.raises(BitMTPError, match=r"backend: expected one of \[.*'torch'.*'wgpu'\].*got"):
+        bitmtp.load(tiny_model("llama", seed=1), adapter=None, backend=backend)
+
+
 @pytest.mark.parametrize("name, value", [("capacity", 0), ("capacity", -5), ("capacity", 2.5), ("capacity", "8"),
                                          ("capacity", True), ("capacity", None), ("m_max", 0), ("m_max", "x")])
 def test_capacity_and_m_max_must_be_positive_ints(no_loading, name, value):
