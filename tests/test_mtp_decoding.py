@@ -16,8 +16,9 @@ from bitmtp.decoding.drafters import OracleDrafter
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
 from bitmtp.model.adapters import DraftHeads, MaskBlock, init_adapter_tensors
+from bitmtp.model.decoder import StepInputs
 from bitmtp.model.layers import rms_norm
-from bitmtp.runtime import Engine
+from bitmtp.runtime import Engine, KVStore
 from tests.hf_models import tiny_model
 
 pytest.importorskip("transformers")
@@ -141,6 +142,71 @@ def test_hybrid_verified_iterations_are_ar_exact(model, prompts, kind):
                 assert ar.tokens == got
             at += count
     assert branches == {True, False}
+
+
+def _independent_draft(model, text: list[int], d: int) -> tuple[list[int], list[float], float]:
+    """d_1..d_D and their probabilities after the committed ``text``, recomputed from scratch without
+    the runtime: one forward over the whole text (+ D − 1 mask rows for a mask-block adapter, which
+    see every text row and their whole block) in a fresh KV store, or — for draft heads — the last
+    text row's hidden state followed by the head recurrence. Also returns the smallest margin
+    (top-1 − top-2 probability, |p − τ|) that a last-bit difference would have to cross."""
+    dec, drafter, a = model.decoder, model.drafter, model.args
+    t = len(text)
+    kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, 256, 16)
+    cols = torch.arange(256)
+    if drafter.kind == "mask-block":
+        pos = torch.arange(t + d - 1)
+        reach = torch.where(pos < t, pos, t + d - 2)  # text rows causal; mask rows see all ≤ the block's end
+        step = StepInputs(torch.tensor(text + [0] * (d - 1)), pos, cols[None, :] <= reach[:, None],
+                          mask_rows=d - 1, mask_block=drafter.block)
+        probs = [torch.softmax(dec(step, kv)[t - 1 :].double(), -1)]
+    else:
+        pos = torch.arange(t)
+        state = dec.hidden_states(StepInputs(torch.tensor(text), pos, cols[None, :] <= pos[:, None]), kv)[-1:]
+        probs = [torch.softmax(dec.logits(state).double(), -1)]
+        for k in range(d - 1):
+            state = drafter.heads.step(k, state, dec.embed[probs[-1].argmax(-1)])
+            probs.append(torch.softmax(dec.logits(state).double(), -1))
+    probs = torch.cat(probs)
+    assert probs.shape[0] == d
+    top2 = probs.topk(2, dim=-1).values
+    p = top2[:, 0]
+    margin = min((top2[:, 0] - top2[:, 1]).min().item(), (p - TAU).abs().min().item())
+    return probs.argmax(-1).tolist(), p.tolist(), margin
+
+
+@pytest.mark.parametrize("policy", ("confidence", "hybrid"))
+@pytest.mark.parametrize("kind", KINDS)
+def test_unverified_commits_are_the_confident_prefix_of_an_independent_draft(model, prompts, policy, kind):
+    """Every iteration that commits without the verifier (confidence, and hybrid's confident branch)
+    commits exactly d_1..d_max(1,h) of the draft recomputed from scratch after the text committed
+    before it (``_independent_draft``), h counted here with p ≥ τ. Iterations whose recomputed
+    draft sits within 1e-6 of an argmax tie or of τ are not judged (rounding could decide them);
+    they must stay rare. Enough iterations commit 3+ tokens that the order of d_2..d_D shows."""
+    model.load_adapter(random_adapter(model.args, kind, seed=11))
+    d = 4
+    judged = skipped = long_commits = 0
+    for prompt in prompts[5:9]:
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=40, policy=policy, block_size=d, tau=TAU,
+                              min_prefix=2, eos_token_id=[])
+        at = 1  # the prefill commits the first token
+        for count, verified in zip(out.stats.committed, out.stats.verified, strict=True):
+            got = out.token_ids[at : at + count]
+            if not verified:
+                draft, probs, margin = _independent_draft(model, prompt + out.token_ids[:at], d)
+                h = next((i for i, p in enumerate(probs) if not p >= TAU), d)
+                want = draft[: max(1, h)]
+                if margin < 1e-6:
+                    skipped += 1
+                else:
+                    judged += 1
+                    # the last iteration may be cut short by max_new_tokens
+                    assert got == (want if at + count < len(out.token_ids) else want[: len(got)]), (at, probs)
+                    long_commits += len(want) >= 3
+            at += count
+        assert at == len(out.token_ids)
+    assert judged >= 20 and skipped <= judged // 10
+    assert long_commits >= 3
 
 
 @pytest.mark.parametrize("policy", ("confidence", "speculative", "hybrid"))

@@ -1,0 +1,309 @@
+#!/usr/bin/env python
+"""Mutation check: break the library on purpose, one mutant at a time, and make sure a test notices.
+
+Each mutant names a source file, an exact snippet in it (one of a few alternatives: the first that
+occurs exactly once is used), its replacement, and the tests that must catch it. For every mutant
+the script copies the repository to a temporary folder (never touching the working tree), applies
+the one edit there, and runs only the named tests with ``-x`` against the copy, using this venv's
+interpreter. A mutant is *caught* when pytest fails (or the run times out); it *survives* when the
+named tests pass. A mutant whose snippet is missing (the code changed under it) is *stale*: the list
+must be updated, and it counts as a failure too, so the check cannot rot into passing silently.
+
+Before the mutants, the union of the named tests runs once on the unmutated copy: a test that fails
+anyway would "catch" every mutant and prove nothing (``--no-baseline`` skips this).
+
+Usage (docs/MUTATION.md)::
+
+    python scripts/mutate.py              # every mutant; exit 1 if any survives or is stale
+    python scripts/mutate.py --list       # the mutants and their tests
+    python scripts/mutate.py -k bonus     # mutants whose name contains "bonus"
+    python scripts/mutate.py --jobs 2     # two mutants at a time (each in its own copy)
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One deliberate bug: in ``file`` replace ``original`` (or the first of ``alternatives`` found
+    exactly once) by ``replacement``; ``tests`` (pytest arguments: node ids, files, ``-k`` expressions)
+    must fail on it."""
+
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    why: str = ""
+    alternatives: tuple[tuple[str, str], ...] = ()
+
+    def edits(self) -> tuple[tuple[str, str], ...]:
+        return ((self.original, self.replacement),) + self.alternatives
+
+
+MTP = "tests/test_mtp_decoding.py"
+SPEC_SUBSET = (MTP, "-k", "speculative_equals_ar_greedy and (4-heads or 8-mask-block)")
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- decoding: what an iteration commits ---------------------------------------------------------
+    Mutant("confidence-reverses-d2..dD", "bitmtp/runtime/decode.py",
+           "commit = confidence_commit(draft, probs, tau)",
+           "commit = confidence_commit(draft[:1] + draft[:0:-1], probs, tau)",
+           (MTP, "-k", "independent_draft"), "unverified commits beyond d_1 in the wrong order"),
+    Mutant("drop-bonus-token", "bitmtp/decoding/policies.py",
+           "return Commit(tuple(int(t) for t in draft[:a]) + (int(verify[a - 1]),), exact_rows=a, verified=True)",
+           "return Commit(tuple(int(t) for t in draft[:a]), exact_rows=a - 1, verified=True)",
+           (f"{MTP}::test_oracle_commits_at_least_block_per_iteration",),
+           "speculative commits d_1..d_a without the verifier's v_a (still lossless, one token fewer)"),
+    Mutant("tau-boundary-p<=tau", "bitmtp/decoding/policies.py",
+           "if not p >= tau:", "if not p > tau:",
+           ("tests/test_policies.py",), "a probability exactly at tau no longer counts as confident",
+           alternatives=(("if p < tau:", "if p <= tau:"),)),
+    Mutant("nan-probability-confident", "bitmtp/decoding/policies.py",
+           "if not p >= tau:", "if p < tau:",
+           ("tests/test_policies.py",), "NaN draft probabilities count as confident (issue 21)"),
+    Mutant("speculative-accept-off-by-one", "bitmtp/decoding/policies.py",
+           "while a < len(draft) and int(draft[a]) == int(verify[a - 1]):",
+           "while a < len(draft) and int(draft[a]) == int(verify[a]):",
+           ("tests/test_policies.py", *SPEC_SUBSET), "d_(i+1) compared with v_(i+1) instead of v_i"),
+    Mutant("hybrid-ignores-d1", "bitmtp/decoding/policies.py",
+           "return max(1, h) < min_prefix", "return h < min_prefix",
+           (f"{MTP}::test_hybrid_limits", "tests/test_policies.py"),
+           "hybrid's confident prefix not counting d_1 (m = 1 would verify)"),
+    # -- runtime: KV bookkeeping, masks, verifier prep -----------------------------------------------
+    Mutant("kv-n-not-advanced-after-verify", "bitmtp/runtime/decode.py",
+           "n += commit.exact_rows", "n += 0",
+           (*SPEC_SUBSET,), "accepted rows of a verify step not counted as materialized"),
+    Mutant("kv-n-not-advanced-after-deferred-verify", "bitmtp/runtime/decode.py",
+           "n = deferred[2] + commit.exact_rows", "n = deferred[2]",
+           (f"{MTP}::test_hybrid_verified_iterations_are_ar_exact",),
+           "hybrid's device-resolved verify: accepted rows not counted"),
+    Mutant("causal-mask-off-by-one", "bitmtp/runtime/graphs.py",
+           "return kv_index[None, :] <= positions[:, None]", "return kv_index[None, :] < positions[:, None]",
+           ("tests/test_model_vs_transformers.py", "-k", "engine_greedy"), "a row cannot see its own key"),
+    Mutant("pending-rows-mask-off-by-one", "bitmtp/decoding/drafters.py",
+           "mask = runner.kv_index[None, :] <= pos[:, None]", "mask = runner.kv_index[None, :] <= pos[:, None] - 1",
+           (*SPEC_SUBSET,), "the heads drafter's pending rows miss their own key"),
+    Mutant("mask-rows-not-bidirectional", "bitmtp/decoding/drafters.py",
+           "reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])",
+           "reach = pos",
+           (MTP, "-k", "independent_draft and mask-block"), "mask rows attend causally inside their block"),
+    Mutant("heads-always-head-0", "bitmtp/decoding/drafters.py",
+           "state = self.heads.step(k, state, self.decoder.embed[tok])",
+           "state = self.heads.step(0, state, self.decoder.embed[tok])",
+           (MTP, "-k", "independent_draft and heads"), "every draft head position runs head 0"),
+    Mutant("verify-positions-off-by-one", "bitmtp/runtime/verify_prep.py",
+           "torch.add(arange[:d], draft.positions[p - 1] + 1, out=verify.positions)",
+           "torch.add(arange[:d], draft.positions[p - 1], out=verify.positions)",
+           (*SPEC_SUBSET,), "the verify step runs at the last pending row's position"),
+    Mutant("resolve-verify-position", "bitmtp/runtime/verify_prep.py",
+           "torch.add(arange[:w], verify.positions[0] + a, out=next_draft.positions)",
+           "torch.add(arange[:w], verify.positions[0] + a + 1, out=next_draft.positions)",
+           (f"{MTP}::test_hybrid_verified_iterations_are_ar_exact",),
+           "the draft after a device-resolved verify starts one position late"),
+    Mutant("max-new-tokens-overshoot", "bitmtp/runtime/decode.py",
+           "elif len(self.tokens) >= self.max_new:", "elif len(self.tokens) > self.max_new:",
+           (f"{MTP}::test_max_new_tokens_one_and_short",), "one token more than max_new_tokens"),
+    Mutant("capacity-overshoot", "bitmtp/runtime/decode.py",
+           "engine.capacity + 1 - len(ids)", "engine.capacity + 2 - len(ids)",
+           (f"{MTP}::test_capacity_and_eos_stops",), "generation runs one token past the KV store"),
+    # -- model: the decoder's math and the fused native path -----------------------------------------
+    Mutant("qk-norm-swap-per-op", "bitmtp/model/decoder.py",
+           "q = rms_norm(q, at.q_norm, a.rms_norm_eps)\n                k = rms_norm(k, at.k_norm, a.rms_norm_eps)",
+           "q = rms_norm(q, at.k_norm, a.rms_norm_eps)\n                k = rms_norm(k, at.q_norm, a.rms_norm_eps)",
+           ("tests/test_model_vs_transformers.py", "-k", "engine_greedy and qwen3"),
+           "qwen3's q_norm applied to k and k_norm to q (per-op path)"),
+    Mutant("qk-norm-swap-fused", "bitmtp/model/decoder.py",
+           "ly.attn.q_norm, ly.attn.k_norm,", "ly.attn.k_norm, ly.attn.q_norm,",
+           ("tests/test_model_vs_transformers.py", "-k", "engine_greedy and qwen3"),
+           "qwen3's q/k norms swapped in the fused layers' table"),
+    Mutant("fused-lora-always-unsupported", "bitmtp/model/decoder.py",
+           "lora, scaling = self._fused_lora(plan, step.mask_block)",
+           "raise FusedUnsupported('mutant: LoRA branch')",
+           ("tests/test_fused_layers.py", "-k", "gated_lora"),
+           "draft steps silently fall back to the per-op path (issue 21)"),
+    # -- shipped adapters ----------------------------------------------------------------------------
+    Mutant("shipped-preference-inverted", "bitmtp/shipped.py",
+           'pref = float((cfg.training or {}).get("preference", 0))',
+           'pref = -float((cfg.training or {}).get("preference", 0))',
+           ("tests/test_shipped.py",), "the lowest preference wins"),
+    # -- formats ---------------------------------------------------------------------------------------
+    Mutant("act-quant-truncates", "bitmtp/formats/quantize.py",
+           "x_q = (xf * s.unsqueeze(-1)).round().clamp(-128, 127)",
+           "x_q = (xf * s.unsqueeze(-1)).trunc().clamp(-128, 127)",
+           ("tests/test_formats_quantize.py",), "activations truncated instead of rounded half to even"),
+    Mutant("t2-codes-negated", "bitmtp/formats/ternary.py",
+           "codes[:, :k] = weight.to(torch.int64) + 1", "codes[:, :k] = 1 - weight.to(torch.int64)",
+           ("tests/test_formats_t2.py",), "T2 packs -w"),
+    Mutant("q4_0-offset", "bitmtp/formats/ggml_blocks.py",
+           "return torch.cat([qs & 15, qs >> 4], dim=-1).float() - 8, d, None",
+           "return torch.cat([qs & 15, qs >> 4], dim=-1).float() - 7, d, None",
+           ("tests/test_dense_blocks.py", "-k", "dequantize_matches_gguf_py"), "Q4_0 codes offset by 7"),
+    Mutant("q4_1-nibble-order", "bitmtp/formats/ggml_blocks.py",
+           "q = torch.cat([qs & 15, qs >> 4], dim=-1).float()\n        return q, d, m",
+           "q = torch.cat([qs >> 4, qs & 15], dim=-1).float()\n        return q, d, m",
+           ("tests/test_dense_blocks.py", "-k", "dequantize_matches_gguf_py"), "Q4_1 high nibbles first"),
+    Mutant("gguf-data-unaligned", "bitmtp/formats/gguf.py",
+           "data_start = -(-c.pos // alignment) * alignment", "data_start = c.pos",
+           ("tests/test_gguf_format.py",), "tensor data read from the end of the header, not the aligned start"),
+)
+
+
+def _files_to_copy(root: Path) -> list[Path]:
+    """Tracked and untracked-but-not-ignored files (the working tree as it is), plus the built native
+    extensions, which are ignored by git but needed to run the CPU kernels."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         check=True, capture_output=True).stdout.decode()
+    files = [Path(p) for p in out.split("\0") if p]
+    files += [p.relative_to(root) for p in (root / "bitmtp").rglob("*.so")]
+    return sorted({f for f in files if (root / f).is_file()})
+
+
+def make_copy(root: Path, dest: Path) -> None:
+    for rel in _files_to_copy(root):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, target)
+
+
+# Run pytest in the copy. An editable install of bitmtp maps bitmtp.triton_kernels and friends to the
+# ORIGINAL checkout through a meta-path finder; point that mapping at the copy as well, and put the copy
+# first on sys.path, so every bitmtp module the tests import comes from the mutated copy.
+_BOOT = r"""
+import sys
+root, copy = sys.argv[1], sys.argv[2]
+sys.path.insert(0, copy)
+for name, mod in list(sys.modules.items()):
+    if name.startswith("__editable__") and "bitmtp" in name:
+        for attr in ("MAPPING", "NAMESPACES"):
+            table = getattr(mod, attr, None)
+            if isinstance(table, dict):
+                for key, val in table.items():
+                    if isinstance(val, str):
+                        table[key] = val.replace(root, copy)
+                    elif isinstance(val, list):
+                        table[key] = [v.replace(root, copy) for v in val]
+import bitmtp
+assert bitmtp.__file__.startswith(copy), f"bitmtp imported from {bitmtp.__file__}, not the copy {copy}"
+import pytest
+sys.exit(pytest.main(sys.argv[3:]))
+"""
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int | None, str]:
+    """pytest ``-x`` on ``tests`` inside ``copy``: (return code or None on timeout, output tail)."""
+    cmd = [sys.executable, "-c", _BOOT, str(ROOT), str(copy), "-q", "-x", "-p", "no:cacheprovider",
+           "--no-header", "-m", "not slow", *tests]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(copy))
+    try:
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout"
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+def apply(copy: Path, m: Mutant) -> str | None:
+    """Apply ``m`` in ``copy``; None when no alternative occurs exactly once (stale), else the edit used."""
+    path = copy / m.file
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    for old, new in m.edits():
+        if text.count(old) == 1:
+            path.write_text(text.replace(old, new))
+            return old
+    return None
+
+
+def check_one(m: Mutant, timeout: float) -> tuple[Mutant, str, float, str]:
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bitmtp-mutant-") as tmp:
+        copy = Path(tmp)
+        make_copy(ROOT, copy)
+        if apply(copy, m) is None:
+            return m, "stale", time.monotonic() - t0, f"snippet not found exactly once in {m.file}"
+        rc, tail = run_tests(copy, m.tests, timeout)
+    dt = time.monotonic() - t0
+    if rc is None:
+        return m, "caught", dt, "timeout"
+    if rc in (1, 2):  # failures, or an error while collecting/running (the mutant broke an import)
+        return m, "caught", dt, _first_failure(tail)
+    if rc == 0:
+        return m, "SURVIVED", dt, ""
+    return m, "error", dt, f"pytest exit {rc} (no tests selected?): {tail[-400:]}"
+
+
+def _first_failure(tail: str) -> str:
+    for line in tail.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            return line[:160]
+    return tail.strip().splitlines()[-1][:160] if tail.strip() else ""
+
+
+def baseline(mutants: list[Mutant], timeout: float) -> tuple[bool, str]:
+    """The union of the mutants' tests on the unmutated copy: they must pass."""
+    with tempfile.TemporaryDirectory(prefix="bitmtp-baseline-") as tmp:
+        copy = Path(tmp)
+        make_copy(ROOT, copy)
+        failed = []
+        # -k expressions cannot be merged into one run: group by test arguments
+        for tests in dict.fromkeys(m.tests for m in mutants):
+            rc, tail = run_tests(copy, tests, timeout)
+            if rc != 0:
+                failed.append(f"{' '.join(tests)}: exit {rc}\n{tail[-1500:]}")
+        return not failed, "\n".join(failed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-k", dest="select", default="", help="only mutants whose name contains this")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants checked at a time (default 1)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per test run (a timeout counts as caught)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the named tests")
+    args = ap.parse_args(argv)
+    mutants = [m for m in MUTANTS if args.select in m.name]
+    if not mutants:
+        print(f"-k {args.select!r}: no mutant matches; --list shows them", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:42s} {m.file}\n    {m.why}\n    tests: {' '.join(m.tests)}")
+        return 0
+    t0 = time.monotonic()
+    if not args.no_baseline:
+        ok, why = baseline(mutants, args.timeout)
+        print(f"baseline (named tests, unmutated): {'pass' if ok else 'FAIL'} ({time.monotonic() - t0:.0f} s)")
+        if not ok:
+            print(why)
+            return 1
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(check_one, m, args.timeout) for m in mutants]
+        for fut in concurrent.futures.as_completed(futures):
+            m, verdict, dt, note = fut.result()
+            rows.append((m, verdict, dt, note))
+            print(f"{verdict:8s} {dt:6.0f} s  {m.name:42s} {note}", flush=True)
+    bad = [r for r in rows if r[1] != "caught"]
+    total = time.monotonic() - t0
+    print(f"\n{len(rows) - len(bad)}/{len(rows)} caught in {total:.0f} s")
+    for m, verdict, _, note in bad:
+        print(f"  {verdict}: {m.name} ({m.file}: {m.why}) {note}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
