@@ -40,16 +40,26 @@ from typing import Any
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    import warnings
+
     import torch
 
     import bitmtp
-    from bitmtp.ops.registry import available_backends
+    from bitmtp.ops.registry import available_backends, missing_native
 
     print(f"bitmtp {bitmtp.__version__}  (python {platform.python_version()}, torch {torch.__version__})")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for dev in devices:
+    with warnings.catch_warnings():  # info prints the missing-kernels warning itself, framed, below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        table = {dev: available_backends(dev) for dev in devices}
+        missing = missing_native()
+    # first and framed: an install without a compiler succeeds, and this is where a user looks for why it is slow
+    for name, message in missing.items():
+        print(f"{'!' * 100}\nWARNING ({name} backend): {message}\n{'!' * 100}")
+    for dev, backends in table.items():
         print(f"backends on {dev}:")
-        for name, (ok, why) in available_backends(dev).items():
+        for name, (ok, why) in backends.items():
+            why = "native kernels missing (see the WARNING above)" if name in missing and not ok else why
             print(f"  {'yes' if ok else 'no ':3}  {name:7} {why}")
     if not torch.cuda.is_available():
         print("cuda: no CUDA device visible to torch")

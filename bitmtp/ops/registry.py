@@ -10,12 +10,18 @@ A backend is an object with a ``name``, an ``availability(device)`` check return
    speed some ops up; the reference defines all of them).
 2. otherwise the first available backend in the device's preference order
    (:data:`PREFERENCE`); passing over a preferred backend logs one line saying why.
+
+A backend whose compiled extension is not installed raises :class:`NativeKernelsMissing` from its
+loader: bitmtp then runs on the next backend, and the first attempt to load it warns once per process
+(a ``logging`` warning and a ``RuntimeWarning``) with the reason, the cost and the fix;
+:func:`missing_native` returns that message for ``python -m bitmtp info``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -46,6 +52,13 @@ _LOADERS: dict[str, Callable[[], Backend]] = {}
 _LOAD_ERRORS: dict[str, str] = {}
 _LOGGED: set[tuple[str, str, str]] = set()
 _OVERRIDES: dict[tuple[str, str], Callable[..., Any]] = {}
+_MISSING_NATIVE: dict[str, str] = {}  # backend name -> the warning its missing extension gave
+_WARNED: set[str] = set()  # backends whose missing extension was already announced in this process
+
+
+class NativeKernelsMissing(ImportError):
+    """A backend's compiled extension is not installed or does not load. The message says why, what
+    running without it costs, and how to get it; the registry announces it once per process."""
 
 
 def register_backend(name: str, loader: Callable[[], Backend]) -> None:
@@ -53,6 +66,7 @@ def register_backend(name: str, loader: Callable[[], Backend]) -> None:
     _LOADERS[name] = loader
     _BACKENDS.pop(name, None)
     _LOAD_ERRORS.pop(name, None)
+    _MISSING_NATIVE.pop(name, None)
 
 
 def backend_names() -> list[str]:
@@ -68,8 +82,33 @@ def _load(name: str) -> Backend | None:
         _BACKENDS[name] = _LOADERS[name]()
     except Exception as exc:  # an optional dependency missing or broken: report, never crash import
         _LOAD_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, NativeKernelsMissing):
+            _announce_missing(name, str(exc))
         return None
     return _BACKENDS[name]
+
+
+def _announce_missing(name: str, message: str) -> None:
+    """Warn once per process that backend ``name`` lacks its native kernels: silently running several
+    times slower is the failure this exists to prevent (an install without a compiler succeeds)."""
+    _MISSING_NATIVE[name] = message
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    # one message per sink: the warning always (shown by default, filterable), the log record only where the
+    # application configured logging (unconfigured, logging's last-resort handler would print it a second time)
+    if log.hasHandlers():
+        log.warning("bitmtp: %s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def missing_native(name: str | None = None) -> dict[str, str]:
+    """Backends (all, or just ``name``) whose native kernels failed to load, with the warning each gave.
+    Loads the backends it is asked about, so the answer does not depend on what ran before."""
+    for n in [name] if name is not None else list(_LOADERS):
+        if n in _LOADERS:
+            _load(n)
+    return {n: m for n, m in _MISSING_NATIVE.items() if (name is None or n == name) and n in _LOAD_ERRORS}
 
 
 def availability(name: str, device: torch.device | str = "cpu") -> tuple[bool, str]:
@@ -168,6 +207,8 @@ def override(backend: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
 __all__ = [
     "ENV_VAR",
     "PREFERENCE",
+    "NativeKernelsMissing",
+    "missing_native",
     "register_backend",
     "backend_names",
     "availability",
