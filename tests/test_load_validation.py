@@ -33,10 +33,11 @@ from bitmtp.formats.adapters import CONFIG_FILE, TENSOR_FILE, AdapterConfig, Bas
 from bitmtp.formats.ggml_blocks import F16_SCALE_OFFSETS, check_block_scales
 from bitmtp.model.adapters import init_adapter_tensors
 from bitmtp.model.args import ModelArgs
+from bitmtp.model.decoder import StepInputs
 from bitmtp.model.gguf_io import read_model
 from bitmtp.model.loaders import from_safetensors_dir
+from bitmtp.runtime import KVStore
 from tests.hf_models import save_bitnet_packed, tiny_model
-from tests.test_model_vs_transformers import _full_logits
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
@@ -65,7 +66,12 @@ def clone_dir(src: Path, dst: Path) -> Path:
 
 
 def logits(decoder) -> torch.Tensor:
-    return _full_logits(decoder, PROMPT)
+    """The decoder's logits at every position of PROMPT (one prefill step on a fresh KV store)."""
+    a = decoder.args
+    kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, 64, 16)
+    pos = torch.arange(len(PROMPT))
+    mask = torch.arange(64)[None, :] <= pos[:, None]
+    return decoder(StepInputs(torch.tensor(PROMPT), pos, mask), kv)
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +265,9 @@ def test_model_args_checks_direct():
     assert ModelArgs(**{**good, "num_heads": np.int64(4)}).num_heads == 4  # numpy ints are ints
     for change, needle in [({"num_heads": "4"}, "num_heads"), ({"head_dim": 15}, "even"),
                            ({"family": "gpt2"}, "family"), ({"eos_token_id": 3}, "eos_token_id"),
-                           ({"rope_scaling": "x"}, "rope_scaling"), ({"rms_norm_eps": float("nan")}, "rms_norm_eps")]:
+                           ({"rope_scaling": "x"}, "rope_scaling"), ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+                           ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+                           ({"hidden_act": None}, "hidden_act"), ({"bos_token_id": 97}, "bos_token_id")]:
         with pytest.raises(FormatError, match=needle):
             ModelArgs(**{**good, **change})
 
