@@ -12,7 +12,8 @@
 #        bench/runtime/test_bench_graphs.py  CUDA-graph replay vs eager per replay width M (8 layers);
 #        bench/e2e/test_bench_policies.py    end to end at BitNet-2B shapes (30 layers): speculative /
 #                                            hybrid over AR tokens/s per block size D (oracle drafter);
-#      then python -m bench.compare on its JSON (bench/baselines/<machine kind>.json, if one exists);
+#      then python -m bench.compare on its JSON: floors and exact oracle counts always, the ratios against
+#      bench/baselines/<machine kind>.json if one exists, else a candidate baseline written to the logs;
 #   6. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
 #   7. one compact table: step results and the benchmarks' "bitmtp ratio table".
 #
@@ -28,7 +29,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (use --dry-run)"; exit 2 ;;
   esac
 done
@@ -189,7 +190,8 @@ else
   run "pytest bench (GPU)" "$(limit 210 20)" FAIL $PY -m pytest $BENCH_FILES --benchmark-only --bench-mode quick -q \
     -p no:cacheprovider --benchmark-columns=min,median,max --benchmark-json "$BENCH_JSON"
   if [ -s "$BENCH_JSON" ]; then
-    run "ratio gate (bench.compare)" "$(limit 30 5)" FAIL $PY -m bench.compare "$BENCH_JSON"
+    # floors and exact oracle counts always; a GPU kind without a baseline gets a candidate in $LOGS
+    run "ratio gate (bench.compare)" "$(limit 30 5)" FAIL $PY -m bench.compare "$BENCH_JSON" --candidate-dir "$LOGS"
   fi
 fi
 
