@@ -10,7 +10,7 @@ import bitmtp
 from bitmtp.model.decoder import StepInputs
 from bitmtp.model.loaders import from_safetensors_dir, from_transformers
 from bitmtp.runtime import KVStore
-from tests.hf_models import FAMILIES, save_bitnet_packed, tiny_model
+from tests.hf_models import FAMILIES, VARIED, save_bitnet_packed, tiny_model
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("no_dynamo")  # transformers' BitNet helpers are torch.compile'd
@@ -42,18 +42,34 @@ def test_dense_logits_match(family, rope, rng, tmp_path):
     assert (ours_disk - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("path", ["fused", "per-op"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_engine_greedy_equals_hf_generate(family, rng):
-    hf = tiny_model(family, seed=3)
+def test_engine_greedy_equals_hf_generate(family, path, rng, monkeypatch):
+    """Greedy tokens equal transformers' on random prompts, through the fused native layers and
+    through the per-op path (the test asserts which one ran). The models are ``VARIED``: a
+    continuation has ≥ 8 distinct tokens in its first 20 (and none fewer than 5) — a model that
+    repeats one token would let a wrong attention or norm (e.g. q_norm and k_norm swapped) pass."""
+    from bitmtp.ops.registry import availability
+
+    if path == "fused" and not availability("cpu", "cpu")[0]:
+        pytest.skip("the fused layers need the native CPU kernels (pip install builds them with a compiler)")
+    monkeypatch.setenv("BITMTP_FUSED", "1" if path == "fused" else "0")
+    hf = tiny_model(family, **VARIED[family])
     model = bitmtp.load(hf, capacity=256)
+    distinct = []
     for _ in range(3):
         ids = torch.randint(3, hf.config.vocab_size, (int(torch.randint(1, 40, (1,), generator=rng)),),
                             generator=rng).tolist()
         with torch.no_grad():
             ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                               pad_token_id=0)[0, len(ids):].tolist()
+        distinct.append(len(set(ref[:20])))
+        assert distinct[-1] >= 5, ref  # a varied continuation, or this test proves little
         ours = model.generate_ar(ids, max_new_tokens=24, eos_token_id=[]).tokens
         assert ours == ref
+        # the path this test is about ran ("" = fused layers; else the reason they did not)
+        assert model.decoder.fused_reason == ("" if path == "fused" else "BITMTP_FUSED=0")
+    assert max(distinct) >= 8, distinct
 
 
 def test_ternary_bitnet_checkpoint_greedy_matches_transformers(tmp_path):
