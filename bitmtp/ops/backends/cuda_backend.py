@@ -43,7 +43,8 @@ SOURCES = ("w2a8_common.cuh", "w2a8_decode.cu", "w2a8_tiled.cu")
 _COMMON_INCLUDE = '#include "w2a8_common.cuh"'
 #: NVRTC options; the sources avoid every system header, so nothing else is needed.
 NVRTC_OPTIONS = ("-std=c++17",)
-CUPY_HINT = "pip install 'bitmtp[cuda]' (or the cupy-cudaXXx wheel matching your CUDA)"
+CUPY_HINT = ("pip install 'bitmtp[cuda13]' for a CUDA 13 torch, 'bitmtp[cuda12]' for CUDA 12 "
+             "(torch.version.cuda says which)")
 #: Built when availability is first checked on a device, to prove NVRTC works there.
 PROBE_KERNEL = "w2a8_decode_kernel<1,4,4>"
 
