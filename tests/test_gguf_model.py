@@ -287,7 +287,7 @@ def test_unsupported_architecture(small_file, tmp_path):
     outs = [G.TensorOut(t.name, np.asarray(t.data), None if t.type_name in ("F32", "F16") else t.type_name)
             for t in contents.tensors.values()]
     G.write_gguf(tmp_path / "gpt2.gguf", "gpt2", contents.fields.items(), outs)
-    with pytest.raises(FormatError, match=r"architecture \(general.architecture\) 'gpt2' is not supported \(supported: llama"):
+    with pytest.raises(FormatError, match=r"\(general.architecture\) 'gpt2' is not supported \(supported: llama"):
         bitmtp.load(tmp_path / "gpt2.gguf")
 
 
