@@ -11,10 +11,10 @@ FAMILIES = ("llama", "qwen3", "bitnet")
 #: ``tiny_model`` arguments per family whose greedy continuations of random prompts vary. With the
 #: default initializer_range (0.02) the logits are nearly flat and the tiny qwen3 emits one token
 #: forever, so a test comparing its greedy output proves little (a q_norm/k_norm swap passed).
-#: Measured over 60 random prompts of 1..39 tokens, distinct tokens among the first 20 generated:
-#: llama ≥ 13, bitnet ≥ 8, qwen3 ≥ 7 (median 11; its tied embeddings make short loops likelier).
+#: Measured over 100 random prompts of 1..39 tokens, distinct tokens among the first 20 generated:
+#: llama ≥ 13, bitnet ≥ 11, qwen3 ≥ 7 (median 11; its tied embeddings make short loops likelier).
 VARIED = {"llama": dict(seed=3, initializer_range=0.3), "qwen3": dict(seed=1, initializer_range=0.4),
-          "bitnet": dict(seed=3, initializer_range=0.3)}
+          "bitnet": dict(seed=6, initializer_range=0.4)}
 
 
 def tiny_config(family: str, **over):
