@@ -101,6 +101,30 @@ def test_oracle_commits_at_least_block_per_iteration(model, prompts, ar_outputs,
         assert sum(full) / len(full) >= block
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_quick_lossless_bonus_and_stops(model, prompts, kind):
+    """A fast form of the rules above (no 20 × 128 fixture; scripts/mutate.py runs it per mutant):
+    on 3 prompts × 40 tokens, speculative at D = 3 and 5 equals AR greedy computed here; a perfect
+    (oracle) drafter commits D accepted drafts plus the verifier's bonus token, D + 1, in every full
+    iteration; max_new_tokens = 1, 2, 5 give exactly the first 1, 2, 5 AR tokens."""
+    model.load_adapter(random_adapter(model.args, kind, seed=4))
+    for prompt in prompts[10:13]:
+        ar = model.generate_ar(prompt, max_new_tokens=40, eos_token_id=[]).tokens
+        for block in (3, 5):
+            spec = bitmtp.generate(model, input_ids=prompt, max_new_tokens=40, policy="speculative",
+                                   block_size=block, eos_token_id=[])
+            assert spec.token_ids == ar, block
+            oracle = bitmtp.generate(model, input_ids=prompt, max_new_tokens=40, policy="speculative",
+                                     block_size=block, eos_token_id=[],
+                                     drafter=OracleDrafter(model.decoder, prompt + ar))
+            assert oracle.token_ids == ar
+            assert oracle.stats.committed[:-1] == [block + 1] * (len(oracle.stats.committed) - 1)
+        for k in (1, 2, 5):
+            out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=k, policy="speculative", block_size=4,
+                                  eos_token_id=[])
+            assert out.token_ids == ar[:k], k
+
+
 def _decode(model, prompt, **kw):
     return Engine.run(model.engine.decode(prompt, max_new_tokens=NEW, eos=[], **kw))
 
