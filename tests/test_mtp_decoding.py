@@ -134,7 +134,7 @@ def _decode(model, prompt, **kw):
 def test_hybrid_limits(model, prompts, kind, block):
     """hybrid with m > D is speculative; with m ≤ 1 it is confidence (same tokens, same iterations).
 
-    Through the engine: the public generate() rejects min_prefix > block_size as a user error."""
+    Through the engine here; tests/test_api_inputs.py checks the same ends through the public generate()."""
     model.load_adapter(random_adapter(model.args, kind, seed=7))
     common = dict(block_size=block, tau=TAU, drafter=model.drafter)
     for prompt in prompts[:4]:
@@ -410,7 +410,7 @@ def test_bad_input(model, prompts):
     with pytest.raises(BitMTPError, match="block_size"):
         bitmtp.generate(model, input_ids=p, block_size=12)  # more than the adapter drafts
     with pytest.raises(BitMTPError, match="min_prefix"):
-        bitmtp.generate(model, input_ids=p, block_size=4, min_prefix=5)
+        bitmtp.generate(model, input_ids=p, block_size=4, min_prefix=-1)  # m > D is valid: speculative-only
     with pytest.raises(BitMTPError, match="policy"):
         bitmtp.generate(model, input_ids=p, policy="beam")
     with pytest.raises(BitMTPError, match="prompt/input_ids"):

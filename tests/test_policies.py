@@ -136,3 +136,12 @@ def test_nan_cuts_the_confident_prefix(probs, want):
     # hybrid with m = 2: a NaN at d_2 means verification, never a confident commit of it
     commit = hybrid_commit([7, 7, 7, 7], probs, 0.5, 2, verify)
     assert commit.verified == (max(1, want) < 2)
+
+
+@pytest.mark.parametrize("tau", [0.25, 0.5, 0.9, 1.0])
+def test_a_probability_equal_to_tau_is_confident(tau):
+    """DESIGN.md: h is the longest prefix with probability ≥ τ — the boundary counts as confident."""
+    below = math.nextafter(tau, 0.0)
+    assert confident_prefix([tau, tau, below, tau], tau) == 2
+    assert confidence_commit([4, 5, 6, 7], [tau, tau, below, tau], tau).tokens == (4, 5)
+    assert confident_prefix([below, tau], tau) == 0
