@@ -117,7 +117,8 @@ def test_eos_forms_stop_at_the_first_occurrence(model, prompt, form):
     free = _gen(model, input_ids=prompt, max_new_tokens=20)
     stop = free[7]
     want = free[: free.index(stop) + 1]  # EOS inclusive, first occurrence
-    eos = {"int": stop, "list": [1, stop], "tuple": (stop,), "tensor": torch.tensor([stop, 1]),
+    other = next(t for t in range(VOCAB) if t not in free)  # a second EOS id that never occurs
+    eos = {"int": stop, "list": [other, stop], "tuple": (stop,), "tensor": torch.tensor([stop, other]),
            "numpy": np.array([stop]), "np.int64": np.int64(stop), "0-d tensor": torch.tensor(stop)}[form]
     assert _gen(model, input_ids=prompt, max_new_tokens=20, eos_token_id=eos) == want
 
