@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_masked_rows.py", "-k", "torch"),
            "0 * NaN of a masked KV row poisons the torch backend's attention again"),
     Mutant("engine-lock-removed", "bitmtp/runtime/engine.py",
-           "if not self._lock.acquire(blocking=False):", "if False:",
+           "self._lock = threading.Lock()", "self._lock = threading.Semaphore(2)",
            ("tests/test_concurrency.py", "-k", "two_threads_on_one_model or interleaved"),
            "two generations on one model share the KV store again"),
     Mutant("checkpoint-unpickled", "bitmtp/train/trainer.py",
