@@ -41,8 +41,10 @@ from bench.goals import EXACT
 BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
 #: margin = SPREAD_FACTOR × observed spread …
 SPREAD_FACTOR = 2.0
-#: … at least this (two or three observations underestimate a spread) …
-MIN_MARGIN = 0.25
+#: … at least this (two or three observations underestimate a spread: two consecutive clean-clone CI
+#: runs of 2026-12-02 measured speedup_vs_f32 2560×6912 at 15.6 and 15.8 against a baseline of 21.4, a
+#: 1.37× move of the same code, where the recorded runs had spread only 9%) …
+MIN_MARGIN = 0.5
 #: … and at most this: a figure may move at most 2× the wrong way, so a 2.5× regression always fails
 #: (bench.compare refuses baselines with wider margins).
 MAX_MARGIN = 1.0

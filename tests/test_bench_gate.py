@@ -481,7 +481,7 @@ def test_margins_come_from_the_recorded_noise() -> None:
     assert round(noise.spread(noise.OBSERVATIONS[bw, "bw_fraction"]), 2) == 0.71
     # spread within an epoch only: a code change between epochs is not noise
     assert noise.spread([{"a": 1.0, "b": 1.1}, {"c": 2.0, "d": 2.1}]) == pytest.approx(0.1)
-    assert [noise.margin_from_spread(s) for s in (0.0, 0.11, 0.128, 0.3, 0.54)] == [0.25, 0.25, 0.3, 0.6, 1.0]
+    assert [noise.margin_from_spread(s) for s in (0.0, 0.11, 0.128, 0.3, 0.54)] == [0.5, 0.5, 0.5, 0.6, 1.0]
     assert noise.margin_for("bench/x.py::test_new", "speedup_ar", "higher")[1] is None
     assert noise.margin_for("bench/x.py::test_new", "committed", "exact") == (0.0, 0.0)
 
