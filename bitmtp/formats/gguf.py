@@ -403,17 +403,25 @@ def _need(meta: dict[str, Any], key: str, source: str, check: Callable[..., Any]
         raise FormatError(f"{source}: metadata {exc}") from None
 
 
+def json_metadata(raw: Any) -> Any:
+    """The parsed value of a JSON-string metadata key (``bitmtp.model_args``, ``bitmtp.speculative.config``).
+    Raises FormatError saying what is wrong; callers prefix the file and key."""
+    if not isinstance(raw, str):
+        raise FormatError(f"expected a JSON string, got {type(raw).__name__}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"not valid JSON ({exc})") from None
+
+
 def _bitmtp_adapter(meta, mtp, base, source):
     kind = _need(meta, SPEC + "architecture", source)
     block = _need(meta, SPEC + "block_size", source, _int_field, lo=2, hi=16)
     if SPEC + "config" in meta:
-        raw = meta[SPEC + "config"]
-        if not isinstance(raw, str):
-            raise FormatError(f"{source}: metadata {SPEC}config: expected a JSON string, got {type(raw).__name__}")
         try:
-            parsed = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise FormatError(f"{source}: {SPEC}config is not a valid adapter config ({exc})") from exc
+            parsed = json_metadata(meta[SPEC + "config"])
+        except FormatError as exc:
+            raise FormatError(f"{source}: metadata {SPEC}config: {exc}") from None
         config = adapter_config_from_dict(parsed, f"{source}: metadata {SPEC}config")
     else:
         rank = _need(meta, SPEC + ("rank" if SPEC + "rank" in meta else "projection_dim"), source, _int_field)

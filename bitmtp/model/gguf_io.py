@@ -354,14 +354,8 @@ def _args_from_json(meta: dict[str, Any], arch: str, family: str, src: str) -> M
     """ModelArgs from ``bitmtp.model_args``, cross-checked against the ``{arch}.*`` keys that restate it (what
     llama.cpp-family readers see): a corrupted digit in either shows as an inconsistency, not a different model."""
     key = G.KEY_MODEL_ARGS
-    raw = meta[key]
     try:
-        if not isinstance(raw, str):
-            raise FormatError(f"expected a JSON string, got {type(raw).__name__}")
-        try:
-            values = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise FormatError(f"not valid JSON ({exc})") from None
+        values = G.json_metadata(meta[key])
         if not isinstance(values, dict):
             raise FormatError(f"expected a JSON object, got {type(values).__name__}")
         fields = set(ModelArgs.__dataclass_fields__)
