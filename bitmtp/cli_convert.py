@@ -13,7 +13,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     import torch
 
     import bitmtp
-    from bitmtp.cli import default_model_path
+    from bitmtp.cli_common import default_model_path
     from bitmtp.errors import BitMTPError
     from bitmtp.formats.gguf import SPEC, read_gguf
 

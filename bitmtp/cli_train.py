@@ -1,4 +1,5 @@
-"""``python -m bitmtp train``, ``eval-acceptance`` and ``bench`` (registered by bitmtp.cli)."""
+"""``python -m bitmtp train``, ``eval-acceptance`` and ``bench`` (registered by bitmtp.cli; the argument
+checks come from bitmtp.cli_common)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import re
 import sys
 from pathlib import Path
 
-from bitmtp.cli import at_least, between, checked, device_name, existing, positive_float, writable_dir, writable_file
+from bitmtp.cli_common import (
+    at_least,
+    between,
+    checked,
+    device_name,
+    existing,
+    positive_float,
+    writable_dir,
+    writable_file,
+)
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid")
 
@@ -54,7 +64,7 @@ def parse_list(flag: str, text: str, kind: type, allowed: tuple | None = None,
 
 def _load(args):
     import bitmtp
-    from bitmtp.cli import default_model_path
+    from bitmtp.cli_common import default_model_path
 
     path = args.model or default_model_path()
     # train: the bare base (no "adapter" option); eval/bench/distill: --adapter, else the shipped one

