@@ -53,20 +53,6 @@ def w2a8_linear_q_reference(
     return y.to(out_dtype)
 
 
-def w2a8_linear_reference(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
-    k: int,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
-    """Quantize ``x[M, K]`` per token, then :func:`w2a8_linear_q_reference`."""
-    x_q, s = act_quant_reference(x)
-    return w2a8_linear_q_reference(x_q, s, packed, scales, k, group_size, bias, out_dtype)
-
-
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                         scale: float) -> torch.Tensor:
     """Masked multi-head attention with GQA: ``q[M, H, D]`` against KV rows ``[0, L)`` of
@@ -105,7 +91,6 @@ __all__ = [
     "act_quant_reference",
     "w2a8_accumulate_reference",
     "w2a8_linear_q_reference",
-    "w2a8_linear_reference",
     "dense_linear_reference",
     "attention_reference",
 ]

@@ -104,9 +104,6 @@ class GraphPool:
         self.mask_fns: dict[str, MaskFn] = {"prefill": causal_mask, "ar": causal_mask, "verify": causal_mask}
         self.drafter: DraftBody | None = None
 
-    def register_mask(self, role: str, fn: MaskFn) -> None:
-        self.mask_fns[role] = fn
-
     def set_drafter(self, drafter: DraftBody | None) -> None:
         """Use ``drafter`` for draft states; runners (and graphs) of another drafter are dropped."""
         if drafter is not self.drafter:
