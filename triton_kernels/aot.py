@@ -5,6 +5,10 @@ compiles each kernel — every decode width M = 1..16 and the tiled kernel, each
 down to a cubin for sm_80 and sm_90 with ``triton.compile(ASTSource(...), target=GPUTarget(...))``.
 
     python -m bitmtp.triton_kernels.aot --cc 80 90
+
+Reference: bitmtp.ops.reference.w2a8_linear_q_reference
+Reference: bitmtp.ops.reference.attention_reference (the kernels it compiles)
+Test: .ci/run (CI compiles every kernel for sm_80 and sm_90)
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ adds exactly 0 and rescales by exactly 1, so the result does not depend on the s
 and with one program per row it does not depend on the step's width M either. Bitwise equal rows
 whatever the replay state is what lets speculative decoding equal AR greedy output exactly. Masked KV
 rows are not loaded at all, so garbage in them (NaN, Inf) never matters.
+
+Reference: bitmtp.ops.reference.attention_reference
+Test: tests/test_attention.py, tests/test_masked_rows.py
 """
 
 from __future__ import annotations

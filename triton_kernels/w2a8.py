@@ -14,6 +14,9 @@ Both accumulate Σ c·x_q with unsigned codes c ∈ {0,1,2} and subtract Σ x_q 
 fold, so the codes never need a signed decode), then fuse the epilogue
 ``y = Σ_g acc_g · w_scale[n, g] / s_x[m] (+ bias)`` in float32. With ``acc_out`` given they also
 write the exact int32 per-group accumulators ``[M, N, n_groups]`` used by the bit-exactness tests.
+
+Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+Test: tests/test_w2a8_linear.py
 """
 
 from __future__ import annotations

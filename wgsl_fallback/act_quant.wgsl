@@ -3,6 +3,9 @@
 // x_q is packed four int8 to a u32 (K padded with zeros to K4 * 4), stored token-minor: word i of token m
 // at xq[i * M + m], so the W2A8 kernel's 16-token tile reads one word position of all tokens from one
 // cache line. Plus each scale group's sum of x_q (the W2A8 kernel's "-sum x" term). One workgroup per token.
+//
+// Reference: bitmtp.ops.reference.act_quant_reference
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, K: u32, K4: u32, group: u32, n_groups: u32, _a: u32, _b: u32, _c: u32 }
 

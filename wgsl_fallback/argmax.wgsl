@@ -2,6 +2,9 @@
 // softmax probability 1 / sum_v exp(logit_v - max) — what the decoding policies need, so a step reads
 // back 2 * W numbers instead of M * V logits. One workgroup per row. Results go to one u32 buffer
 // out[2W] (ids at [off + m], the probability's bits at [W + off + m]) so a step's outputs are one read.
+//
+// Reference: bitmtp.decoding.drafters._argmax_prob
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, V: u32, off: u32, W: u32 }
 

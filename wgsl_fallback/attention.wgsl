@@ -4,6 +4,9 @@
 // The mask [M, L] carries the step's structure (AR causal, draft block-causal, verify), so one shader
 // serves every replay state. Scores live in workgroup memory: L <= MAX_L. Masked KV rows are never
 // read (neither K nor V), so whatever they hold cannot reach the output.
+//
+// Reference: bitmtp.ops.reference.attention_reference
+// Test: tests/test_wgsl_ops.py, tests/test_masked_rows.py
 
 struct Params { M: u32, heads: u32, kv_heads: u32, Dh: u32, S: u32, L: u32, scale: f32, _p: u32 }
 

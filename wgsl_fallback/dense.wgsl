@@ -2,6 +2,9 @@
 // weight element loaded once for all M <= 16 tokens; float32 math. Used for the LM head and dense
 // checkpoints. Weights are float32, or (BF16 / F16 defined) 16-bit pairs packed in u32 words — half the
 // device memory of a bf16/f16 checkpoint's dense tensors, widened exactly to f32 in registers.
+//
+// Reference: bitmtp.ops.reference.dense_linear_reference
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, out_stride: u32, row_offset: u32, wg_x: u32, K2: u32 }
 

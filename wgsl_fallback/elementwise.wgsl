@@ -1,6 +1,9 @@
 // Element-wise ops of a decoder layer: residual add, the gated MLP activations on a fused gate/up buffer
 // gu[M, 2I] (gate = gu[:, :I], up = gu[:, I:]): SiLU-gate (Llama/Qwen3) and relu^2 (BitNet); column
 // slices of a fused q|k|v output; and adding a delta into rows at an offset (gated LoRA on mask rows).
+//
+// Reference: bitmtp.model.layers.silu, bitmtp.model.decoder.Decoder.run_layers
+// Test: tests/test_wgsl_ops.py
 
 struct Params { n: u32, I: u32, C: u32, c0: u32 }
 

@@ -1,6 +1,9 @@
 // Embedding lookup on the device: out[m, :] = table[tokens[off + m], :] — the host uploads only token ids.
 // A table split into row chunks (larger than one binding) is gathered chunk by chunk: each dispatch
 // writes the rows whose token lies in [row_start, row_start + rows).
+//
+// Reference: bitmtp.model.decoder.Decoder.hidden_states (its embedding lookup)
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, H: u32, off: u32, row_start: u32, rows: u32, _a: u32, _b: u32, _c: u32 }
 

@@ -1,5 +1,8 @@
 // Write a step's K or V rows src[M, kv_heads, Dh] into the cache [kv_heads, S, Dh] at the rows'
 // positions (the device offset n of each row): in place, no copies of other rows.
+//
+// Reference: bitmtp.runtime.kv.KVStore.write
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, kv_heads: u32, Dh: u32, S: u32 }
 

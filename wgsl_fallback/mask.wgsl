@@ -3,6 +3,9 @@
 // row's own position for the first `causal` rows (prefill, AR, verify and the pending rows of a draft
 // step) and the last row's position for the rest (a draft step's mask rows see history, the pending
 // suffix and their whole block).
+//
+// Reference: bitmtp.runtime.graphs.causal_mask, bitmtp.decoding.drafters.MaskBlockDrafter.draft
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, L: u32, causal: u32, _p: u32 }
 

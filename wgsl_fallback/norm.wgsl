@@ -1,6 +1,9 @@
 // Row-wise RMSNorm, as transformers' Llama/Qwen3/BitNet RMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)).
 // Rows of length D at stride D: whole hidden rows, BitNet's sub-norm rows, or Qwen3's per-head q/k rows
 // (rows = M * heads, D = head_dim, weight shared by every head). One workgroup per row.
+//
+// Reference: bitmtp.model.layers.rms_norm
+// Test: tests/test_wgsl_ops.py
 
 struct Params { rows: u32, D: u32, eps: f32, _p: u32 }
 

@@ -1,5 +1,8 @@
 // x f32[M, K] → token-minor quads xt[j, m] = x[m, 4j .. 4j + 3] (K % 4 == 0), the activation layout of the
 // rows dense shader (dense_rows.py): one K range of every token is one contiguous, window-able range.
+//
+// Reference: bitmtp.ops.reference.dense_linear_reference (of the dense op whose activations it lays out)
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, K: u32, quads: u32, wg_x: u32 }
 

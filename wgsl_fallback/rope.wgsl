@@ -1,6 +1,9 @@
 // RoPE in place on x[M, heads, Dh], rotate-half convention (transformers'):
 //   x' = x * cos[pos] + rotate_half(x) * sin[pos],  rotate_half(x) = [-x[half:], x[:half]]
 // cos/sin tables [positions, Dh] live on the device; positions [M] are the rows' absolute positions.
+//
+// Reference: bitmtp.model.layers.apply_rope
+// Test: tests/test_wgsl_ops.py
 
 struct Params { M: u32, heads: u32, Dh: u32, _p: u32 }
 

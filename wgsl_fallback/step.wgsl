@@ -2,6 +2,9 @@
 // `prepare`: verify tokens = the draft's last D ids, positions = (last pending position) + 1 + [0, D);
 // `resolve`: after a verify step, a = 1 + the longest prefix where d_(i+1) == v_i; the next draft step
 // (width W) gets token v_a and positions (position of d_1) + a + [0, W). Nothing travels to the host.
+//
+// Reference: bitmtp.runtime.verify_prep.prepare_verify, bitmtp.runtime.verify_prep.resolve_verify
+// Test: tests/test_wgsl_ops.py
 
 struct Params { D: u32, src_off: u32, W: u32, last_pos_index: u32 }
 

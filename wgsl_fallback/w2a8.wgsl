@@ -5,6 +5,9 @@
 // four code bytes c = w + 1 lined up with the int32 holding x_q[16j + 4s .. 16j + 4s + 3].
 // Exact integers: acc_g = sum_{k in g} c * x_q - sum_{k in g} x_q   (the "-sum x" folds the code offset)
 // Float epilogue:  y[m, n] = (sum_g acc_g * scale[n, g]) / s[m] + bias[n]
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_wgsl_ops.py
 
 struct Params {
   M: u32,           // tokens (1..16)

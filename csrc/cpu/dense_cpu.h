@@ -2,6 +2,9 @@
 // float32 weights or weights kept in GGML's Q4_0 / Q4_1 / Q8_0 blocks (bitmtp/formats/ggml_blocks.py).
 // Same contract as w2a8_cpu.h: plain declarations only (the ISA units include it under target
 // pragmas).
+//
+// Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
+// Test: tests/test_dense_blocks.py
 #pragma once
 
 #include <stdint.h>

@@ -1,5 +1,8 @@
 // Dense GEMV, portable path: one sequential sum per (row, token) — row-independent too. Block-format
 // rows are decoded into a float32 row first (gguf-py's operations: d * q, then + m).
+//
+// Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
+// Test: tests/test_dense_blocks.py
 #include <cstddef>
 #include <vector>
 

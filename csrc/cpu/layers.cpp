@@ -15,6 +15,9 @@
 // do not depend on summation order or on the exp implementation; RoPE, residual adds and ReLU² are
 // the same float32 operations (compiled with -std=c++17, GCC does not contract them into FMAs);
 // projections, attention and activation quantization are the same kernels.
+//
+// Reference: bitmtp.model.decoder.Decoder.run_layers (its per-op loop, BITMTP_FUSED=0)
+// Test: tests/test_fused_layers.py
 #include "layers.h"
 
 #include <algorithm>

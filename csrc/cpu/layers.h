@@ -2,6 +2,9 @@
 //
 // Python describes the model once as an int64 "layer table" (bitmtp/ops/fused_layers.py mirrors
 // these field numbers) and each step passes the rows' activations, positions, RoPE rows and mask.
+//
+// Reference: bitmtp.model.decoder.Decoder.run_layers (its per-op loop, BITMTP_FUSED=0)
+// Test: tests/test_fused_layers.py
 #pragma once
 
 #include <stdint.h>

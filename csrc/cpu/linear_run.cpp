@@ -1,5 +1,8 @@
 // Drivers of the W2A8 and dense kernels (see linear_run.h). Moved out of w2a8_module.cpp so the
 // fused decoder layers (layers.cpp) call exactly the code the per-op entry points call.
+//
+// Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.dense_linear_reference
+// Test: tests/test_cpu_kernels.py, tests/test_dense_blocks.py
 #include "linear_run.h"
 
 #include <algorithm>

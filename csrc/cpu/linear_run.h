@@ -1,6 +1,9 @@
 // The W2A8 and dense drivers shared by the pybind entry points (w2a8_module.cpp) and the fused
 // decoder layers (layers.cpp): ISA choice, row splitting across threads, activation padding.
 // They never touch the GIL: callers release it around them.
+//
+// Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.dense_linear_reference
+// Test: tests/test_cpu_kernels.py, tests/test_dense_blocks.py
 #pragma once
 
 #include <stdint.h>

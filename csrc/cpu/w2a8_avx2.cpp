@@ -3,6 +3,9 @@
 // weights: lane 4j+s of an 8-lane register holds (word_j >> 2s) & 0x03030303, lined up with a
 // plain 32-byte activation load. Compiled for AVX2+FMA by the pragma; called only after CPUID
 // confirms them. Blocking over rows and tokens: w2a8_block.inc.
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cpu_kernels.py
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 

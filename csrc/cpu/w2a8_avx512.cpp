@@ -5,6 +5,9 @@
 // word j), shifted right by 2s and masked with 0x03030303, which yields the codes of k = 16j+4s ..
 // 16j+4s+3 in lane 4j+s — exactly the int32 lane of a plain 64-byte activation load — and one
 // vpdpbusd per token accumulates sum(c * x). Blocking over rows and tokens: w2a8_block.inc.
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cpu_kernels.py
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
 #include <immintrin.h>
 

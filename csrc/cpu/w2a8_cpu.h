@@ -11,6 +11,9 @@
 // "#pragma GCC target" for their ISA: it must declare only plain data and functions, never define
 // inline or template code (an inline function instantiated under an AVX-512 target could be the
 // copy the linker keeps, and run on a CPU without AVX-512).
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cpu_kernels.py
 #pragma once
 
 #include <stddef.h>

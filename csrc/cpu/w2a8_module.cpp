@@ -4,6 +4,15 @@
 // contiguity and alignment first), so this extension needs no torch headers and builds against
 // any torch. The ISA (AVX-512 VNNI, AVX2, scalar) is chosen at run time from CPUID; the module is
 // compiled for the baseline x86-64 target and only the ISA translation units carry target pragmas.
+//
+// Reference: bitmtp.ops.reference.w2a8_linear_q_reference
+// Reference: bitmtp.ops.reference.dense_linear_reference
+// Reference: bitmtp.ops.reference.attention_reference
+// Reference: bitmtp.model.decoder.Decoder.run_layers
+// Test: tests/test_cpu_kernels.py
+// Test: tests/test_dense_blocks.py
+// Test: tests/test_attention.py
+// Test: tests/test_fused_layers.py
 #include <pybind11/pybind11.h>
 
 #include <algorithm>

@@ -1,5 +1,8 @@
 // Portable W2A8 path: plain C++, no intrinsics. Same arithmetic as the SIMD paths (exact int32
 // accumulators per group, float epilogue in double).
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cpu_kernels.py
 #include "w2a8_cpu.h"
 
 namespace bitmtp_cpu {

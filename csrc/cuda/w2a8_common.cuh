@@ -13,6 +13,9 @@
 // with T2 codes c in {0, 1, 2}: weight k = 16j + 4s + b sits at bits 8b + 2s of word j, so
 // (word >> 2s) & 0x03030303 holds the codes of k = 16j+4s .. 16j+4s+3 in bytes 0..3, lined up with
 // the little-endian int32 of x_q[16j+4s .. 16j+4s+3] -- one __dp4a operand pair.
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cuda_kernels.py
 #ifndef BITMTP_W2A8_COMMON_CUH
 #define BITMTP_W2A8_COMMON_CUH
 

@@ -29,6 +29,9 @@
 // sum(x) per token (4 dp4a per word per token, shared by the R rows), subtracted before the group
 // reduction; with more tokens it is cheaper to turn codes into signed weights once per word
 // (t2_signed, shared by the M tokens). Both give exactly sum(c*x) - sum(x).
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cuda_kernels.py
 #include "w2a8_common.cuh"
 
 #define DEC_WARPS 4

@@ -13,6 +13,9 @@
 // them when asked) and starts the next group from zero. Tiles are clipped to the group's words and
 // activations past the group's end (or past K) are staged as zero, so a partial group or a K that
 // is not a multiple of 16 needs nothing else.
+//
+// Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
+// Test: tests/test_cuda_kernels.py
 #include "w2a8_common.cuh"
 
 #define TL_BM 64       // tokens per block tile
