@@ -36,6 +36,7 @@ PACKAGES = [
     "bitmtp.wgsl_fallback",
     "bitmtp.model",
     "bitmtp.runtime",
+    "bitmtp.runtime.vulkan",
     "bitmtp.decoding",
     "bitmtp.train",
     "bitmtp._csrc.cuda",

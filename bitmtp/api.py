@@ -143,7 +143,7 @@ class BitMTPModel:
     adapter_tensors: dict[str, torch.Tensor] | None = None
     #: ``tokenizer.*`` fields of a GGUF source, written back unchanged by :meth:`save_gguf`
     gguf_tokenizer_fields: dict[str, Any] | None = None
-    #: the offload plan of a ``backend="wgpu"`` model (``bitmtp.offload.OffloadPlan``)
+    #: the offload plan of a ``runtime="vulkan"`` model (``bitmtp.runtime.vulkan.planner.OffloadPlan``)
     plan: Any = None
 
     @property
@@ -158,10 +158,10 @@ class BitMTPModel:
         for each other and never touch each other's KV rows. Attaching or detaching an adapter on a
         session affects that session only. Each session allocates a KV store of the same capacity
         (``engine.kv.nbytes``). Calls on ONE model or session serialize instead (one generation owns
-        a KV store at a time). Not available for ``backend="wgpu"`` models (the Vulkan device holds
+        a KV store at a time). Not available for ``runtime="vulkan"`` models (the Vulkan device holds
         one copy of the model and its KV): their calls serialize.
         """
-        if self.plan is not None:
+        if self.engine.runtime == "vulkan":
             raise BitMTPError("session: a backend='wgpu' model keeps one KV store on its Vulkan device; calls on "
                               "it serialize. Load the model again for an independent copy")
         return dataclasses.replace(self, engine=self.engine.sibling())
@@ -287,10 +287,44 @@ def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
         return None
 
 
+#: whether ``backend="wgpu"``'s deprecation was reported in this process (it is, once)
+_WGPU_BACKEND_WARNED = False
+
+
+def _warn_wgpu_backend() -> None:
+    """Report once per process that ``backend="wgpu"`` is spelled ``runtime="vulkan"`` now: a
+    DeprecationWarning (for test suites and ``-W error``) and a log line (for everyone else)."""
+    global _WGPU_BACKEND_WARNED
+    if _WGPU_BACKEND_WARNED:
+        return
+    _WGPU_BACKEND_WARNED = True
+    import warnings
+
+    msg = ("backend='wgpu' is deprecated: the Vulkan path is a runtime, not a kernel backend; use "
+           "bitmtp.load(..., runtime='vulkan') (CLI: --runtime vulkan). It runs the same way")
+    warnings.warn(msg, DeprecationWarning, stacklevel=4)  # at the caller of load()
+    log.warning("bitmtp: %s", msg)
+
+
+def _runtime_of(runtime: Any, backend: Any) -> tuple[str, Any]:
+    """``(runtime, backend)`` of a :func:`load` call: ``runtime`` checked against the engine's runtimes,
+    the deprecated ``backend="wgpu"`` turned into ``runtime="vulkan"`` (warned once) with the automatic
+    kernel backend for the host-side modules."""
+    from bitmtp.runtime.engine import RUNTIMES
+
+    if not isinstance(runtime, str) or runtime not in RUNTIMES:
+        raise BitMTPError(f"runtime: expected one of {', '.join(map(repr, RUNTIMES))} ('torch': CPU or CUDA through "
+                          f"the kernel backends; 'vulkan': whole layers on a Vulkan device), got {runtime!r}")
+    if backend == "wgpu":
+        _warn_wgpu_backend()
+        return "vulkan", None  # the host-side modules (CPU-offloaded layers) use the automatic CPU kernels
+    return runtime, backend
+
+
 def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cpu_layers: int | None):
-    """The offload plan of a wgpu model, checked against the device (errors show the plan)."""
+    """The offload plan of a Vulkan-runtime model, checked against the device (errors show the plan)."""
     from bitmtp.errors import BackendUnavailableError
-    from bitmtp.offload import DEFAULT_VRAM_BUDGET, parse_bytes, plan_offload
+    from bitmtp.runtime.vulkan.planner import DEFAULT_VRAM_BUDGET, parse_bytes, plan_offload
     from bitmtp.wgsl_fallback.runner import default_runner
 
     try:
@@ -308,7 +342,7 @@ def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cp
         raise BackendUnavailableError(f"{exc}\nThe plan that could not run:\n{plan.table()}") from exc
     plan = plan_offload(decoder.args, budget, max_binding_bytes=runner.max_binding_bytes, **kw)
     if not plan.lm_head_on_gpu:
-        raise BitMTPError("vram_budget: the plan puts the LM head on the CPU, which the wgpu backend does not run "
+        raise BitMTPError("vram_budget: the plan puts the LM head on the CPU, which the Vulkan runtime does not run "
                           f"yet; raise the budget.\n{plan.table()}")
     return plan
 
@@ -432,15 +466,14 @@ def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
          dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
          tokenizer: Any = None, adapter: str | Path | None = "auto", vram_budget: int | str | None = None,
-         cpu_layers: int | None = None) -> BitMTPModel:
+         cpu_layers: int | None = None, runtime: str = "torch") -> BitMTPModel:
     """Load a model for bitmtp.
 
     Args:
         source: a Hugging Face checkpoint folder (safetensors + config.json), a ``.gguf`` file, or a
             live transformers ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``BitNetForCausalLM``.
-        backend: kernel backend for the linear layers (default: automatic / ``BITMTP_BACKEND``), or
-            ``"wgpu"``: whole decoder layers on a Vulkan device through WGSL shaders (any GPU with a Vulkan
-            driver; Mesa lavapipe on a CPU), with the layers that do not fit ``vram_budget`` on the CPU.
+        backend: kernel backend for the linear layers (default: automatic / ``BITMTP_BACKEND``).
+            ``"wgpu"`` is the deprecated spelling of ``runtime="vulkan"`` (it warns once per process).
         quantize: ``"ternary"`` to ternarize float linear weights by absmean (per tensor); default
             keeps them as the checkpoint stores them.
         capacity: maximum tokens (prompt + generated) of the KV store, an integer >= 1; a capacity whose
@@ -453,9 +486,16 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             default) arms the adapter a GGUF file carries (``bitmtp.speculative.*`` or Divine's
             ``divine.speculative.*`` keys), else attaches a shipped adapter when one was trained on exactly
             this model (same shape and weight fingerprint, see ``bitmtp.shipped``); ``None`` attaches none.
-        vram_budget: ``backend="wgpu"``: device memory to use, in bytes or as text ("3.9GB", "512MiB");
-            default 3.9 GB (a 4 GB laptop GPU). ``bitmtp.offload.plan_offload`` places the layers.
-        cpu_layers: ``backend="wgpu"``: force the last N layers onto the CPU whatever the budget.
+        vram_budget: ``runtime="vulkan"``: device memory to use, in bytes or as text ("3.9GB", "512MiB");
+            default 3.9 GB (a 4 GB laptop GPU). ``bitmtp.runtime.vulkan.planner.plan_offload`` places the
+            layers.
+        cpu_layers: ``runtime="vulkan"``: force the last N layers onto the CPU whatever the budget.
+        runtime: where the steps run: ``"torch"`` (the default: CPU or CUDA, through the kernel
+            backends) or ``"vulkan"``: whole decoder layers on a Vulkan device through WGSL shaders
+            (any GPU with a Vulkan driver; Mesa lavapipe on a CPU), with the layers that do not fit
+            ``vram_budget`` on the CPU. A model whose layers compute something the Vulkan runtime does
+            not implement (an activation, a norm) is refused with
+            ``bitmtp.model.families.UnsupportedLayer``.
     """
     device = _device(device)
     _check_sizes(capacity, m_max)
@@ -463,19 +503,22 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
     early = _source_args(source, capacity + m_max)
     if early is not None:  # before the loader builds RoPE tables of capacity + m_max rows
         _check_capacity_fits(early, capacity, m_max, dtype or torch.float32, device)
-    wgpu = backend == "wgpu"
-    if wgpu:
+    runtime, backend = _runtime_of(runtime, backend)
+    vulkan = runtime == "vulkan"
+    if vulkan:
         if device.type != "cpu":
-            raise BitMTPError("device: backend='wgpu' loads the model on the CPU (the Vulkan device holds its copy)")
-        backend = None  # the host-side modules (CPU-offloaded layers) use the automatic CPU kernels
+            raise BitMTPError("device: runtime='vulkan' loads the model on the CPU (the Vulkan device holds its "
+                              "copy); leave device='cpu'")
     elif vram_budget is not None or cpu_layers is not None:
-        raise BitMTPError("vram_budget / cpu_layers: only meaningful with backend='wgpu'")
+        raise BitMTPError("vram_budget / cpu_layers: only meaningful with runtime='vulkan' (whole layers on a "
+                          "Vulkan device); add runtime='vulkan' or drop them")
     if backend is not None:
         from bitmtp.ops.registry import backend_names
 
         if not isinstance(backend, str) or backend not in backend_names():
             raise BitMTPError(f"backend: expected one of {backend_names() + ['wgpu']} (or None for the automatic "
-                              f"choice; `python -m bitmtp info` says which can run here), got {backend!r}")
+                              f"choice; `python -m bitmtp info` says which can run here; 'wgpu' is the deprecated "
+                              f"spelling of runtime='vulkan'), got {backend!r}")
     dtype = dtype or torch.float32
     packed_adapter, gguf_fields = None, None
     kwargs = dict(quantize=quantize, dtype=dtype, backend=backend, max_positions=capacity + m_max)
@@ -514,9 +557,15 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
     else:
         raise BitMTPError(f"source: expected a path or a transformers model, got {type(source).__name__}")
     decoder = decoder.to(device)
-    plan = _wgpu_plan(decoder, capacity, m_max, vram_budget, cpu_layers) if wgpu else None
+    plan = None
+    if vulkan:
+        from bitmtp.runtime.vulkan.device import EXECUTOR, VULKAN_ACTIVATIONS, VULKAN_NORMS
+
+        # before the device is opened and the plan made: UnsupportedLayer names the feature
+        decoder.args.layer_spec.check(EXECUTOR, VULKAN_ACTIVATIONS, VULKAN_NORMS)
+        plan = _wgpu_plan(decoder, capacity, m_max, vram_budget, cpu_layers)
     _check_capacity_fits(decoder.args, capacity, m_max, decoder.dtype, decoder.device)
-    engine = _engine(decoder, capacity, m_max, device_backend="wgpu" if wgpu else None,
+    engine = _engine(decoder, capacity, m_max, runtime=runtime,
                      gpu_layers=len(plan.gpu_layers) if plan is not None else None)
     model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine,
                         gguf_tokenizer_fields=gguf_fields, plan=plan)

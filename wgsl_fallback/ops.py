@@ -3,7 +3,7 @@
 Each method records one or a few dispatches into the runner's open command encoder and returns device
 tensors, so a layer (or a whole step) is one submission. The pure-torch references these are tested
 against live in ``bitmtp.ops.reference`` and ``bitmtp.model.layers``; the rules are in
-``tests/test_wgsl_ops.py`` (integer accumulators exact, float ops within 1e-5 relative).
+``tests/wgsl_fallback/test_<shader>.py`` (integer accumulators exact, float ops within 1e-5 relative).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ submission and one readback. Tensors are plain storage buffers with a shape and 
 A step whose recording is the same every time (same pipelines, bind groups, grids, copies and uniform
 contents) can be recorded once (:meth:`Runner.record`) and re-encoded from that :class:`Recording`
 (:meth:`Runner.replay`) without running the Python that built it: WebGPU command buffers are single-use,
-so this is the closest thing to a CUDA graph (``runtime/wgpu_exec.py`` does it per replay state).
+so this is the closest thing to a CUDA graph (``runtime/vulkan/device.py`` does it per replay state).
 
 No Vulkan adapter → :class:`bitmtp.errors.BackendUnavailableError` naming the system packages that
 provide one. ``WGPU_BACKEND_TYPE=Vulkan`` makes wgpu fail loudly instead of falling back to GL.

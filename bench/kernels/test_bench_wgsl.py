@@ -1,4 +1,5 @@
-"""The Vulkan fallback (WGSL through wgpu): register tiling, readbacks per iteration, the 4 GB plan.
+"""The Vulkan runtime (``runtime="vulkan"``: WGSL through wgpu): register tiling, readbacks per iteration,
+the 4 GB plan.
 
 Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothing here is gated):
 
@@ -12,13 +13,13 @@ Figures (lavapipe — Vulkan on this CPU — is only indicative of a GPU; nothin
   ``dense.wgsl`` on an LM-head-like float32 matrix (8192 × 576 quick, SmolLM2's 49152 × 576 full) at
   M = 1 and M = 16, alternated; ``dense_tiled_speedup``: 16 dispatches at M = 1 over one at M = 16 of
   the rows dense shader.
-* ``captured_over_eager`` — AR tokens/s of the wgpu backend when steps replay their recorded commands
+* ``captured_over_eager`` — AR tokens/s of the Vulkan runtime when steps replay their recorded commands
   (the default) over the same model with ``BITMTP_EAGER=1`` (every step runs the Python that records
   it), alternated, best round over best round. On lavapipe the device time of a step dominates; on a
   GPU the Python recording would, so there the figure is larger. ``record_us_per_dispatch`` /
   ``replay_us_per_dispatch``: host time per dispatch of a step (no device wait).
 * ``readbacks_per_iteration`` — device→host reads of a whole speculative / hybrid generation on the
-  wgpu backend, over its engine reads (prefill + one per iteration): goal 1.
+  Vulkan runtime, over its engine reads (prefill + one per iteration): goal 1.
 * the offload plan of BitNet b1.58-2B-4T and of an 8B ternary model under 3.9 GB (``plan_*``), loaded
   in bfloat16 (dense weights 16-bit on the device, KV float32).
 """
@@ -138,7 +139,7 @@ def test_wgpu_captured_vs_eager_steps(benchmark, runner, monkeypatch):
     models = {}
     for mode in ("eager", "captured"):
         monkeypatch.setenv("BITMTP_EAGER", "1" if mode == "eager" else "0")
-        models[mode] = bitmtp.load(hf, quantize="ternary", adapter=None, backend="wgpu")
+        models[mode] = bitmtp.load(hf, quantize="ternary", adapter=None, runtime="vulkan")
         bitmtp.generate(models[mode], input_ids=prompt, max_new_tokens=8, policy="ar")  # runners made, warm
 
     def run(mode):
@@ -179,17 +180,17 @@ def test_wgpu_readbacks_per_iteration(benchmark, runner, policy):
     hf = tiny_model("bitnet", seed=3, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     cfg = None
     models = {}
-    for backend in ("wgpu", None):
-        m = bitmtp.load(hf, quantize="ternary", adapter=None, backend=backend)
+    for runtime in ("vulkan", "torch"):
+        m = bitmtp.load(hf, quantize="ternary", adapter=None, runtime=runtime)
         cfg = cfg or AdapterConfig(kind="mask-block", block_size=4, rank=8, base=BaseShape.of(m.args))
         m.load_adapter((cfg, init_adapter_tensors(cfg, seed=2, zero_init_b=False, b_std=0.2)))
-        models[backend or "torch"] = m
+        models[runtime] = m
     prompt = [1, 5, 7, 9, 11, 3, 4, 60]
 
     def run(model, pol):
         return bitmtp.generate(model, input_ids=prompt, max_new_tokens=32, policy=pol, block_size=4, tau=0.5)
 
-    dev = models["wgpu"]
+    dev = models["vulkan"]
     out = benchmark.pedantic(lambda: run(dev, policy), rounds=1, iterations=1)
     if benchmark.disabled:
         return
@@ -206,7 +207,8 @@ def test_wgpu_readbacks_per_iteration(benchmark, runner, policy):
 
 @pytest.mark.parametrize("preset", ["bitnet-b1.58-2b-4t", "llama3-8b-1.58"])
 def test_offload_plan_4gb(benchmark, preset):
-    from bitmtp.offload import DEFAULT_VRAM_BUDGET, LAVAPIPE_MAX_BINDING_BYTES, PRESETS, plan_offload
+    from bitmtp.cli_presets import PRESETS
+    from bitmtp.runtime.vulkan.planner import DEFAULT_VRAM_BUDGET, LAVAPIPE_MAX_BINDING_BYTES, plan_offload
 
     def plan():
         return plan_offload(PRESETS[preset], DEFAULT_VRAM_BUDGET, dense_dtype_bytes=2, kv_dtype_bytes=4,

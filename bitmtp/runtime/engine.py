@@ -28,7 +28,13 @@ from bitmtp.model.decoder import Decoder
 from bitmtp.runtime.decode import DecodeStats, GenerationResult, decode
 from bitmtp.runtime.graphs import GraphPool
 from bitmtp.runtime.kv import KVStore
+from bitmtp.runtime.protocols import StepPool
 from bitmtp.runtime.states import ReplayState
+
+#: the runtimes an engine runs its steps on: ``torch`` (``runtime/graphs.py``; CPU, or CUDA graphs on an
+#: NVIDIA GPU, through the kernel backends) and ``vulkan`` (``runtime/vulkan``: whole layers on a
+#: Vulkan device through WGSL shaders)
+RUNTIMES = ("torch", "vulkan")
 
 #: CUDA graph capture (lazy, inside a step) must not overlap CUDA work of another thread, which
 #: torch's default capture mode forbids; engines that capture take this lock for each decode step,
@@ -109,14 +115,19 @@ class Engine:
         m_max: widest replay step (2D − 1 for block size D; 16 covers D = 8).
         prefill_chunk: prefill width.
         eager: force eager steps on CUDA (default: ``BITMTP_EAGER``).
+        keep_logits: the torch runtime's runners also keep each step's logits (tests).
+        runtime: ``"torch"`` (default) or ``"vulkan"`` (:data:`RUNTIMES`); the step pool is that
+            runtime's ``runtime.protocols.StepPool``.
+        gpu_layers: ``runtime="vulkan"``: layers ``[0, gpu_layers)`` on the device (default all), the rest
+            on the CPU (the offload plan's split).
     """
 
     def __init__(self, decoder: Decoder, *, capacity: int = 2048, m_max: int = 16, prefill_chunk: int = 64,
-                 eager: bool | None = None, keep_logits: bool = False, device_backend: str | None = None,
+                 eager: bool | None = None, keep_logits: bool = False, runtime: str = "torch",
                  gpu_layers: int | None = None):
         a = decoder.args
         self._config = dict(capacity=capacity, m_max=m_max, prefill_chunk=prefill_chunk, eager=eager,
-                            keep_logits=keep_logits, device_backend=device_backend, gpu_layers=gpu_layers)
+                            keep_logits=keep_logits, runtime=runtime, gpu_layers=gpu_layers)
         self._lock = threading.Lock()  # held by the Generation that owns the KV store
         self._holder: int | None = None  # the thread that last advanced that generation
         if capacity + m_max > decoder.rope_cos.shape[0]:
@@ -127,15 +138,17 @@ class Engine:
         self.decoder = decoder
         self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity, m_max,
                           dtype=decoder.dtype, device=decoder.device)
-        if device_backend == "wgpu":  # whole layers on a Vulkan device, the plan's tail on the CPU
-            from bitmtp.runtime.wgpu_exec import WgpuGraphPool
+        if runtime not in RUNTIMES:
+            raise BitMTPError(f"runtime: expected one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}")
+        self.runtime = runtime
+        self.pool: StepPool
+        if runtime == "vulkan":  # whole layers on a Vulkan device, the plan's tail on the CPU
+            from bitmtp.runtime.vulkan.device import VulkanStepPool
 
-            self.pool = WgpuGraphPool(decoder, self.kv, gpu_layers=gpu_layers)
-        elif device_backend is not None:
-            raise BitMTPError(f"device_backend: expected None or 'wgpu', got {device_backend!r}")
+            self.pool = VulkanStepPool(decoder, self.kv, gpu_layers=gpu_layers)
         else:
             self.pool = GraphPool(decoder, self.kv, eager=eager, keep_logits=keep_logits)
-        self._captures = bool(getattr(self.pool, "capture", False))
+        self._captures = self.pool.capture
         self.prefill_chunk = int(prefill_chunk)
         self.n = 0  # committed tokens whose KV rows [0, n) are materialized (host mirror)
         self.syncs = 0  # device→host reads (tests count them)
@@ -236,12 +249,11 @@ class Engine:
         """Bring small device tensors to the host in ONE transfer (the instrumented sync point).
 
         The tensors are gathered into a float64 staging buffer on the device (token ids < 2^53 are
-        exact in float64) and read with a single ``tolist``; integer tensors come back as ints. A pool
-        that keeps outputs on another device (wgpu) brings them all over first, in one read.
+        exact in float64) and read with a single ``tolist``; integer tensors come back as ints. The
+        pool's ``flush`` runs first: a pool that keeps outputs on another device (Vulkan) brings them
+        all over in one read; the torch pool's does nothing.
         """
-        flush = getattr(self.pool, "flush", None)
-        if flush is not None:
-            flush()
+        self.pool.flush()
         if len(tensors) == 1:
             self.syncs += 1
             return [tensors[0].tolist()]

@@ -4,7 +4,9 @@ A runner owns static inputs (tokens, positions, n) and static outputs (per-row a
 its probability; logits only when asked for). On CUDA it is captured lazily into a
 ``torch.cuda.CUDAGraph`` (warm-up on a side stream, one memory pool shared by all graphs) and
 replayed; elsewhere — or with ``BITMTP_EAGER=1`` — the same body runs eagerly. Either way the
-caller's protocol is identical: fill inputs, ``run()``, read outputs.
+caller's protocol is identical: fill inputs, ``run()``, read outputs. :class:`GraphPool` and
+:class:`StepRunner` are the torch runtime's ``runtime.protocols.StepPool`` / ``StepRunner`` (the
+Vulkan runtime's are in ``runtime/vulkan/device.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def eager_forced() -> bool:
 
 
 class StepRunner:
+    """The torch runtime's step runner (``runtime.protocols.StepRunner``): a decoder step, a draft body,
+    eager or as a captured CUDA graph."""
+
     def __init__(self, decoder: Decoder, kv: KVStore, state: ReplayState, mask_fn: MaskFn | None,
                  *, keep_logits: bool = False, capture: bool = False, mempool=None,
                  drafter: DraftBody | None = None):
@@ -92,7 +97,8 @@ class StepRunner:
 
 
 class GraphPool:
-    """Maps a :class:`ReplayState` to its runner, creating (and on CUDA capturing) it on first use."""
+    """Maps a :class:`ReplayState` to its runner, creating (and on CUDA capturing) it on first use
+    (``runtime.protocols.StepPool``)."""
 
     def __init__(self, decoder: Decoder, kv: KVStore, *, eager: bool | None = None, keep_logits: bool = False):
         self.decoder, self.kv = decoder, kv
@@ -124,3 +130,7 @@ class GraphPool:
                                     keep_logits=self.keep_logits, capture=capture, mempool=self.mempool)
             self.runners[state] = runner
         return runner
+
+    def flush(self) -> None:
+        """Nothing to bring over: the runners' outputs are torch tensors ``Engine.read`` reads directly
+        (``runtime.protocols.StepPool.flush``)."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from bitmtp.runtime.protocols import runs_verify_on_device
+
 
 def _on_device(runner) -> bool:
-    """Runners of a pool that keeps the decode loop's bookkeeping on its device (wgpu) do it themselves."""
-    return getattr(getattr(runner, "pool", None), "device_verify", False)
+    """Runners with the on-device verify capability (``runtime.protocols.DeviceVerifyRunner``, the Vulkan
+    runtime's) do the decode loop's bookkeeping themselves."""
+    return runs_verify_on_device(runner)
 
 
 def prepare_verify(draft, verify, arange: torch.Tensor) -> None:

@@ -1,13 +1,19 @@
-"""Whole-layer execution on a wgpu device (Vulkan), with a CPU-offloaded tail of layers.
+"""The Vulkan runtime's device model, step pool and step runners: whole layers on a wgpu device.
 
-``WgpuGraphPool`` stands in for ``runtime.graphs.GraphPool`` when a model is loaded with
-``backend="wgpu"``: its step runners keep the same host protocol (fill ``tokens`` / ``positions``,
-``run()``, read ``out_token`` / ``out_prob``), but a step runs on the device — embedding gather,
-every device layer (norms, W2A8 or dense projections, RoPE, KV write at the rows' positions,
-masked attention, gated MLP, the mask block's gated LoRA on mask rows), the final norm, the LM head
-and the argmax — and its outputs stay there until the engine reads. ``flush`` brings every pending
-runner's outputs back in ONE read; the verify preparation and resolution of the decode loop run on
-the device too (``step.wgsl``), so a decode iteration costs one readback, as on CUDA.
+:class:`VulkanStepPool` is the step pool of ``runtime="vulkan"`` (``bitmtp.load``), beside the torch
+runtime's ``runtime.graphs.GraphPool``; both implement ``runtime.protocols.StepPool``. Its runners
+keep the host protocol (``runtime.protocols.StepRunner``: fill ``tokens`` / ``positions``, ``run()``,
+read ``out_token`` / ``out_prob``), but a step runs on the device — embedding gather, every device
+layer as the model's layer spec says (``decoder.args.layer_spec``: its norms by slot, its
+activation's shader; the mask block's gated LoRA on mask rows), the final norm, the LM head and the
+argmax — and its outputs stay there until the engine reads. ``flush`` brings every pending runner's
+outputs back in ONE read; the verify preparation and resolution of the decode loop run on the device
+too (``step.wgsl``; the ``runtime.protocols.DeviceVerifyRunner`` capability), so a decode iteration
+costs one readback, as on CUDA. The ops are ``bitmtp.wgsl_fallback.ops`` (the WGSL kernels layer).
+
+A model whose layer spec has an activation or a norm slot this module does not implement
+(:data:`VULKAN_ACTIVATIONS`, :data:`VULKAN_NORMS`) is refused when the pool is made, with
+``bitmtp.model.families.UnsupportedLayer``.
 
 A step's commands depend only on its replay state (widths, segment, role, drafter), so a runner whose
 body encoded the same commands twice in a row — same pipelines, bind groups (its arena's buffers),
@@ -16,7 +22,7 @@ of running the Python that built it (``Runner.replay``): ~5 µs per dispatch ins
 counterpart of CUDA-graph replay. ``BITMTP_EAGER=1`` turns it off; a step that reads or writes host
 memory in its body (the CPU-offloaded tail) is never replayed.
 
-Layers the offload plan (``bitmtp.offload``) puts on the CPU run through the decoder's own torch
+Layers the offload plan (``runtime.vulkan.planner``) puts on the CPU run through the decoder's own torch
 modules (the csrc/cpu kernels) with their KV in the engine's host ``KVStore``: the step's M hidden
 rows cross to the host and back, and such steps read back at once (the host needs its rows).
 """
@@ -26,8 +32,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bitmtp.decoding.drafters import HeadsDrafter, MaskBlockDrafter
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.model.families import Activation, Norm
 from bitmtp.model.fuse import Stacked
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
@@ -36,6 +44,13 @@ from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import ReplayState
 from bitmtp.wgsl_fallback.ops import DenseWeight, Ops, TernaryWeight
 from bitmtp.wgsl_fallback.runner import DeviceTensor, Recording, Runner
+
+#: the activations this runtime implements → their shader in ``elementwise.wgsl`` (``Ops.gated``)
+VULKAN_ACTIVATIONS: dict[Activation, str] = {Activation.SILU: "silu", Activation.RELU2: "relu2"}
+#: the norm slots it implements: each one an ``rms_norm`` dispatch over the slot's rows
+VULKAN_NORMS: tuple[Norm, ...] = tuple(Norm)
+#: how this runtime names itself in errors
+EXECUTOR = "the Vulkan runtime (runtime='vulkan')"
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -48,7 +63,7 @@ class _Proj:
     def __init__(self, ops: Ops, module, name: str):
         r = ops.r
         if isinstance(module, Stacked):
-            raise BitMTPError(f"{name}: the wgpu backend runs fused projections of one kind; this one mixes "
+            raise BitMTPError(f"{name}: the Vulkan runtime runs fused projections of one kind; this one mixes "
                               "ternary and dense parts")
         self.bias = None if module.bias is None else r.upload(_np(module.bias))
         if isinstance(module, TernaryLinear):
@@ -60,7 +75,7 @@ class _Proj:
             self.weight = DenseWeight.upload(r, module.weight)
             self.ternary = False
         else:
-            raise BitMTPError(f"{name}: the wgpu backend cannot run a {type(module).__name__}")
+            raise BitMTPError(f"{name}: the Vulkan runtime cannot run a {type(module).__name__}")
         self.out_features = module.out_features
 
     def __call__(self, ops: Ops, x: DeviceTensor) -> DeviceTensor:
@@ -70,18 +85,24 @@ class _Proj:
 
 
 class _Layer:
+    """One decoder layer's device copy: its projections and its norms by slot."""
+
     def __init__(self, ops: Ops, layer, i: int):
         r = ops.r
         at, mlp = layer.attn, layer.mlp
-        self.in_norm, self.post_norm = r.upload(_np(layer.in_norm)), r.upload(_np(layer.post_norm))
         self.qkv = _Proj(ops, at.qkv_proj, f"layers.{i}.qkv")
         self.o = _Proj(ops, at.o_proj, f"layers.{i}.o")
         self.gate_up = _Proj(ops, mlp.gate_up_proj, f"layers.{i}.gate_up")
         self.down = _Proj(ops, mlp.down_proj, f"layers.{i}.down")
-        self.q_norm = None if at.q_norm is None else r.upload(_np(at.q_norm))
-        self.k_norm = None if at.k_norm is None else r.upload(_np(at.k_norm))
-        self.attn_sub = None if at.sub_norm is None else r.upload(_np(at.sub_norm))
-        self.mlp_sub = None if mlp.sub_norm is None else r.upload(_np(mlp.sub_norm))
+        self.norms: dict[Norm, DeviceTensor] = {}
+        for slot in Norm:
+            weight = layer.norm(slot)
+            if weight is not None:
+                self.norms[slot] = r.upload(_np(weight))
+
+    def norm(self, slot: Norm) -> DeviceTensor | None:
+        """The device weight of norm ``slot``, or None when the layer has no such norm."""
+        return self.norms.get(slot)
 
 
 class DeviceModel:
@@ -90,6 +111,9 @@ class DeviceModel:
 
     def __init__(self, decoder: Decoder, kv: KVStore, runner: Runner, gpu_layers: int):
         a = decoder.args
+        spec = a.layer_spec
+        spec.check(EXECUTOR, VULKAN_ACTIVATIONS, VULKAN_NORMS)  # UnsupportedLayer before any upload
+        self.activation = VULKAN_ACTIVATIONS[spec.activation]
         self.decoder, self.args, self.kv = decoder, a, kv
         self.r, self.ops = runner, Ops(runner)
         self.gpu_layers = int(gpu_layers)
@@ -131,6 +155,14 @@ class DeviceModel:
                       for k in range(heads.down.shape[0])]
         self.heads_eps = heads.eps
 
+    def heads_step(self, k: int, state: DeviceTensor, token_embedding: DeviceTensor) -> DeviceTensor:
+        """Head ``k`` on the device: ``s_k = RMSNorm(W_up·(W_s·s_(k−1) + W_e·e) + s_(k−1))``, the device
+        form of ``bitmtp.model.adapters.DraftHeads.step`` (W_down split into its state and embedding halves)."""
+        ops = self.ops
+        w_s, w_e, up, norm = self.heads[k]
+        z = ops.add(ops.dense(state, w_s), ops.dense(token_embedding, w_e))
+        return ops.rms_norm(ops.add(ops.dense(z, up), state), norm, self.heads_eps)
+
     # ---- one step --------------------------------------------------------------------------------------
 
     def _lora(self, i: int, group: str, inputs: DeviceTensor, outputs: DeviceTensor, first: int) -> None:
@@ -144,44 +176,49 @@ class DeviceModel:
 
     def layer(self, i: int, x: DeviceTensor, positions: DeviceTensor, mask: DeviceTensor,
               mask_rows: int) -> DeviceTensor:
+        """Decoder layer ``i`` on the step's rows ``x``: the same sequence of ops, norm slots and gated-LoRA
+        points as the reference executor ``Decoder.run_layers``."""
         a, ops, lay = self.args, self.ops, self.layers[i]
         m = x.shape[0]
         first = m - mask_rows
         eps = a.rms_norm_eps
-        h = ops.rms_norm(x, lay.in_norm, eps)
+        h = ops.rms_norm(x, lay.norm(Norm.ATTN_IN), eps)
         qkv = lay.qkv(ops, h)
         if mask_rows:
             self._lora(i, "qkv", h, qkv, first)
         q = ops.view(ops.cols(qkv, 0, a.q_size), (m, a.num_heads, a.head_dim))
         k = ops.view(ops.cols(qkv, a.q_size, a.kv_size), (m, a.num_kv_heads, a.head_dim))
         v = ops.view(ops.cols(qkv, a.q_size + a.kv_size, a.kv_size), (m, a.num_kv_heads, a.head_dim))
-        if lay.q_norm is not None:
-            q = ops.rms_norm(q, lay.q_norm, eps, a.head_dim)
-            k = ops.rms_norm(k, lay.k_norm, eps, a.head_dim)
+        if lay.norm(Norm.Q) is not None:
+            q = ops.rms_norm(q, lay.norm(Norm.Q), eps, a.head_dim)
+        if lay.norm(Norm.K) is not None:
+            k = ops.rms_norm(k, lay.norm(Norm.K), eps, a.head_dim)
         ops.rope_(q, self.cos, self.sin, positions)
         ops.rope_(k, self.cos, self.sin, positions)
         ops.kv_write(k, self.kc[i], positions)
         ops.kv_write(v, self.vc[i], positions)
         att = ops.view(ops.attention(q, self.kc[i], self.vc[i], mask, self.scale), (m, a.q_size))
-        if lay.attn_sub is not None:
-            att = ops.rms_norm(att, lay.attn_sub, eps)
+        if lay.norm(Norm.ATTN_SUB) is not None:
+            att = ops.rms_norm(att, lay.norm(Norm.ATTN_SUB), eps)
         o = lay.o(ops, att)
         if mask_rows:
             self._lora(i, "o", att, o, first)
         x = ops.add(x, o)
-        h = ops.rms_norm(x, lay.post_norm, eps)
+        h = ops.rms_norm(x, lay.norm(Norm.MLP_IN), eps)
         gu = lay.gate_up(ops, h)
         if mask_rows:
             self._lora(i, "gate_up", h, gu, first)
-        act = ops.gated(gu, "relu2" if a.hidden_act == "relu2" else "silu")
-        if lay.mlp_sub is not None:
-            act = ops.rms_norm(act, lay.mlp_sub, eps)
+        act = ops.gated(gu, self.activation)
+        if lay.norm(Norm.MLP_SUB) is not None:
+            act = ops.rms_norm(act, lay.norm(Norm.MLP_SUB), eps)
         dn = lay.down(ops, act)
         if mask_rows:
             self._lora(i, "down", act, dn, first)
+        if lay.norm(Norm.MLP_OUT) is not None:
+            dn = ops.rms_norm(dn, lay.norm(Norm.MLP_OUT), eps)
         return ops.add(x, dn)
 
-    def hidden(self, runner: WgpuStepRunner, mask_rows: int) -> DeviceTensor:
+    def hidden(self, runner: VulkanStepRunner, mask_rows: int) -> DeviceTensor:
         """Final normed hidden states ``[M, hidden]`` of the runner's rows (device layers, then the CPU
         tail through the decoder's torch modules)."""
         ops, st = self.ops, runner.state
@@ -199,7 +236,7 @@ class DeviceModel:
             x = self._cpu_tail(runner, x, mask_rows)
         return ops.rms_norm(x, self.norm, self.args.rms_norm_eps)
 
-    def _cpu_tail(self, runner: WgpuStepRunner, x: DeviceTensor, mask_rows: int) -> DeviceTensor:
+    def _cpu_tail(self, runner: VulkanStepRunner, x: DeviceTensor, mask_rows: int) -> DeviceTensor:
         """Layers ``[gpu_layers, L)`` on the host: the step's rows cross over and back (a read)."""
         dec = self.decoder
         m = x.shape[0]
@@ -208,7 +245,7 @@ class DeviceModel:
         pos = runner.positions
         reach = torch.where(torch.arange(m) < p, pos, pos[-1])
         mask = runner.kv_index[None, :] <= reach[:, None]
-        block = runner.pool.drafter.block if mask_rows else None
+        block = runner.pool.mask_block if mask_rows else None
         step = StepInputs(runner.tokens, pos, mask, mask_rows=mask_rows, mask_block=block)
         with torch.no_grad():
             host = dec.run_layers(host, step, self.kv, range(self.gpu_layers, self.args.num_layers))
@@ -219,10 +256,11 @@ class DeviceModel:
         self.ops.argmax(self.lm_head(self.ops, hidden), out, offset)
 
 
-class WgpuStepRunner:
-    """A step runner whose body runs on the wgpu device (see the module docstring)."""
+class VulkanStepRunner:
+    """A step runner whose body runs on the Vulkan device (see the module docstring); implements
+    ``runtime.protocols.StepRunner`` and ``DeviceVerifyRunner``."""
 
-    def __init__(self, pool: WgpuGraphPool, state: ReplayState):
+    def __init__(self, pool: VulkanStepPool, state: ReplayState):
         m = state.width
         self.pool, self.state = pool, state
         r = pool.model.r
@@ -240,6 +278,11 @@ class WgpuStepRunner:
         self.captured: Recording | None = None  # the body's commands, once two recordings agreed
         self._last: Recording | None = None
         self._capturable = not eager_forced()
+
+    @property
+    def device_verify(self) -> bool:
+        """The verify bookkeeping runs on the device unless the pool has CPU-offloaded layers."""
+        return self.pool.device_verify
 
     def run(self) -> None:
         model, r = self.pool.model, self.pool.model.r
@@ -295,46 +338,52 @@ class WgpuStepRunner:
         at = st.width - d
         model.logits_argmax(s, self.dev_out, at)
         for k in range(d - 1):
-            w_s, w_e, up, norm = model.heads[k]
             e = ops.gather(model.embed, self.dev_out, count=1, offset=at + k)
-            z = ops.add(ops.dense(s, w_s), ops.dense(e, w_e))
-            s = ops.rms_norm(ops.add(ops.dense(z, up), s), norm, model.heads_eps)
+            s = model.heads_step(k, s, e)
             model.logits_argmax(s, self.dev_out, at + k + 1)
 
-    # ---- device-side decode-loop bookkeeping (runtime/verify_prep.py dispatches here) -------------------
+    # ---- device-side decode-loop bookkeeping (runtime/verify_prep.py dispatches here) ---------------
 
-    def prepare_from_draft(self, draft: WgpuStepRunner) -> None:
+    def prepare_from_draft(self, draft: VulkanStepRunner) -> None:
         """This (verify) runner's inputs from ``draft``'s outputs, on the device."""
         d = self.state.width
         self.pool.model.ops.prepare_verify(draft.dev_out, draft.dev_positions, draft.state.pending, d,
                                            self.dev_tokens, self.dev_positions)
         self.device_fed = True
 
-    def resolve_into(self, next_draft: WgpuStepRunner) -> None:
+    def resolve_into(self, next_draft: VulkanStepRunner) -> None:
         """``next_draft``'s inputs from this (verify) runner's outputs, on the device."""
         self.pool.model.ops.resolve_verify(self.dev_out, self.dev_positions, self.dev_tokens,
                                            next_draft.dev_tokens, next_draft.dev_positions)
         next_draft.device_fed = True
 
 
-class WgpuGraphPool:
-    """The graph pool of the wgpu backend: runners per replay state, one readback per ``flush``."""
+class VulkanStepPool:
+    """The step pool of the Vulkan runtime: runners per replay state, one readback per ``flush``;
+    implements ``runtime.protocols.StepPool``."""
+
+    #: steps are not CUDA graphs (a runner replays its own recorded commands): no cross-session step lock
+    capture = False
 
     def __init__(self, decoder: Decoder, kv: KVStore, *, runner: Runner | None = None, gpu_layers: int | None = None):
         """Layers ``[0, gpu_layers)`` (default all) and the LM head on the device (the API refuses plans that
-        put the LM head on the CPU: not implemented)."""
+        put the LM head on the CPU: not implemented). Raises ``UnsupportedLayer`` for a model whose layer
+        spec this runtime does not implement."""
         from bitmtp.wgsl_fallback.runner import default_runner
 
         a = decoder.args
         if decoder.device.type != "cpu":
-            raise BitMTPError("backend='wgpu': load the model with device='cpu' (wgpu holds its own copy)")
+            raise BitMTPError("runtime='vulkan': load the model with device='cpu' (the Vulkan device holds its "
+                              "own copy)")
+        a.layer_spec.check(EXECUTOR, VULKAN_ACTIVATIONS, VULKAN_NORMS)  # before the device is opened
         gpu_layers = a.num_layers if gpu_layers is None else int(gpu_layers)
         self.decoder, self.kv = decoder, kv
         self.model = DeviceModel(decoder, kv, runner or default_runner(), gpu_layers)
-        self.runners: dict[ReplayState, WgpuStepRunner] = {}
-        self.pending: list[WgpuStepRunner] = []
+        self.runners: dict[ReplayState, VulkanStepRunner] = {}
+        self.pending: list[VulkanStepRunner] = []
         self.drafter = None
         self.drafter_kind: str | None = None
+        self.mask_block = None  # the mask-block drafter's adapter (the CPU tail's mask rows need it)
         #: with CPU-offloaded layers the host takes part in every step; verify prep then runs on the host
         self.sync_each_step = gpu_layers < a.num_layers
         self.device_verify = not self.sync_each_step
@@ -344,24 +393,26 @@ class WgpuGraphPool:
     def set_drafter(self, drafter) -> None:
         if drafter is self.drafter:
             return
-        if hasattr(drafter, "block"):
+        # the drafter classes whose adapter this device model uploads and runs (decoding.drafters)
+        if isinstance(drafter, MaskBlockDrafter):
             self.model.set_mask_block(drafter.block)
-            self.drafter_kind = "mask-block"
-        elif hasattr(drafter, "heads"):
+            self.drafter_kind, self.mask_block = "mask-block", drafter.block
+        elif isinstance(drafter, HeadsDrafter):
             self.model.set_heads(drafter.heads)
-            self.drafter_kind = "heads"
+            self.drafter_kind, self.mask_block = "heads", None
         elif drafter is not None:
-            raise BitMTPError(f"backend='wgpu': the {getattr(drafter, 'kind', type(drafter).__name__)} drafter "
-                              "does not run on the device (mask-block and heads adapters do)")
+            raise BitMTPError(f"runtime='vulkan': the {getattr(drafter, 'kind', type(drafter).__name__)} drafter "
+                              "does not run on the device (mask-block and heads adapters do); decode it with "
+                              "runtime='torch'")
         self.runners = {s: r for s, r in self.runners.items() if s.role != "draft"}
         self.drafter = drafter
 
-    def get(self, state: ReplayState) -> WgpuStepRunner:
+    def get(self, state: ReplayState) -> VulkanStepRunner:
         runner = self.runners.get(state)
         if runner is None:
             if state.role == "draft" and self.drafter is None:
                 raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
-            runner = self.runners[state] = WgpuStepRunner(self, state)
+            runner = self.runners[state] = VulkanStepRunner(self, state)
         return runner
 
     def flush(self) -> None:
@@ -390,4 +441,4 @@ class WgpuGraphPool:
         self.pending = []
 
 
-__all__ = ["WgpuGraphPool", "WgpuStepRunner", "DeviceModel"]
+__all__ = ["VulkanStepPool", "VulkanStepRunner", "DeviceModel", "VULKAN_ACTIVATIONS", "VULKAN_NORMS"]

@@ -1,4 +1,4 @@
-"""VRAM budget planner for the Vulkan (wgpu) fallback with CPU offload (issue #8).
+"""VRAM budget planner of the Vulkan runtime (``runtime="vulkan"``) with CPU offload (issue #8).
 
 Target: small GPUs such as the RTX 3050 Laptop (4 GB, at most 3.9 GB usable) driven over Vulkan
 through wgpu. :func:`plan_offload` decides, from a model's shape alone, what lives where:
@@ -7,8 +7,9 @@ through wgpu. :func:`plan_offload` decides, from a model's shape alone, what liv
   (formula in :func:`workspace_tensors`);
 * the **LM head** (dense, plus the final norm) — on the device when it fits together with at least
   one decoder layer, else on the CPU;
-* the **embeddings** — always on the host: the host looks up the step's M rows and uploads them
-  (M × hidden × 4 bytes), so the table never occupies VRAM;
+* the **embeddings** — with the LM head: a tied model gathers the step's rows from the LM head's
+  device copy, an untied one keeps its own table on the device (the host uploads token ids only);
+  on the host when the LM head is on the CPU;
 * the **decoder layers**, in order — each layer's weights plus its KV cache go on the device while
   they fit; the remaining tail runs on the CPU through the native CPU kernels (its KV lives on the
   host) and only the step's M hidden rows cross between the two.
@@ -19,8 +20,9 @@ binding exceeds the device's maximum storage-buffer binding size (wgpu's
 larger than that. :func:`check_device_limits` raises when a single row of a device tensor exceeds the
 limit, because then no row split can help.
 
-Only the standard library and :class:`~bitmtp.model.args.ModelArgs` are used: plans can be printed
-for models that are not on this machine (see :data:`PRESETS`), without torch work or downloads.
+Only the standard library, :class:`~bitmtp.model.args.ModelArgs` and the family registry (a layer's
+norm slots and their sizes, ``bitmtp.model.families``) are used: plans can be printed for models that
+are not on this machine (the CLI's presets, ``bitmtp.cli_presets``), without torch work or downloads.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.ternary import words_per_row
 from bitmtp.model.args import ModelArgs
+from bitmtp.model.families import get_family, norm_size
 
 #: Usable VRAM of the target GPU (RTX 3050 Laptop, 4 GB): 3.9 GB.
 DEFAULT_VRAM_BUDGET = int(3.9 * 10**9)
@@ -120,8 +123,8 @@ def layer_tensors(args: ModelArgs, *, capacity: int = 2048, m_max: int = 31, den
       by default, or ``[N, ceil(K/group_size)]`` when ``group_size`` is given (Bonsai: 128);
       dense → N × K × ``dense_dtype_bytes``;
     * biases where ``attention_bias`` / ``mlp_bias`` say so (float32 for ternary, dense dtype otherwise);
-    * norms in float32: input and post-attention norms (hidden), Qwen3 q/k norms (head_dim),
-      BitNet ``attn_sub_norm`` (q_size) and ``ffn_sub_norm`` (intermediate);
+    * norms in float32, one per norm slot of the model's family (``Family.layer_norms``; named
+      ``layer.norm.<slot>``), each of ``families.norm_size(slot, args)`` elements;
     * the KV cache: K and V, each ``[kv_heads, capacity + m_max, head_dim]`` × ``kv_dtype_bytes``
       (one row of a split = one KV head).
     """
@@ -141,13 +144,9 @@ def layer_tensors(args: ModelArgs, *, capacity: int = 2048, m_max: int = 31, den
         has_bias = args.mlp_bias if name in ("gate_proj", "up_proj", "down_proj") else args.attention_bias
         if has_bias:
             out.append(TensorSpec(f"layer.{name}.bias", 1, n * bias_bytes, _dtype_name(bias_bytes), (n,)))
-    norms = {"in_norm": args.hidden_size, "post_norm": args.hidden_size}
-    if args.family == "qwen3":
-        norms.update(q_norm=args.head_dim, k_norm=args.head_dim)
-    if args.family == "bitnet":
-        norms.update(attn_sub_norm=args.q_size, ffn_sub_norm=args.intermediate_size)
-    for name, size in norms.items():
-        out.append(TensorSpec(f"layer.{name}", 1, size * F32, "f32", (size,)))
+    for slot in get_family(args.family).layer_norms:
+        size = norm_size(slot, args)
+        out.append(TensorSpec(f"layer.norm.{slot.value}", 1, size * F32, "f32", (size,)))
     rows = capacity + m_max
     for name in ("k_cache", "v_cache"):
         out.append(TensorSpec(f"layer.{name}", args.num_kv_heads, rows * args.head_dim * kv_dtype_bytes,
@@ -408,7 +407,7 @@ def plan_offload(args: ModelArgs, budget_bytes: int = DEFAULT_VRAM_BUDGET, *, ca
         max_binding_bytes: the device's maximum storage-buffer binding size, for chunk counts.
         force_cpu_layers: run the last n layers on the CPU regardless of the budget (0 ≤ n < layers).
         group_size: per-group ternary scales with this group size (default: one scale per tensor).
-        name: a label for the table (e.g. a :data:`PRESETS` key).
+        name: a label for the table (e.g. a preset name of ``bitmtp.cli_presets``).
 
     Raises:
         OffloadError (a BitMTPError): a non-int or non-positive budget, invalid capacity / m_max /
@@ -432,7 +431,7 @@ def plan_offload(args: ModelArgs, budget_bytes: int = DEFAULT_VRAM_BUDGET, *, ca
         forced = _check_int("force_cpu_layers", force_cpu_layers, 0)
         if forced >= args.num_layers:
             raise OffloadError(f"force_cpu_layers: must be < num_layers={args.num_layers} (a plan keeps at least "
-                               f"one layer on the device; use the cpu backend for CPU-only), got {forced}")
+                               f"one layer on the device; use runtime='torch' for CPU-only), got {forced}")
 
     ws = workspace_tensors(args, capacity=capacity, m_max=m_max)
     head = lm_head_tensors(args, dense_dtype_bytes=dense_dtype_bytes)
@@ -524,23 +523,7 @@ def check_device_limits(plan: OffloadPlan, max_buffer_bytes: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Presets and byte strings
-
-#: Shapes of models that need not be on this machine, for printing plans.
-PRESETS: dict[str, ModelArgs] = {
-    "bitnet-b1.58-2b-4t": ModelArgs(
-        family="bitnet", vocab_size=128256, hidden_size=2560, num_layers=30, num_heads=20, num_kv_heads=5,
-        head_dim=128, intermediate_size=6912, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=4096, tie_word_embeddings=True, hidden_act="relu2"),
-    "llama3-8b-1.58": ModelArgs(  # HF1BitLLM/Llama3-8B-1.58-100B-tokens
-        family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
-        head_dim=128, intermediate_size=14336, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=8192, tie_word_embeddings=False),
-    "smollm2-135m": ModelArgs(
-        family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
-        head_dim=64, intermediate_size=1536, rms_norm_eps=1e-5, rope_theta=100000.0,
-        max_position_embeddings=8192, tie_word_embeddings=True),
-}
+# Byte strings
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -577,7 +560,6 @@ def parse_bytes(text: str | int) -> int:
 __all__ = [
     "DEFAULT_VRAM_BUDGET",
     "LAVAPIPE_MAX_BINDING_BYTES",
-    "PRESETS",
     "OffloadError",
     "OffloadPlan",
     "PlanEntry",

@@ -1,4 +1,5 @@
-"""The VRAM budget planner (bitmtp/offload.py, issue #8).
+"""The Vulkan runtime's VRAM budget planner (bitmtp/runtime/vulkan/planner.py, issue #8) and the CLI's
+model presets (bitmtp/cli_presets.py).
 
 Expected byte counts are derived here from the model shapes, independently of the planner's own
 tensor lists, and the per-layer accounting is checked against a real (tiny) loaded decoder.
@@ -12,12 +13,13 @@ import math
 import pytest
 import torch
 
+from bitmtp.cli_presets import PRESETS
 from bitmtp.errors import BitMTPError
 from bitmtp.model.args import ModelArgs
-from bitmtp.offload import (
+from bitmtp.model.families import Activation, Family, Norm, register_family, unregister_family
+from bitmtp.runtime.vulkan.planner import (
     DEFAULT_VRAM_BUDGET,
     LAVAPIPE_MAX_BINDING_BYTES,
-    PRESETS,
     OffloadPlan,
     check_device_limits,
     parse_bytes,
@@ -220,11 +222,11 @@ def test_layer_bytes_match_a_real_decoder(family):
     fused_rows = a.q_size + 2 * a.kv_size + 2 * a.intermediate_size
     assert real_scales == 4 * fused_rows + 4 + 4
     # norms in float32: exactly equal
-    norms = [layer.in_norm, layer.post_norm, layer.attn.q_norm, layer.attn.k_norm, layer.attn.sub_norm,
-             layer.mlp.sub_norm]
+    norms = [layer.norm(slot) for slot in Norm]
     real_norms = sum(t.numel() * 4 for t in norms if t is not None)
     assert all(t.dtype == torch.float32 for t in norms if t is not None)
-    norm_names = [n for n in specs if n.startswith("layer.") and n.endswith("norm")]
+    norm_names = [n for n in specs if n.startswith("layer.norm.")]
+    assert len(norm_names) == sum(t is not None for t in norms)
     assert sum(specs[n].nbytes for n in norm_names) == real_norms
     # the KV cache: what KVStore allocates per layer in a 2-byte dtype
     store = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity, m_max, dtype=torch.float16)
@@ -306,3 +308,37 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_garbage(text):
     with pytest.raises(BitMTPError, match="bytes"):
         parse_bytes(text)
+
+
+# --- the family registry and the presets --------------------------------------------------------
+
+
+@pytest.fixture
+def extra_norm_family():
+    """A test-only family: llama's shape with one extra norm after the MLP (MLP_OUT, hidden-sized)."""
+    fam = register_family(Family("plannertest", ("plannertest",), ("PlannerTestForCausalLM",), "plannertest",
+                                 (Activation.SILU,), frozenset({Norm.MLP_OUT})))
+    yield fam
+    unregister_family(fam.name)
+
+
+def test_planner_reads_the_norm_slots_from_the_family_registry(extra_norm_family):
+    """A family registered elsewhere is planned with its own norm slots and sizes: one more
+    hidden-sized float32 vector per layer than the same shape as llama, and nothing else changes."""
+    shape = {k: v for k, v in SMOL.to_dict().items() if k not in ("family", "hidden_act")}
+    llama = ModelArgs(family="llama", **shape)
+    extra = ModelArgs(family="plannertest", **shape)
+    base, more = plan_offload(llama, DEFAULT_VRAM_BUDGET), plan_offload(extra, DEFAULT_VRAM_BUDGET)
+    assert more.layer_bytes - base.layer_bytes == 4 * SMOL.hidden_size
+    specs = {t.name: t for t in more.tensors}
+    assert specs["layer.norm.mlp_out"].shape == (SMOL.hidden_size,)
+    assert {n for n in specs if n.startswith("layer.norm.")} == {"layer.norm.attn_in", "layer.norm.mlp_in",
+                                                                 "layer.norm.mlp_out"}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_use_the_family_default_activation(name):
+    """The presets name no activation: a bitnet preset runs the family's relu2, llama ones silu."""
+    a = PRESETS[name]
+    assert a.layer_spec.activation == (Activation.RELU2 if a.family == "bitnet" else Activation.SILU)
+    assert a.to_dict() == ModelArgs(**{k: v for k, v in a.to_dict().items() if k != "hidden_act"}).to_dict()
