@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of bitmtp's CUDA kernels, for a machine with an NVIDIA GPU and only PyTorch, Triton,
-# CuPy and nvcc installed (no network). Every step runs under a time limit drawn from one budget,
-# so the whole check ends within 8 minutes (BUDGET_S, default 450 s):
+# GPU check of bitmtp's CUDA kernels and of its Vulkan runtime, for a machine with an NVIDIA GPU and only
+# PyTorch, Triton, CuPy and nvcc installed (no network). Every step runs under a time limit drawn from one
+# budget, so the whole check ends within 9 minutes (BUDGET_S, default 540 s):
 #   1. environment report;
 #   2. make this tree importable (editable install; PYTHONPATH fallback if pip cannot build);
 #   3. nvcc compile check of csrc/cuda for this GPU's architecture (registers, spills);
@@ -14,8 +14,25 @@
 #                                            hybrid over AR tokens/s per block size D (oracle drafter);
 #      then python -m bench.compare on its JSON: floors and exact oracle counts always, the ratios against
 #      bench/baselines/<machine kind>.json if one exists, else a candidate baseline written to the logs;
-#   6. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
-#   7. one compact table: step results and the benchmarks' "bitmtp ratio table".
+#   6. the Vulkan runtime (runtime="vulkan") on this GPU's own Vulkan driver, not lavapipe:
+#      a. a Vulkan loader and wgpu: the system's, else carried ones unpacked from .gl/ (see below);
+#         the adapter wgpu picks must be the GPU (a CPU adapter fails the step);
+#      b. python -m pytest -m wgpu tests/test_vulkan_runtime.py tests/wgsl_fallback tests/test_masked_rows.py
+#         (BITMTP_REQUIRE_WGPU=1: a missing adapter fails instead of skipping);
+#      c. python -m pytest --benchmark-only bench/kernels/test_bench_wgsl.py (quick mode): register
+#         tiling, recorded-step replay, readbacks per iteration; its figures go into the table;
+#   7. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
+#   8. one compact table: step results and the benchmarks' "bitmtp ratio table".
+#
+# Carrying the Vulkan loader and wgpu (the machine has no network): once, on a machine that has one,
+# in the repository root (.gl/ is git-ignored through .git/info/exclude):
+#   echo /.gl/ >>.git/info/exclude; mkdir -p .gl/wheels /tmp/amd64/partial
+#   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+#   apt-get $o update; (cd .gl && apt-get $o download libvulkan1)
+#   pip download --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11 -d .gl/wheels wgpu
+# and carry .gl with the tree (the device tool's `carry`). Step 6a unpacks .gl/*.deb into / (root only)
+# when `ldconfig -p` has no libvulkan, installs wgpu from .gl/wheels when it is not importable, and points
+# the loader at the NVIDIA ICD when no other is registered (VK_DRIVER_FILES).
 #
 # Usage: bash bench/gpu_check.sh [--dry-run]
 #   --dry-run  runs the same steps on the CPU, so CI can exercise the script: the setup for real,
@@ -29,7 +46,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (use --dry-run)"; exit 2 ;;
   esac
 done
@@ -37,7 +54,7 @@ PY=${PYTHON:-python}
 LOGS=${GPU_CHECK_LOG_DIR:-$(mktemp -d)}
 mkdir -p "$LOGS"
 start=$SECONDS
-DEADLINE=$((start + ${BUDGET_S:-450}))
+DEADLINE=$((start + ${BUDGET_S:-540}))
 declare -a RESULTS=()
 status=0
 step() { echo; echo "=== $* ($((SECONDS - start))s)"; }
@@ -129,7 +146,7 @@ if command -v "$NVCC" >/dev/null; then
     echo "+ $NVCC -arch=sm_$ARCH -cubin -Xptxas -v csrc/cuda/*.cu   (not run: --dry-run; CI runs .ci/nvcc_check.sh)"
     result "nvcc sm_$ARCH" "dry-run" "not run"
   else
-    run "nvcc sm_$ARCH" "$(limit 90 330)" FAIL env NVCC="$NVCC" ARCH="$ARCH" bash -c "$NVCC_SCRIPT"
+    run "nvcc sm_$ARCH" "$(limit 90 420)" FAIL env NVCC="$NVCC" ARCH="$ARCH" bash -c "$NVCC_SCRIPT"
   fi
 else
   result "nvcc" skipped "nvcc not found"
@@ -168,7 +185,7 @@ EOF
   else result "CPU sanity (dry-run)" FAIL "see above"
   fi
 else
-  run "pytest -m cuda tests" "$(limit 200 220)" FAIL $PY -m pytest -m cuda tests -q -p no:cacheprovider
+  run "pytest -m cuda tests" "$(limit 200 310)" FAIL $PY -m pytest -m cuda tests -q -p no:cacheprovider
 fi
 
 step "benchmarks"
@@ -187,11 +204,74 @@ if [ $DRY = 1 ]; then
   fi
 else
   # shellcheck disable=SC2086
-  run "pytest bench (GPU)" "$(limit 210 20)" FAIL $PY -m pytest $BENCH_FILES --benchmark-only --bench-mode quick -q \
+  run "pytest bench (GPU)" "$(limit 210 110)" FAIL $PY -m pytest $BENCH_FILES --benchmark-only --bench-mode quick -q \
     -p no:cacheprovider --benchmark-columns=min,median,max --benchmark-json "$BENCH_JSON"
   if [ -s "$BENCH_JSON" ]; then
     # floors and exact oracle counts always; a GPU kind without a baseline gets a candidate in $LOGS
     run "ratio gate (bench.compare)" "$(limit 30 5)" FAIL $PY -m bench.compare "$BENCH_JSON" --candidate-dir "$LOGS"
+  fi
+fi
+
+step "Vulkan runtime on this GPU's Vulkan driver"
+VK_TESTS="tests/test_vulkan_runtime.py tests/wgsl_fallback tests/test_masked_rows.py"
+VK_BENCH_JSON="$LOGS/bench_vulkan.json"
+export WGPU_BACKEND_TYPE=Vulkan XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+if [ $DRY = 0 ] && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan && ls .gl/*.deb >/dev/null 2>&1; then
+  echo "+ unpacking the carried Vulkan loader: .gl/*.deb into /"
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+if [ $DRY = 0 ] && [ -d .gl/wheels ] && ! $PY -c "import wgpu" 2>/dev/null; then
+  echo "+ $PY -m pip install --no-index --find-links .gl/wheels wgpu"
+  timeout "$(limit 60 120)" $PY -m pip install -q --no-index --find-links .gl/wheels wgpu || true
+fi
+if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] \
+    && ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+# the adapter wgpu picks: the GPU's own driver, or this step checks nothing new (CI runs lavapipe)
+VK_ADAPTER=$($PY - <<'EOF' 2>&1 | tail -1
+try:
+    from bitmtp.wgsl_fallback.runner import default_runner
+    r = default_runner()
+    kind = str(r.info.get("adapter_type", "?"))
+    print(("CPU " if kind.upper() == "CPU" else "GPU ") + f"{r.info.get('device', '?')} ({kind}, "
+          f"W2A8/dense shaders {r.w2a8_kernel}/{r.dense_kernel})")
+except Exception as exc:
+    print(f"NONE {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
+EOF
+)
+echo "Vulkan adapter: $VK_ADAPTER"
+if [ $DRY = 1 ]; then
+  result "Vulkan adapter (dry-run)" "dry-run" "${VK_ADAPTER#* }"
+  echo "+ BITMTP_REQUIRE_WGPU=1 $PY -m pytest -m wgpu $VK_TESTS -q -x   (not run: --dry-run)"
+  echo "+ $PY -m pytest bench/kernels/test_bench_wgsl.py --benchmark-only --bench-mode quick --benchmark-json $VK_BENCH_JSON   (not run: --dry-run)"
+  # shellcheck disable=SC2086
+  if $PY -m pytest $VK_TESTS bench/kernels/test_bench_wgsl.py --bench-mode quick --collect-only -q -p no:cacheprovider >/dev/null; then
+    result "Vulkan tests+bench collect (dry-run)" ok "test and benchmark files collect"
+  else
+    result "Vulkan tests+bench collect (dry-run)" FAIL "test or benchmark files do not collect"
+  fi
+elif [ "${VK_ADAPTER%% *}" != GPU ]; then
+  result "Vulkan adapter" FAIL "not the GPU: ${VK_ADAPTER#* } (loader / ICD: see the header)"
+else
+  result "Vulkan adapter" ok "${VK_ADAPTER#* }"
+  # shellcheck disable=SC2086
+  run "pytest -m wgpu (Vulkan, GPU)" "$(limit 120 50)" FAIL env BITMTP_REQUIRE_WGPU=1 $PY -m pytest -m wgpu $VK_TESTS \
+    -q -p no:cacheprovider -x
+  run "bench Vulkan (GPU)" "$(limit 60 10)" FAIL env BITMTP_REQUIRE_WGPU=1 $PY -m pytest bench/kernels/test_bench_wgsl.py \
+    --benchmark-only --bench-mode quick -q -p no:cacheprovider --benchmark-json "$VK_BENCH_JSON"
+  if [ -s "$VK_BENCH_JSON" ]; then  # the Vulkan figures into the table, one row per benchmark
+    while IFS= read -r line; do RESULTS+=("$line"); done < <($PY - "$VK_BENCH_JSON" <<'EOF'
+import json, sys
+keys = ("tiled_speedup", "rows_over_tiled_m16", "dense_rows_over_tiled", "captured_over_eager",
+        "readbacks_per_iteration", "same_as_torch", "plan_gpu_layers")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    info = b.get("extra_info", {})
+    figs = ", ".join(f"{k} {info[k]:.3g}" if isinstance(info[k], float) else f"{k} {info[k]}" for k in keys if k in info)
+    print("| %-34s | %-8s | %s |" % (b["name"].replace("test_", "")[:34], "figures", figs or "-"))
+EOF
+)
   fi
 fi
 
