@@ -161,7 +161,7 @@ class BitMTPModel:
         a KV store at a time). Not available for ``runtime="vulkan"`` models (the Vulkan device holds
         one copy of the model and its KV): their calls serialize.
         """
-        if self.engine.runtime == "vulkan":
+        if self.plan is not None or self.engine.runtime == "vulkan":  # a Vulkan model has its plan
             raise BitMTPError("session: a backend='wgpu' model keeps one KV store on its Vulkan device; calls on "
                               "it serialize. Load the model again for an independent copy")
         return dataclasses.replace(self, engine=self.engine.sibling())
