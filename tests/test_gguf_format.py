@@ -108,16 +108,26 @@ def test_permutation_inverts(rows, heads, rng):
 
 
 def test_names_map_both_ways():
-    for hf in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-               "model.layers.11.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias",
-               "model.layers.3.mlp.down_proj.weight", "model.layers.2.self_attn.attn_sub_norm.weight",
-               "model.layers.2.self_attn.q_norm.weight", "model.layers.2.post_attention_layernorm.weight"):
-        assert G.hf_name(G.gguf_name(hf)) == hf
-    assert G.gguf_name("model.layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
-    assert G.hf_name("blk.0.unknown.weight") is None
+    from bitmtp.model.families import BITNET, LLAMA, QWEN3
+
+    common = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+              "model.layers.11.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias",
+              "model.layers.3.mlp.down_proj.weight", "model.layers.2.post_attention_layernorm.weight")
+    for fam, own in ((LLAMA, ()), (BITNET, ("model.layers.2.self_attn.attn_sub_norm.weight",
+                                            "model.layers.5.mlp.ffn_sub_norm.weight")),
+                     (QWEN3, ("model.layers.2.self_attn.q_norm.weight", "model.layers.2.self_attn.k_norm.weight"))):
+        for hf in common + own:
+            assert fam.hf_name(fam.gguf_name(hf)) == hf
+    assert LLAMA.gguf_name("model.layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
+    assert BITNET.gguf_name("model.layers.2.self_attn.attn_sub_norm.weight") == "blk.2.attn_sub_norm.weight"
+    assert QWEN3.gguf_name("model.layers.2.self_attn.q_norm.weight") == "blk.2.attn_q_norm.weight"
+    assert LLAMA.hf_name("blk.0.unknown.weight") is None
+    assert LLAMA.hf_name("blk.0.attn_sub_norm.weight") is None  # a BitNet tensor is not a llama tensor
     assert G.weight_of_scale(G.scale_name("blk.1.attn_k.weight")) == "blk.1.attn_k.weight"
-    with pytest.raises(FormatError):
-        G.gguf_name("model.layers.0.mystery.weight")
+    with pytest.raises(FormatError, match="mystery"):
+        LLAMA.gguf_name("model.layers.0.mystery.weight")
+    with pytest.raises(FormatError, match="q_norm"):
+        LLAMA.gguf_name("model.layers.0.self_attn.q_norm.weight")
 
 
 def _base():

@@ -380,7 +380,9 @@ def test_plain_file_has_only_llama_cpp_tensors(tmp_path):
     model.load_adapter(_adapter(model, "mask-block"))
     path = model.save_gguf(tmp_path / "plain.gguf", plain=True, progress=False)
     contents = G.read_gguf(path)
-    assert all(G.hf_name(n) is not None for n in contents.tensors)  # nothing llama.cpp would not create
+    from bitmtp.model.families import BITNET
+
+    assert all(BITNET.hf_name(n) is not None for n in contents.tensors)  # nothing llama.cpp would not create
     assert not any(k.startswith("bitmtp.speculative.") for k in contents.meta)
     back = bitmtp.load(path)
     assert back.adapter_config is None

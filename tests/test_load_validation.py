@@ -262,12 +262,15 @@ def test_model_args_checks_direct():
     good = dict(family="llama", vocab_size=97, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                 head_dim=16, intermediate_size=96)
     assert ModelArgs(**good).num_heads == 4
+    assert ModelArgs(**good).hidden_act == "silu"  # None: the family's default, from the registry
+    assert ModelArgs(**{**good, "family": "bitnet"}).hidden_act == "relu2"
     assert ModelArgs(**{**good, "num_heads": np.int64(4)}).num_heads == 4  # numpy ints are ints
     for change, needle in [({"num_heads": "4"}, "num_heads"), ({"head_dim": 15}, "even"),
                            ({"family": "gpt2"}, "family"), ({"eos_token_id": 3}, "eos_token_id"),
                            ({"rope_scaling": "x"}, "rope_scaling"), ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
                            ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
-                           ({"hidden_act": None}, "hidden_act"), ({"bos_token_id": 97}, "bos_token_id")]:
+                           ({"hidden_act": 3}, "hidden_act"), ({"hidden_act": "gelu"}, "hidden_act"),
+                           ({"bos_token_id": 97}, "bos_token_id")]:
         with pytest.raises(FormatError, match=needle):
             ModelArgs(**{**good, **change})
 
@@ -309,7 +312,8 @@ BAD_ADAPTER_CONFIGS = {
     "base missing field": (lambda c: {**c, "base": {k: v for k, v in c["base"].items() if k != "head_dim"}},
                            "missing fields ['head_dim']"),
     "base hidden '64'": (lambda c: {**c, "base": {**c["base"], "hidden_size": "64"}}, "base.hidden_size"),
-    "base family 'gpt2'": (lambda c: {**c, "base": {**c["base"], "family": "gpt2"}}, "base.family"),
+    "base family 3": (lambda c: {**c, "base": {**c["base"], "family": 3}}, "base.family"),
+    "base family '../x'": (lambda c: {**c, "base": {**c["base"], "family": "../x"}}, "base.family"),
     "unknown field": (_set("alpha", 1), "unknown field(s) ['alpha']"),
     "rank missing": (_drop("rank"), "missing field(s) ['rank']"),
 }

@@ -78,7 +78,7 @@ def test_gradients_reach_every_weight_kind():
     loss.backward()
     named = dict(params.named_parameters())
     for key in ("mask_embedding", "view.embed", "view.norm", "view.layers.0.qkv.weight", "view.layers.1.down.weight",
-                "view.layers.0.q_norm", "view.layers.1.in_norm"):
+                "view.layers.0.norm_q", "view.layers.1.norm_attn_in", "view.layers.1.norm_mlp_in"):
         g = named[key].grad
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, key
 

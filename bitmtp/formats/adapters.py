@@ -24,6 +24,7 @@ import json
 import math
 import numbers
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -40,7 +41,9 @@ TENSOR_FILE = "adapter.safetensors"
 KINDS = ("mask-block", "heads")
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 FORMAT_VERSION = 1
-FAMILIES = ("llama", "qwen3", "bitnet")
+#: a family name (the registry, ``bitmtp.model.families``, sits above this file layer: the base model's
+#: family is matched against it when the adapter is attached, ``AdapterConfig.check_base``)
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MAX_SIZE = 2**31 - 1
 
 
@@ -82,8 +85,8 @@ class BaseShape:
     vocab_size: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.family, str) or self.family not in FAMILIES:
-            raise FormatError(f"base.family: expected one of {FAMILIES}, got {_show(self.family)}")
+        if not isinstance(self.family, str) or not _FAMILY_NAME.fullmatch(self.family):
+            raise FormatError(f"base.family: expected a model family name such as 'llama', got {_show(self.family)}")
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "vocab_size"):
             setattr(self, name, _int_field(getattr(self, name), f"base.{name}"))

@@ -5,9 +5,10 @@ atomic writing. ``bitmtp.model.gguf_io`` turns decoders into these pieces and ba
 
 **Tensors** carry llama.cpp's names (``token_embd``, ``output_norm``, ``output`` (absent when tied),
 ``blk.{i}.attn_norm|ffn_norm|attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down``, Qwen3's
-``attn_q_norm|attn_k_norm``, BitNet's ``attn_sub_norm|ffn_sub_norm``). For the ``llama``
-architecture the rows of ``attn_q``/``attn_k`` are permuted within each head as llama.cpp's
-converter does (its RoPE rotates neighbouring pairs, transformers' rotates halves); reading undoes it.
+``attn_q_norm|attn_k_norm``, BitNet's ``attn_sub_norm|ffn_sub_norm``); the name map and the
+architecture names live in the family registry (``bitmtp.model.families``). For families that say so
+(``llama``) the rows of ``attn_q``/``attn_k`` are permuted within each head as llama.cpp's converter
+does (its RoPE rotates neighbouring pairs, transformers' rotates halves); reading undoes it.
 
 **Ternary projections** are stored in the densest GGML type whose blocks fit the scale layout:
 
@@ -61,7 +62,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import struct
 import tempfile
@@ -86,10 +86,6 @@ from bitmtp.formats.adapters import (
 )
 from bitmtp.formats.ggml_blocks import F16_SCALE_OFFSETS, check_block_scales
 
-#: bitmtp family -> GGUF ``general.architecture``
-GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "bitnet": "bitnet"}
-FAMILY_OF_ARCH = {v: k for k, v in GGUF_ARCH.items()}
-
 SCALE_PREFIX = "bitmtp.scale."
 MTP_PREFIX = "bitmtp.mtp."
 DIVINE_MTP_PREFIX = "divine.mtp."
@@ -104,58 +100,6 @@ IGNORED_TENSORS = ("rope_freqs.weight",)
 
 TQ_BLOCK = 256
 Q4_BLOCK = 32
-
-_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.attn_sub_norm.weight": "attn_sub_norm.weight",
-    "mlp.ffn_sub_norm.weight": "ffn_sub_norm.weight",
-}
-_PROJ_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-for _hf, _gg in _PROJ_NAMES.items():
-    for _suffix in ("weight", "bias"):
-        _LAYER_NAMES[f"{_hf}.{_suffix}"] = f"{_gg}.{_suffix}"
-_LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
-_GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
-_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_GG_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def gguf_name(hf_name: str) -> str:
-    """llama.cpp's name for a transformers tensor name (``model.layers.3.mlp.up_proj.weight`` →
-    ``blk.3.ffn_up.weight``)."""
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    m = _HF_LAYER.fullmatch(hf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise FormatError(f"tensor {hf_name!r}: no GGUF name for it")
-
-
-def hf_name(gguf_tensor_name: str) -> str | None:
-    """The transformers name of a llama.cpp tensor name, or None when it is not a base tensor bitmtp knows."""
-    if gguf_tensor_name in _GLOBAL_NAMES_BACK:
-        return _GLOBAL_NAMES_BACK[gguf_tensor_name]
-    m = _GG_LAYER.fullmatch(gguf_tensor_name)
-    if m and m.group(2) in _LAYER_NAMES_BACK:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES_BACK[m.group(2)]}"
-    return None
-
 
 def scale_name(weight_name: str) -> str:
     """Name of the exact-scale tensor of a ternary weight: ``blk.0.attn_q.weight`` → ``bitmtp.scale.blk.0.attn_q``
@@ -897,11 +841,8 @@ def field(value: Any, kind: str | None = None) -> GGUFField:
 
 
 __all__ = [
-    "GGUF_ARCH",
     "SCALE_PREFIX",
     "MTP_PREFIX",
-    "gguf_name",
-    "hf_name",
     "scale_name",
     "weight_of_scale",
     "permute_rows",

@@ -32,6 +32,62 @@ from bitmtp.ops import dense_linear
 GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
 
 
+def fuse_group_factors(group: str, targets: Any, lora_a: Any, lora_b: Any, out_sizes: list[int],
+                       rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The LoRA factors of a fused projection ``group``: ``A`` stacked over its present targets, ``B``
+    block-diagonal (zero rows for absent targets), so the group's whole delta is two matmuls. None when no
+    target of the group is adapted. ``lora_a(t)`` / ``lora_b(t)`` give target ``t``'s factors; built with
+    differentiable ops (cat, pad), so the training view gets gradients through it."""
+    members = GROUPS[group]
+    present = [t for t in members if t in targets]
+    if not present:
+        return None
+    a = torch.cat([lora_a(t) for t in present])
+    total = sum(out_sizes)
+    cols = []
+    for t in present:
+        lo = sum(out_sizes[: members.index(t)])
+        b = lora_b(t)
+        cols.append(torch.nn.functional.pad(b, (0, 0, lo, total - lo - b.shape[0])))
+    return a, torch.cat(cols, dim=1)
+
+
+def gated_lora(outputs: torch.Tensor, inputs: torch.Tensor, first_row: int, a: torch.Tensor, b: torch.Tensor,
+               scaling: float, *, row_dim: int = 0, linear: Any = None, inplace: bool = True) -> torch.Tensor:
+    """The gated LoRA: ``outputs`` rows ``[first_row, …)`` (along ``row_dim``) get ``scaling · (x Aᵀ) Bᵀ`` of
+    the matching ``inputs`` rows; rows before ``first_row`` keep the base model's outputs exactly (the gate).
+
+    The one definition the executors share: the torch decoder (``linear`` = ``ops.dense_linear``, in place, so
+    on the cpu backend it is the fused native layers' LoRA kernel: tests/test_fused_layers.py), and the
+    training view (``linear`` None: autograd matmuls, ``inplace=False``, rows along dim 1). The Vulkan runtime
+    mirrors it with its dense shader (tests/wgsl_fallback). Returns the updated outputs."""
+    n = inputs.shape[row_dim] - first_row
+    rows = inputs.narrow(row_dim, first_row, n)
+    if linear is None:
+        delta = (rows.to(a.dtype) @ a.T) @ b.T
+    else:
+        delta = linear(linear(rows.to(a.dtype), a), b)
+    if scaling != 1.0:
+        delta = delta * scaling
+    delta = delta.to(outputs.dtype)
+    if inplace:
+        outputs.narrow(row_dim, first_row, n).add_(delta)
+        return outputs
+    return torch.cat([outputs.narrow(row_dim, 0, first_row), outputs.narrow(row_dim, first_row, n) + delta],
+                     dim=row_dim)
+
+
+def heads_step(down: torch.Tensor, up: torch.Tensor, norm: torch.Tensor, eps: float, state: torch.Tensor,
+               token_embedding: torch.Tensor) -> torch.Tensor:
+    """One draft head: ``s_k = RMSNorm(W_up · W_down · [s_(k−1) ‖ E(y)] + s_(k−1))`` (``[..., hidden]``).
+
+    The one definition of the heads step: :meth:`DraftHeads.step` (inference) and the training view's
+    ``HeadsParams.step`` call it; the Vulkan runtime mirrors it with W_down split into its state and
+    embedding halves (tests/wgsl_fallback)."""
+    z = torch.cat([state, token_embedding.to(state.dtype)], dim=-1)
+    return rms_norm((z @ down.T) @ up.T + state, norm, eps)
+
+
 class MaskBlock(nn.Module):
     """Mask embedding + gated LoRA of a ``mask-block`` adapter, fused per projection group."""
 
@@ -50,25 +106,27 @@ class MaskBlock(nn.Module):
         r = config.rank
         for i in range(base.num_layers):
             for group, members in GROUPS.items():
-                present = [t for t in members if t in config.targets]
-                if not present:
-                    continue
                 outs = [base.target_shape(t)[1] for t in members]
-                a = torch.cat([tensors[f"layers.{i}.{t}.lora_A"] for t in present]).to(device, dtype)
-                b = torch.zeros(sum(outs), r * len(present), dtype=dtype, device=device)
-                for j, t in enumerate(present):
-                    lo = sum(outs[: members.index(t)])
-                    b[lo : lo + outs[members.index(t)], j * r : (j + 1) * r] = tensors[f"layers.{i}.{t}.lora_B"]
-                self.a[(i, group)], self.b[(i, group)] = a, b
+                fused = fuse_group_factors(group, config.targets, lambda t, i=i: tensors[f"layers.{i}.{t}.lora_A"],
+                                           lambda t, i=i: tensors[f"layers.{i}.{t}.lora_B"], outs, r)
+                if fused is not None:
+                    self.a[(i, group)], self.b[(i, group)] = (f.to(device, dtype).contiguous() for f in fused)
 
     def delta(self, layer: int, group: str, x: torch.Tensor) -> torch.Tensor | None:
         """The LoRA delta of ``group`` in ``layer`` for mask rows ``x [R, in]`` (None: not a target)."""
         a = self.a.get((layer, group))
         if a is None:
             return None
-        # through the dense-linear op: on the cpu backend the same kernel as the fused layers' LoRA
-        out = dense_linear(dense_linear(x.to(a.dtype), a), self.b[(layer, group)])
-        return out * self.scaling if self.scaling != 1.0 else out
+        out = torch.zeros(x.shape[0], self.b[(layer, group)].shape[0], dtype=a.dtype, device=a.device)
+        return gated_lora(out, x, 0, a, self.b[(layer, group)], self.scaling, linear=dense_linear)
+
+    def apply(self, layer: int, group: str, inputs: torch.Tensor, outputs: torch.Tensor, first_row: int) -> None:
+        """Add ``group``'s gated LoRA to ``outputs`` rows ``[first_row, M)`` in place (the decoder's mask rows);
+        a group without targets is left alone."""
+        a = self.a.get((layer, group))
+        if a is not None:
+            # through the dense-linear op: on the cpu backend the same kernel as the fused layers' LoRA
+            gated_lora(outputs, inputs, first_row, a, self.b[(layer, group)], self.scaling, linear=dense_linear)
 
 
 class DraftHeads(nn.Module):
@@ -90,8 +148,7 @@ class DraftHeads(nn.Module):
 
     def step(self, k: int, state: torch.Tensor, token_embedding: torch.Tensor) -> torch.Tensor:
         """Head k: ``s_k`` from ``s_(k−1)`` and the embedding of the token it follows (``[..., hidden]``)."""
-        z = torch.cat([state, token_embedding.to(state.dtype)], dim=-1)
-        return rms_norm((z @ self.down[k].T) @ self.up[k].T + state, self.norm[k], self.eps)
+        return heads_step(self.down[k], self.up[k], self.norm[k], self.eps, state, token_embedding)
 
 
 def build_adapter(config: AdapterConfig, tensors: dict[str, torch.Tensor], args: Any, *,

@@ -14,12 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bitmtp.errors import FormatError
+from bitmtp.model import families
 
-#: Supported families and the transformers ``model_type`` / architectures that map to them.
-FAMILIES = {"llama": "llama", "qwen3": "qwen3", "bitnet": "bitnet"}
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "BitNetForCausalLM": "bitnet"}
 ROPE_TYPES = ("default", "llama3")
-HIDDEN_ACTS = ("silu", "relu2")
 #: sizes index int32 buffers in the kernels
 MAX_SIZE = 2**31 - 1
 _POSITIVE_INTS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -83,9 +80,9 @@ def check_rope_scaling(scaling: Any, name: str = "rope_scaling") -> dict[str, An
 class ModelArgs:
     """Everything the decoder needs to know about a checkpoint.
 
-    Families: ``llama`` (SmolLM2, Llama-3 incl. llama3 RoPE scaling), ``qwen3`` (q/k RMSNorm per
-    head; Ternary-Bonsai) and ``bitnet`` (BitNet b1.58: ``attn_sub_norm`` before o_proj,
-    ``ffn_sub_norm`` before down_proj, relu² MLP).
+    ``family`` names an entry of the family registry (``bitmtp.model.families``: llama, qwen3, bitnet,
+    and any registered later), which says what its layers compute (:attr:`layer_spec`); the MLP
+    activation (None: the family's default) is resolved and checked there too.
     """
 
     family: str
@@ -103,13 +100,12 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
-    hidden_act: str = "silu"
+    hidden_act: str | None = None  # read through the family registry only (layer_spec)
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.family, str) or self.family not in FAMILIES:
-            raise FormatError(f"family: unknown architecture {self.family!r}; supported: {', '.join(FAMILIES)}")
+        families.get_family(self.family)  # FormatError naming the supported families
         for name in _POSITIVE_INTS:
             setattr(self, name, check_int(getattr(self, name), name))
         if self.num_heads % self.num_kv_heads:
@@ -123,8 +119,7 @@ class ModelArgs:
             self.rope_scaling = None
         for name in _BOOLS:
             check_bool(getattr(self, name), name)
-        if not isinstance(self.hidden_act, str) or self.hidden_act not in HIDDEN_ACTS:
-            raise FormatError(f"hidden_act: supported are 'silu' and 'relu2', got {self.hidden_act!r}")
+        self.hidden_act = families.check_hidden_act(self)
         top = self.vocab_size - 1
         if self.bos_token_id is not None:
             check_int(self.bos_token_id, "bos_token_id", 0, top)
@@ -140,6 +135,11 @@ class ModelArgs:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_spec(self) -> families.LayerSpec:
+        """What each decoder layer computes (activation, norm slots), from the family registry."""
+        return families.layer_spec(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,16 +166,17 @@ class ModelArgs:
         family = cfg.get("model_type")
         if family is not None and not isinstance(family, str):
             raise FormatError(f"model_type: expected a string such as 'llama', got {_type(family)}")
-        if family not in FAMILIES:
-            archs = cfg.get("architectures") or []
-            if not isinstance(archs, list):
-                raise FormatError(f"architectures: expected a list of class names, got {_type(archs)}")
-            family = next((_ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in _ARCHITECTURES), family)
-        if not isinstance(family, str) or family not in FAMILIES:
+        archs = cfg.get("architectures") or []
+        if not isinstance(archs, list):
+            raise FormatError(f"architectures: expected a list of class names, got {_type(archs)}")
+        fam = families.family_of_config(family, archs)
+        if fam is None:
             raise FormatError(
                 f"{source}: unknown architecture (model_type={cfg.get('model_type')!r}, "
-                f"architectures={cfg.get('architectures')}); supported: {', '.join(_ARCHITECTURES)}"
+                f"architectures={cfg.get('architectures')}); supported: "
+                f"{', '.join(families.supported_architectures())}"
             )
+        family = fam.name
         missing = object()
 
         def get(key: str, check, default: Any = missing) -> Any:
@@ -202,7 +203,6 @@ class ModelArgs:
             scaling = None
         eos = cfg.get("eos_token_id")
         eos_list = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        act = cfg.get("hidden_act") or ("relu2" if family == "bitnet" else "silu")
         return cls(
             family=family,
             vocab_size=get("vocab_size", check_int),
@@ -219,7 +219,7 @@ class ModelArgs:
             tie_word_embeddings=get("tie_word_embeddings", check_bool, False),
             attention_bias=get("attention_bias", check_bool, False),
             mlp_bias=get("mlp_bias", check_bool, False),
-            hidden_act=act,
+            hidden_act=families.hidden_act_of_config(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_list,
         )

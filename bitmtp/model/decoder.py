@@ -1,4 +1,4 @@
-"""One decoder for the llama, qwen3 and bitnet families.
+"""One decoder for every registered family (``bitmtp.model.families``): it executes the model's layer spec.
 
 The decoder computes *steps*: M rows (tokens at absolute positions) against one KV store, writing
 the rows' K/V in place at their positions and attending over a read window of the store under a
@@ -18,10 +18,11 @@ from torch import nn
 
 from bitmtp.errors import BitMTPError
 from bitmtp.model.args import ModelArgs
+from bitmtp.model.families import Activation, Norm, UnsupportedLayer
 from bitmtp.model.fuse import fuse_rows
-from bitmtp.model.layers import DenseLinear, apply_rope, rms_norm, rope_tables, silu
+from bitmtp.model.layers import DenseLinear, apply_rope, gelu_tanh, relu2, rms_norm, rope_tables, silu
 from bitmtp.ops import TernaryLinear, attention
-from bitmtp.ops.fused_layers import Dims, FusedPlan, FusedUnsupported, LayerSpec, fused_enabled, kv_pointer_table
+from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupported, fused_enabled, kv_pointer_table
 
 log = logging.getLogger("bitmtp")
 
@@ -32,46 +33,41 @@ FUSED, PER_OP = "fused", "per-op"
 class Attention(nn.Module):
     """q/k/v run as one fused projection (``qkv_proj``, see model/fuse.py), then o_proj."""
 
-    def __init__(self, args: ModelArgs, q, k, v, o, q_norm=None, k_norm=None, sub_norm=None):
+    def __init__(self, args: ModelArgs, q, k, v, o):
         super().__init__()
         self.args = args
         self.qkv_proj, self.o_proj = fuse_rows([q, k, v]), o
-        self.q_norm = None if q_norm is None else nn.Parameter(q_norm, requires_grad=False)
-        self.k_norm = None if k_norm is None else nn.Parameter(k_norm, requires_grad=False)
-        self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
         self.scale = args.head_dim**-0.5
 
 
 class MLP(nn.Module):
     """gate/up run as one fused projection (``gate_up_proj``), then the activation and down_proj."""
 
-    def __init__(self, args: ModelArgs, gate, up, down, sub_norm=None):
+    def __init__(self, args: ModelArgs, gate, up, down):
         super().__init__()
         self.args = args
         self.gate_up_proj, self.down_proj = fuse_rows([gate, up]), down
-        self.sub_norm = None if sub_norm is None else nn.Parameter(sub_norm, requires_grad=False)
-
-    def forward(self, x: torch.Tensor, adapt=None) -> torch.Tensor:
-        """``adapt(group, inputs, outputs)``, when given, may add a delta to a projection's outputs
-        (the decoder's gated LoRA on mask rows)."""
-        gu = self.gate_up_proj(x)
-        if adapt is not None:
-            gu = adapt("gate_up", x, gu)
-        g, u = gu.split(self.args.intermediate_size, dim=-1)
-        h = torch.relu(g).square() if self.args.hidden_act == "relu2" else silu(g)
-        h = h * u
-        if self.sub_norm is not None:
-            h = rms_norm(h, self.sub_norm, self.args.rms_norm_eps)
-        y = self.down_proj(h)
-        return y if adapt is None else adapt("down", h, y)
 
 
 class Layer(nn.Module):
-    def __init__(self, args: ModelArgs, attn: Attention, mlp: MLP, in_norm: torch.Tensor, post_norm: torch.Tensor):
+    """One decoder layer's projections and norms. ``norms`` holds a weight per :class:`~bitmtp.model.families.Norm`
+    slot of the model's :class:`~bitmtp.model.families.LayerSpec` (every executor reads them by slot)."""
+
+    def __init__(self, args: ModelArgs, attn: Attention, mlp: MLP, norms: dict[Norm, torch.Tensor]):
         super().__init__()
         self.attn, self.mlp = attn, mlp
-        self.in_norm = nn.Parameter(in_norm, requires_grad=False)
-        self.post_norm = nn.Parameter(post_norm, requires_grad=False)
+        self.norms = nn.ParameterDict({n.value: nn.Parameter(t, requires_grad=False) for n, t in norms.items()})
+
+    def norm(self, slot: Norm) -> torch.Tensor | None:
+        """The weight of norm ``slot``, or None when this layer has no such norm."""
+        return self.norms[slot.value] if slot.value in self.norms else None
+
+
+#: the activations the torch executor (:meth:`Decoder.run_layers`, per op) implements
+TORCH_ACTIVATIONS = {Activation.SILU: silu, Activation.RELU2: relu2, Activation.GELU_TANH: gelu_tanh}
+#: the activations of the fused CPU layers (csrc/cpu/layers.cpp), as the native ``relu2`` flag
+FUSED_ACTIVATIONS = {Activation.SILU: False, Activation.RELU2: True}
+FUSED_NORMS = (Norm.ATTN_IN, Norm.Q, Norm.K, Norm.ATTN_SUB, Norm.MLP_IN, Norm.MLP_SUB)
 
 
 @dataclass
@@ -99,6 +95,9 @@ class Decoder(nn.Module):
                  lm_head: DenseLinear, max_positions: int | None = None):
         super().__init__()
         self.args = args
+        self.spec = args.layer_spec
+        self.spec.check("the torch decoder", TORCH_ACTIVATIONS, Norm)
+        self._act = TORCH_ACTIVATIONS[self.spec.activation]
         self.embed = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(norm, requires_grad=False)
@@ -170,14 +169,15 @@ class Decoder(nn.Module):
         if self._fused is None and self._fused_unsupported is None:
             a = self.args
             try:
-                specs = [LayerSpec(ly.attn.qkv_proj, ly.attn.o_proj, ly.mlp.gate_up_proj, ly.mlp.down_proj,
-                                   ly.in_norm, ly.post_norm, ly.attn.q_norm, ly.attn.k_norm, ly.attn.sub_norm,
-                                   ly.mlp.sub_norm)
+                self.spec.check("the fused CPU layers (csrc/cpu/layers.cpp)", FUSED_ACTIVATIONS, FUSED_NORMS)
+                specs = [FusedLayer(ly.attn.qkv_proj, ly.attn.o_proj, ly.mlp.gate_up_proj, ly.mlp.down_proj,
+                                    ly.norm(Norm.ATTN_IN), ly.norm(Norm.MLP_IN), ly.norm(Norm.Q), ly.norm(Norm.K),
+                                    ly.norm(Norm.ATTN_SUB), ly.norm(Norm.MLP_SUB))
                          for ly in self.layers]
                 dims = Dims(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, a.intermediate_size,
-                            a.rms_norm_eps, a.hidden_act == "relu2")
+                            a.rms_norm_eps, FUSED_ACTIVATIONS[self.spec.activation])
                 self._fused = FusedPlan(specs, dims)
-            except FusedUnsupported as exc:
+            except (FusedUnsupported, UnsupportedLayer) as exc:
                 self._fused_unsupported = str(exc)
         self.fused_reason = "" if self._fused is not None else self._fused_unsupported
         return self._fused
@@ -229,9 +229,9 @@ class Decoder(nn.Module):
             self._took(PER_OP, self.fused_reason or "")
         for i in layers:
             layer = self.layers[i]
-            at = layer.attn
+            at, mlp = layer.attn, layer.mlp
             adapt = self._gated_lora(step.mask_block, i, m - r) if r else None
-            h = rms_norm(x, layer.in_norm, a.rms_norm_eps)
+            h = rms_norm(x, layer.norm(Norm.ATTN_IN), a.rms_norm_eps)
             qkv = at.qkv_proj(h)
             if adapt is not None:
                 qkv = adapt("qkv", h, qkv)
@@ -239,19 +239,32 @@ class Decoder(nn.Module):
             q = q.reshape(m, a.num_heads, a.head_dim)
             k = k.reshape(m, a.num_kv_heads, a.head_dim)
             v = v.reshape(m, a.num_kv_heads, a.head_dim)
-            if at.q_norm is not None:
-                q = rms_norm(q, at.q_norm, a.rms_norm_eps)
-                k = rms_norm(k, at.k_norm, a.rms_norm_eps)
+            if layer.norm(Norm.Q) is not None:
+                q = rms_norm(q, layer.norm(Norm.Q), a.rms_norm_eps)
+            if layer.norm(Norm.K) is not None:
+                k = rms_norm(k, layer.norm(Norm.K), a.rms_norm_eps)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
             keys, values = kv.write(i, k, v, step.positions)
             out = attention(q, keys, values, step.mask, at.scale, backend=self.backend).reshape(m, a.q_size)
-            if at.sub_norm is not None:
-                out = rms_norm(out, at.sub_norm, a.rms_norm_eps)
+            if layer.norm(Norm.ATTN_SUB) is not None:
+                out = rms_norm(out, layer.norm(Norm.ATTN_SUB), a.rms_norm_eps)
             o = at.o_proj(out)
             x = x + (o if adapt is None else adapt("o", out, o))
-            h = rms_norm(x, layer.post_norm, a.rms_norm_eps)
-            x = x + layer.mlp(h, adapt)
+            h = rms_norm(x, layer.norm(Norm.MLP_IN), a.rms_norm_eps)
+            gu = mlp.gate_up_proj(h)
+            if adapt is not None:
+                gu = adapt("gate_up", h, gu)
+            g, u = gu.split(a.intermediate_size, dim=-1)
+            act = self._act(g) * u
+            if layer.norm(Norm.MLP_SUB) is not None:
+                act = rms_norm(act, layer.norm(Norm.MLP_SUB), a.rms_norm_eps)
+            y = mlp.down_proj(act)
+            if adapt is not None:
+                y = adapt("down", act, y)
+            if layer.norm(Norm.MLP_OUT) is not None:
+                y = rms_norm(y, layer.norm(Norm.MLP_OUT), a.rms_norm_eps)
+            x = x + y
         return x
 
     def _took(self, path: str, reason: str) -> None:
@@ -298,13 +311,11 @@ class Decoder(nn.Module):
 
     @staticmethod
     def _gated_lora(block, layer: int, first_mask_row: int):
-        """The gate of the gated LoRA: add the mask block's delta to rows ``[first_mask_row, M)`` only
-        (rows before it — the pending rows — keep the base model's exact outputs)."""
+        """The gate of the gated LoRA (``model.adapters.gated_lora``): add the mask block's delta to rows
+        ``[first_mask_row, M)`` only (rows before it — the pending rows — keep the base model's exact outputs)."""
 
         def adapt(group: str, inputs: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
-            delta = block.delta(layer, group, inputs[first_mask_row:])
-            if delta is not None:
-                outputs[first_mask_row:] += delta.to(outputs.dtype)
+            block.apply(layer, group, inputs, outputs, first_mask_row)
             return outputs
 
         return adapt

@@ -27,6 +27,7 @@ from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
 from bitmtp.formats.ternary import pack_t2, unpack_t2
 from bitmtp.model.args import ModelArgs, check_int, check_real
 from bitmtp.model.decoder import Decoder
+from bitmtp.model.families import NORM_NAMES, Norm, family_of_gguf_arch, get_family, supported_gguf_archs
 from bitmtp.model.fuse import Stacked
 from bitmtp.model.layers import DenseLinear
 from bitmtp.model.loaders import build_decoder
@@ -132,23 +133,22 @@ def decoder_state(decoder: Decoder, *, blocks: bool = False) -> dict[str, Any]:
 
     for i, layer in enumerate(decoder.layers):
         p = f"model.layers.{i}."
-        state[p + "input_layernorm.weight"] = layer.in_norm.detach()
+        def norm(*slots: Norm, layer=layer, p=p) -> None:  # in the order of the original export (GGUF tensor order)
+            for slot in slots:
+                if layer.norm(slot) is not None:
+                    state[p + NORM_NAMES[slot][0]] = layer.norm(slot).detach()
+
+        norm(Norm.ATTN_IN)
         for name, part in zip(("q_proj", "k_proj", "v_proj"),
                               _split(layer.attn.qkv_proj, [a.q_size, a.kv_size, a.kv_size], blocks), strict=True):
             put(p + "self_attn." + name, part)
         put(p + "self_attn.o_proj", _split(layer.attn.o_proj, [a.hidden_size], blocks)[0])
-        if layer.attn.q_norm is not None:
-            state[p + "self_attn.q_norm.weight"] = layer.attn.q_norm.detach()
-            state[p + "self_attn.k_norm.weight"] = layer.attn.k_norm.detach()
-        if layer.attn.sub_norm is not None:
-            state[p + "self_attn.attn_sub_norm.weight"] = layer.attn.sub_norm.detach()
-        state[p + "post_attention_layernorm.weight"] = layer.post_norm.detach()
+        norm(Norm.Q, Norm.K, Norm.ATTN_SUB, Norm.MLP_IN)
         for name, part in zip(("gate_proj", "up_proj"),
                               _split(layer.mlp.gate_up_proj, [a.intermediate_size] * 2, blocks), strict=True):
             put(p + "mlp." + name, part)
         put(p + "mlp.down_proj", _split(layer.mlp.down_proj, [a.hidden_size], blocks)[0])
-        if layer.mlp.sub_norm is not None:
-            state[p + "mlp.ffn_sub_norm.weight"] = layer.mlp.sub_norm.detach()
+        norm(Norm.MLP_SUB, Norm.MLP_OUT)
     state["model.norm.weight"] = decoder.norm.detach()
     if not a.tie_word_embeddings:
         head = decoder.lm_head
@@ -157,17 +157,6 @@ def decoder_state(decoder: Decoder, *, blocks: bool = False) -> dict[str, Any]:
         else:
             state["lm_head.weight"] = head.weight.detach()
     return state
-
-
-def _qk_heads(args: ModelArgs, hf: str) -> int | None:
-    """Heads to (un)permute for llama.cpp's RoPE layout: llama q/k only."""
-    if args.family != "llama":
-        return None
-    if ".self_attn.q_proj." in hf:
-        return args.num_heads
-    if ".self_attn.k_proj." in hf:
-        return args.num_kv_heads
-    return None
 
 
 def _hyperparameters(args: ModelArgs, arch: str) -> dict[str, G.GGUFField]:
@@ -191,9 +180,10 @@ def _hyperparameters(args: ModelArgs, arch: str) -> dict[str, G.GGUFField]:
 
 def _tensors_out(args: ModelArgs, state: dict[str, Any], adapter, exact_scales: bool) -> Iterator[G.TensorOut]:
     """The tensors to write, from :func:`decoder_state` (computed once: it unpacks every ternary weight)."""
+    family = get_family(args.family)
     for hf, value in state.items():
-        name = G.gguf_name(hf)
-        heads = _qk_heads(args, hf)
+        name = family.gguf_name(hf)
+        heads = family.qk_permute_heads(args, hf)
         if isinstance(value, _Ternary):
             codes, scales = value.codes, value.scales
             if value.scales.shape[1] > 1 and codes.shape[1] % value.scales.shape[1]:
@@ -245,7 +235,7 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
     args = decoder.args
     if plain and adapter is not None:
         raise BitMTPError("plain=True writes no MTP adapter (llama.cpp refuses extra tensors); pass adapter=None")
-    arch = G.GGUF_ARCH[args.family]
+    arch = get_family(args.family).gguf_arch
     if adapter is not None:
         config, tensors = adapter
         config.check_base(args)
@@ -389,10 +379,11 @@ def args_from_gguf(contents: G.GGUFContents) -> ModelArgs:
     """
     meta, src = contents.meta, str(contents.path)
     arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or arch not in G.FAMILY_OF_ARCH:
+    fam = family_of_gguf_arch(arch) if isinstance(arch, str) else None
+    if fam is None:
         raise FormatError(f"{src}: GGUF architecture (general.architecture) {arch!r} is not supported (supported: "
-                          f"{', '.join(G.FAMILY_OF_ARCH)})")
-    family = G.FAMILY_OF_ARCH[arch]
+                          f"{', '.join(supported_gguf_archs())})")
+    family = fam.name
     version = _meta(meta, G.KEY_FORMAT_VERSION, src, check_int, None)
     if version is not None and version > G.FORMAT_VERSION:
         raise FormatError(f"{src}: {G.KEY_FORMAT_VERSION} = {version} is newer than this bitmtp reads "
@@ -445,9 +436,7 @@ def _args_from_keys(meta: dict[str, Any], arch: str, family: str, contents: G.GG
         "bos_token_id": _meta(meta, "tokenizer.ggml.bos_token_id", src, check_int, None, **token_id),
         "eos_token_id": eos,
     }
-    if family == "bitnet":
-        config["hidden_act"] = "relu2"
-    return ModelArgs.from_hf_config(config, source=src)
+    return ModelArgs.from_hf_config(config, source=src)  # hidden_act: the family's default
 
 
 def _is_ternary(contents: G.GGUFContents, name: str) -> bool:
@@ -466,6 +455,7 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
     contents = G.read_gguf(path)
     src = str(contents.path)
     args = args_from_gguf(contents)
+    family = get_family(args.family)
     hf: dict[str, torch.Tensor] = {}
     mtp: dict[str, torch.Tensor] = {}
     for t in contents.tensors.values():
@@ -480,10 +470,10 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
             continue
         if name in G.IGNORED_TENSORS:
             continue
-        target = G.hf_name(name)
+        target = family.hf_name(name)
         if target is None:
             raise FormatError(f"{src}: unexpected tensor {name!r} (type {t.type_name}) for a {args.family} model")
-        heads = _qk_heads(args, target)
+        heads = family.qk_permute_heads(args, target)
         if target.endswith("_proj.weight") and _is_ternary(contents, name):
             if len(t.shape) != 2:
                 raise FormatError(f"{src}: ternary tensor {name!r} must be 2-D, has shape {t.shape}")

@@ -1,4 +1,4 @@
-"""Small building blocks of the decoder: RMSNorm, RoPE tables, dense linear module."""
+"""Small building blocks of the decoder: RMSNorm, activations, RoPE tables, dense linear module."""
 
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU evaluated in float64 and rounded to ``x``'s dtype: as order- and library-independent as
     :func:`rms_norm` (float32 ``exp`` differs by an ulp between torch's vector code and libm)."""
     return torch.nn.functional.silu(x.double()).to(x.dtype)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """BitNet's squared ReLU, ``relu(x)²`` in ``x``'s dtype (exact: one rounding, as the native kernels do)."""
+    return torch.relu(x).square()
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' ``gelu_pytorch_tanh``), evaluated in float64 and
+    rounded to ``x``'s dtype like :func:`silu`. Only the torch executor implements it."""
+    return torch.nn.functional.gelu(x.double(), approximate="tanh").to(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Build a :class:`Decoder` from a checkpoint: an HF safetensors folder, a live transformers model,
-or a GGUF file (SmolLM2 / Llama family, read through transformers' GGUF loader).
+or (through ``bitmtp.model.gguf_io``, bitmtp's own GGUF reader) a GGUF file. The tensors a layer needs
+come from the family registry (``bitmtp.model.families``): its projections and its norm slots.
 
 Linear weights become :class:`TernaryLinear` when the checkpoint is ternary (BitNet packed uint8
 + ``weight_scale``) or when ``quantize="ternary"`` asks for absmean ternarization; otherwise they
@@ -23,6 +24,7 @@ from bitmtp.formats.scales import check_finite
 from bitmtp.formats.ternary import pack_t2, words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
+from bitmtp.model.families import NORM_NAMES, get_family, norm_size
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
 
@@ -112,6 +114,7 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
                        linear_class=linear_class)
 
     embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h), floating=True).to(dtype)
+    slots = get_family(a.family).layer_norms
     layers = []
     for i in range(a.num_layers):
         p = f"model.layers.{i}."
@@ -122,19 +125,15 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
             lin(p + "self_attn.k_proj", a.kv_size, h, ab),
             lin(p + "self_attn.v_proj", a.kv_size, h, ab),
             lin(p + "self_attn.o_proj", h, a.q_size, ab),
-            q_norm=vec(p + "self_attn.q_norm.weight", a.head_dim) if a.family == "qwen3" else None,
-            k_norm=vec(p + "self_attn.k_norm.weight", a.head_dim) if a.family == "qwen3" else None,
-            sub_norm=vec(p + "self_attn.attn_sub_norm.weight", a.q_size) if a.family == "bitnet" else None,
         )
         mlp = MLP(
             a,
             lin(p + "mlp.gate_proj", a.intermediate_size, h, a.mlp_bias),
             lin(p + "mlp.up_proj", a.intermediate_size, h, a.mlp_bias),
             lin(p + "mlp.down_proj", h, a.intermediate_size, a.mlp_bias),
-            sub_norm=vec(p + "mlp.ffn_sub_norm.weight", a.intermediate_size) if a.family == "bitnet" else None,
         )
-        in_norm, post_norm = vec(p + "input_layernorm.weight", h), vec(p + "post_attention_layernorm.weight", h)
-        layers.append(Layer(a, attn, mlp, in_norm, post_norm))
+        norms = {n: vec(p + NORM_NAMES[n][0], norm_size(n, a)) for n in slots}
+        layers.append(Layer(a, attn, mlp, norms))
     norm = vec("model.norm.weight", h)
     if a.tie_word_embeddings:
         if ts.has("lm_head.weight"):

@@ -12,7 +12,7 @@ from the per-op path within float32 rounding. Every operation is row-wise or use
 independent kernels, so a row's result does not depend on the step's width — what lossless
 speculative decoding needs (tests/test_fused_layers.py checks both).
 
-A :class:`FusedPlan` is built once per decoder from plain descriptions (:class:`LayerSpec`) and
+A :class:`FusedPlan` is built once per decoder from plain descriptions (:class:`FusedLayer`) and
 holds a reference to every tensor its int64 table points at. ``BITMTP_FUSED=0`` turns the path
 off (the per-op path runs instead); so does any backend other than ``cpu`` being requested, and any
 registry override of a CPU op (benchmark gates inject slowed kernels that way).
@@ -48,7 +48,7 @@ class FusedUnsupported(BitMTPError):
 
 
 @dataclass
-class LayerSpec:
+class FusedLayer:
     """One decoder layer as the fused kernel sees it. Projections are :class:`TernaryLinear` or any
     module with a float32 ``weight [N, K]`` and optional ``bias`` (``DenseLinear``; its GGML
     ``blocks`` are read instead of the weight when present); norms are float32 ``[n]`` tensors or None."""
@@ -107,7 +107,7 @@ def _f32(name: str, t: torch.Tensor | None, shape: tuple[int, ...] | None = None
 class FusedPlan:
     """The native layer table of one decoder (see the module docstring)."""
 
-    def __init__(self, layers: list[LayerSpec], dims: Dims):
+    def __init__(self, layers: list[FusedLayer], dims: Dims):
         self.ext = registry.backend("cpu")._ext
         self.dims = dims
         self.keep: list[torch.Tensor] = []  # everything the table points at

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bitmtp.formats.adapters import AdapterConfig
-from bitmtp.model.adapters import GROUPS
+from bitmtp.model.adapters import GROUPS, fuse_group_factors, gated_lora, heads_step
 from bitmtp.model.decoder import Decoder
+from bitmtp.model.families import Activation, Norm
 from bitmtp.model.fuse import Stacked
 from bitmtp.model.layers import DenseLinear, rms_norm
 from bitmtp.ops import TernaryLinear
@@ -74,19 +75,24 @@ class MaskBlockParams(nn.Module):
         self.lora = nn.ParameterDict({_key(k): nn.Parameter(v.clone().float())
                                       for k, v in tensors.items() if k != "mask_embedding"})
 
-    def delta(self, layer: int, group: str, x: torch.Tensor, out_sizes: list[int]) -> torch.Tensor | None:
-        """LoRA delta of a fused group for rows ``x [..., in]`` (zeros for absent targets)."""
-        members = GROUPS[group]
-        if not any(t in self.config.targets for t in members):
-            return None
-        parts = []
-        for t, size in zip(members, out_sizes, strict=True):
-            if t in self.config.targets:
-                a, b = self.lora[_key(f"layers.{layer}.{t}.lora_A")], self.lora[_key(f"layers.{layer}.{t}.lora_B")]
-                parts.append((x @ a.T) @ b.T * self.scaling)
-            else:
-                parts.append(x.new_zeros(*x.shape[:-1], size))
-        return torch.cat(parts, dim=-1)
+    def factors(self, layer: int, group: str, out_sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fused ``(A, B)`` of a projection group (``model.adapters.fuse_group_factors``, differentiable);
+        None when none of its targets is adapted."""
+        return fuse_group_factors(group, self.config.targets,
+                                  lambda t: self.lora[_key(f"layers.{layer}.{t}.lora_A")],
+                                  lambda t: self.lora[_key(f"layers.{layer}.{t}.lora_B")], out_sizes, self.config.rank)
+
+    def apply(self, layer: int, group: str, inputs: torch.Tensor, outputs: torch.Tensor,
+              first_row: int) -> torch.Tensor:
+        """``outputs [B, L, out]`` with the gated LoRA (``model.adapters.gated_lora``) on rows ``[first_row, L)``."""
+        fused = self.factors(layer, group, self._sizes(group))
+        if fused is None:
+            return outputs
+        return gated_lora(outputs, inputs, first_row, *fused, self.scaling, row_dim=1, inplace=False)
+
+    def _sizes(self, group: str) -> list[int]:
+        base = self.config.base
+        return [base.target_shape(t)[1] for t in GROUPS[group]]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"mask_embedding": self.mask_embedding.detach().cpu().clone()}
@@ -106,8 +112,8 @@ class HeadsParams(nn.Module):
         self.norm = nn.ParameterList([nn.Parameter(tensors[f"heads.{j}.norm"].clone().float()) for j in range(k)])
 
     def step(self, k: int, state: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        z = torch.cat([state, emb.to(state.dtype)], dim=-1)
-        return rms_norm((z @ self.down[k].T) @ self.up[k].T + state, self.norm[k], self.eps)
+        """Head k (``model.adapters.heads_step``, the inference heads' own definition)."""
+        return heads_step(self.down[k], self.up[k], self.norm[k], self.eps, state, emb)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -116,6 +122,24 @@ class HeadsParams(nn.Module):
             out[f"heads.{j}.up"] = self.up[j].detach().cpu().clone()
             out[f"heads.{j}.norm"] = self.norm[j].detach().cpu().clone()
         return out
+
+
+class ViewLayer(nn.Module):
+    """One layer of a :class:`TrainView`: projections ``qkv``, ``o``, ``gate_up``, ``down`` and the norm weights
+    as buffers ``norm_<slot>`` (:meth:`norm`; the ``full`` mode makes them parameters)."""
+
+    def norm(self, slot: Norm) -> torch.Tensor | None:
+        return getattr(self, norm_attr(slot), None)
+
+
+def norm_attr(slot: Norm) -> str:
+    """The attribute of a :class:`ViewLayer` holding norm ``slot``."""
+    return f"norm_{slot.value}"
+
+
+#: the activations the training view implements (autograd-friendly float versions of the decoder's)
+TRAIN_ACTIVATIONS = {Activation.SILU: F.silu, Activation.RELU2: lambda g: torch.relu(g).square(),
+                     Activation.GELU_TANH: lambda g: F.gelu(g, approximate="tanh")}
 
 
 def _key(name: str) -> str:
@@ -141,18 +165,20 @@ class TrainView(nn.Module):
         self.register_buffer("rope_cos", decoder.rope_cos, persistent=False)
         self.register_buffer("rope_sin", decoder.rope_sin, persistent=False)
         self.lm_head = make(decoder.lm_head)
+        self.spec = a.layer_spec
+        self.spec.check("the training view (bitmtp.train.forward)", TRAIN_ACTIVATIONS, Norm)
+        self._act = TRAIN_ACTIVATIONS[self.spec.activation]
         self.layers = nn.ModuleList()
         for layer in decoder.layers:
             at, mlp = layer.attn, layer.mlp
-            m = nn.Module()
+            m = ViewLayer()
             m.qkv, m.o = make(at.qkv_proj), make(at.o_proj)
             m.gate_up, m.down = make(mlp.gate_up_proj), make(mlp.down_proj)
-            for name, t in (("in_norm", layer.in_norm), ("post_norm", layer.post_norm), ("q_norm", at.q_norm),
-                            ("k_norm", at.k_norm), ("attn_sub_norm", at.sub_norm), ("mlp_sub_norm", mlp.sub_norm)):
-                m.register_buffer(name, None if t is None else t.detach().to(dtype), persistent=False)
+            for slot in Norm:
+                t = layer.norm(slot)
+                if t is not None:
+                    m.register_buffer(norm_attr(slot), t.detach().to(dtype), persistent=False)
             self.layers.append(m)
-        self.sizes = {"qkv": [a.q_size, a.kv_size, a.kv_size], "o": [a.hidden_size],
-                      "gate_up": [a.intermediate_size, a.intermediate_size], "down": [a.hidden_size]}
         self.requires_grad_(False)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
@@ -170,22 +196,19 @@ class TrainView(nn.Module):
         eps = a.rms_norm_eps
 
         def adapt(i, group, inp, out):
-            if lora is None:
-                return out
-            d = lora.delta(i, group, inp[:, gate_from:], self.sizes[group])
-            if d is None:
-                return out
-            return torch.cat([out[:, :gate_from], out[:, gate_from:] + d.to(out.dtype)], dim=1)
+            return out if lora is None else lora.apply(i, group, inp, out, gate_from)
 
         for i, m in enumerate(self.layers):
-            h = rms_norm(x, m.in_norm, eps)
+            h = rms_norm(x, m.norm(Norm.ATTN_IN), eps)
             qkv = adapt(i, "qkv", h, m.qkv(h))
             q, k, v = qkv.split((a.q_size, a.kv_size, a.kv_size), dim=-1)
             q = q.reshape(bsz, length, a.num_heads, a.head_dim)
             k = k.reshape(bsz, length, a.num_kv_heads, a.head_dim)
             v = v.reshape(bsz, length, a.num_kv_heads, a.head_dim)
-            if m.q_norm is not None:
-                q, k = rms_norm(q, m.q_norm, eps), rms_norm(k, m.k_norm, eps)
+            if m.norm(Norm.Q) is not None:
+                q = rms_norm(q, m.norm(Norm.Q), eps)
+            if m.norm(Norm.K) is not None:
+                k = rms_norm(k, m.norm(Norm.K), eps)
             q = _rope(q, cos, sin)
             k = _rope(k, cos, sin)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, L, hd]
@@ -193,17 +216,19 @@ class TrainView(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1 / math.sqrt(a.head_dim))
             out = out.transpose(1, 2).reshape(bsz, length, a.q_size)
-            if m.attn_sub_norm is not None:
-                out = rms_norm(out, m.attn_sub_norm, eps)
+            if m.norm(Norm.ATTN_SUB) is not None:
+                out = rms_norm(out, m.norm(Norm.ATTN_SUB), eps)
             x = x + adapt(i, "o", out, m.o(out))
-            h = rms_norm(x, m.post_norm, eps)
+            h = rms_norm(x, m.norm(Norm.MLP_IN), eps)
             gu = adapt(i, "gate_up", h, m.gate_up(h))
             g, u = gu.split(a.intermediate_size, dim=-1)
-            act = torch.relu(g).square() if a.hidden_act == "relu2" else F.silu(g)
-            act = act * u
-            if m.mlp_sub_norm is not None:
-                act = rms_norm(act, m.mlp_sub_norm, eps)
-            x = x + adapt(i, "down", act, m.down(act))
+            act = self._act(g) * u
+            if m.norm(Norm.MLP_SUB) is not None:
+                act = rms_norm(act, m.norm(Norm.MLP_SUB), eps)
+            y = adapt(i, "down", act, m.down(act))
+            if m.norm(Norm.MLP_OUT) is not None:
+                y = rms_norm(y, m.norm(Norm.MLP_OUT), eps)
+            x = x + y
         return rms_norm(x, self.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -30,10 +30,11 @@ from bitmtp.errors import BitMTPError
 from bitmtp.formats.quantize import absmean_ternarize, dequantize_ternary
 from bitmtp.formats.ternary import pack_t2
 from bitmtp.model.decoder import Decoder
+from bitmtp.model.families import Norm
 from bitmtp.model.fuse import Stacked
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
-from bitmtp.train.forward import TrainView, fake_quant_ste
+from bitmtp.train.forward import TrainView, fake_quant_ste, norm_attr
 from bitmtp.train.losses import weighted_block_ce
 from bitmtp.train.masks import packed_layout
 
@@ -119,11 +120,11 @@ class FullParams(nn.Module):
         if self.tied:
             view.lm_head.weight = embed  # one tensor for both, as in the checkpoint
         for m in view.layers:
-            for name in ("in_norm", "post_norm", "q_norm", "k_norm", "attn_sub_norm", "mlp_sub_norm"):
-                t = getattr(m, name)
+            for slot in Norm:
+                t = m.norm(slot)
                 if t is not None:
-                    delattr(m, name)
-                    setattr(m, name, nn.Parameter(t.clone()))
+                    delattr(m, norm_attr(slot))
+                    setattr(m, norm_attr(slot), nn.Parameter(t.clone()))
         view.requires_grad_(True)
         self.view = view
         self.mask_embedding = nn.Parameter(mask_embedding.detach().float().clone())
@@ -182,10 +183,8 @@ def write_back(params: FullParams, decoder: Decoder) -> None:
         layer.attn.o_proj = _write_projection(m.o, layer.attn.o_proj)
         layer.mlp.gate_up_proj = _write_projection(m.gate_up, layer.mlp.gate_up_proj)
         layer.mlp.down_proj = _write_projection(m.down, layer.mlp.down_proj)
-        for name, target in (("in_norm", layer), ("post_norm", layer), ("q_norm", layer.attn),
-                             ("k_norm", layer.attn), ("attn_sub_norm", layer.attn), ("mlp_sub_norm", layer.mlp)):
-            attr = {"attn_sub_norm": "sub_norm", "mlp_sub_norm": "sub_norm"}.get(name, name)
-            t = getattr(m, name)
+        for slot in Norm:
+            t, target = m.norm(slot), layer.norm(slot)
             if t is not None:
-                getattr(target, attr).data = t.detach().to(getattr(target, attr).dtype).clone()
+                target.data = t.detach().to(target.dtype).clone()
     decoder.invalidate_native()

