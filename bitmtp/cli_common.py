@@ -127,16 +127,6 @@ def backend_name(flag: str, value: str) -> None:
                          f"automatic choice (`bitmtp info` shows which run here)")
 
 
-def byte_count(flag: str, value: str) -> None:
-    """A size like 3.9GB, 4GiB, 512MiB or 3900000000 (``bitmtp.offload.parse_bytes``)."""
-    from bitmtp.offload import parse_bytes
-
-    try:
-        parse_bytes(value)
-    except ValueError as exc:  # OffloadError: says what it could not parse and the accepted forms
-        raise _err(flag, str(exc).removeprefix("bytes: ")) from None
-
-
 def _walk_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """``parser`` and the subparser the command line chose (only the actions that were parsed)."""
     yield parser

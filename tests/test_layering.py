@@ -43,15 +43,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("formats", ("bitmtp.formats",)),  # pure tensor and file formats
     ("ops", ("bitmtp.ops",)),
     ("model", ("bitmtp.model",)),
-    # shipped-adapter lookup (formats only) and the wgpu offload planner (model.args): used by the
-    # runtime, the api and the CLI, never the other way
-    ("planning", ("bitmtp.shipped", "bitmtp.offload")),
+    # shipped-adapter lookup (formats only): used by the api and the CLI, never the other way
+    # (the Vulkan runtime's VRAM planner lives in bitmtp.runtime.vulkan.planner)
+    ("planning", ("bitmtp.shipped",)),
     ("runtime", ("bitmtp.runtime", "bitmtp.decoding")),
     ("api", ("bitmtp.api",)),
     ("hf", ("bitmtp.hf",)),  # bitmtp.patch: wraps the api for transformers models
     ("facade", ("bitmtp",)),  # bitmtp/__init__.py: re-exports ops, api (load, generate) and hf (patch)
     ("train", ("bitmtp.train",)),  # trains adapters; evaluates through bitmtp.generate
-    ("cli", ("bitmtp.cli", "bitmtp.cli_common", "bitmtp.cli_train", "bitmtp.cli_convert", "bitmtp.__main__")),
+    ("cli", ("bitmtp.cli", "bitmtp.cli_common", "bitmtp.cli_presets", "bitmtp.cli_train", "bitmtp.cli_convert",
+             "bitmtp.__main__")),
 ]
 
 

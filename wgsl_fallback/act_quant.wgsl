@@ -5,7 +5,7 @@
 // cache line. Plus each scale group's sum of x_q (the W2A8 kernel's "-sum x" term). One workgroup per token.
 //
 // Reference: bitmtp.ops.reference.act_quant_reference
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_act_quant.py
 
 struct Params { M: u32, K: u32, K4: u32, group: u32, n_groups: u32, _a: u32, _b: u32, _c: u32 }
 

@@ -4,7 +4,7 @@
 // out[2W] (ids at [off + m], the probability's bits at [W + off + m]) so a step's outputs are one read.
 //
 // Reference: bitmtp.decoding.drafters._argmax_prob
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_argmax.py
 
 struct Params { M: u32, V: u32, off: u32, W: u32 }
 

@@ -4,7 +4,7 @@
 // device memory of a bf16/f16 checkpoint's dense tensors, widened exactly to f32 in registers.
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_dense.py
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, out_stride: u32, row_offset: u32, wg_x: u32, K2: u32 }
 

@@ -3,7 +3,7 @@
 // slices of a fused q|k|v output; and adding a delta into rows at an offset (gated LoRA on mask rows).
 //
 // Reference: bitmtp.model.layers.silu, bitmtp.model.decoder.Decoder.run_layers
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_elementwise.py
 
 struct Params { n: u32, I: u32, C: u32, c0: u32 }
 

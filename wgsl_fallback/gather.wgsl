@@ -3,7 +3,7 @@
 // writes the rows whose token lies in [row_start, row_start + rows).
 //
 // Reference: bitmtp.model.decoder.Decoder.hidden_states (its embedding lookup)
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_gather.py
 
 struct Params { M: u32, H: u32, off: u32, row_start: u32, rows: u32, _a: u32, _b: u32, _c: u32 }
 

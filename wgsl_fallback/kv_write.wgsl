@@ -2,7 +2,7 @@
 // positions (the device offset n of each row): in place, no copies of other rows.
 //
 // Reference: bitmtp.runtime.kv.KVStore.write
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_kv_write.py
 
 struct Params { M: u32, kv_heads: u32, Dh: u32, S: u32 }
 

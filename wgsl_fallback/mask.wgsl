@@ -5,7 +5,7 @@
 // suffix and their whole block).
 //
 // Reference: bitmtp.runtime.graphs.causal_mask, bitmtp.decoding.drafters.MaskBlockDrafter.draft
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_mask.py
 
 struct Params { M: u32, L: u32, causal: u32, _p: u32 }
 

@@ -3,7 +3,7 @@
 // (rows = M * heads, D = head_dim, weight shared by every head). One workgroup per row.
 //
 // Reference: bitmtp.model.layers.rms_norm
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_norm.py
 
 struct Params { rows: u32, D: u32, eps: f32, _p: u32 }
 

@@ -2,7 +2,7 @@
 // rows dense shader (dense_rows.py): one K range of every token is one contiguous, window-able range.
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference (of the dense op whose activations it lays out)
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_quads.py
 
 struct Params { M: u32, K: u32, quads: u32, wg_x: u32 }
 

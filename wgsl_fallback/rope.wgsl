@@ -3,7 +3,7 @@
 // cos/sin tables [positions, Dh] live on the device; positions [M] are the rows' absolute positions.
 //
 // Reference: bitmtp.model.layers.apply_rope
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_rope.py
 
 struct Params { M: u32, heads: u32, Dh: u32, _p: u32 }
 

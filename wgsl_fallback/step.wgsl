@@ -4,7 +4,7 @@
 // (width W) gets token v_a and positions (position of d_1) + a + [0, W). Nothing travels to the host.
 //
 // Reference: bitmtp.runtime.verify_prep.prepare_verify, bitmtp.runtime.verify_prep.resolve_verify
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_step.py
 
 struct Params { D: u32, src_off: u32, W: u32, last_pos_index: u32 }
 

@@ -7,7 +7,7 @@
 // Float epilogue:  y[m, n] = (sum_g acc_g * scale[n, g]) / s[m] + bias[n]
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_wgsl_ops.py
+// Test: tests/wgsl_fallback/test_w2a8.py
 
 struct Params {
   M: u32,           // tokens (1..16)
