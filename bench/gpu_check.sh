@@ -17,7 +17,7 @@
 #   6. the Vulkan runtime (runtime="vulkan") on this GPU's own Vulkan driver, not lavapipe:
 #      a. a Vulkan loader and wgpu: the system's, else carried ones unpacked from .gl/ (see below);
 #         the adapter wgpu picks must be the GPU (a CPU adapter fails the step);
-#      b. python -m pytest -m wgpu tests/test_vulkan_runtime.py tests/wgsl_fallback tests/test_masked_rows.py
+#      b. python -m pytest -m wgpu tests/runtime/vulkan/test_runtime.py tests/wgsl_fallback tests/runtime/test_masked_rows.py
 #         (BITMTP_REQUIRE_WGPU=1: a missing adapter fails instead of skipping);
 #      c. python -m pytest --benchmark-only bench/kernels/test_bench_wgsl.py (quick mode): register
 #         tiling, recorded-step replay, readbacks per iteration; its figures go into the table;
@@ -213,7 +213,7 @@ else
 fi
 
 step "Vulkan runtime on this GPU's Vulkan driver"
-VK_TESTS="tests/test_vulkan_runtime.py tests/wgsl_fallback tests/test_masked_rows.py"
+VK_TESTS="tests/runtime/vulkan/test_runtime.py tests/wgsl_fallback tests/runtime/test_masked_rows.py"
 VK_BENCH_JSON="$LOGS/bench_vulkan.json"
 export WGPU_BACKEND_TYPE=Vulkan XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 if [ $DRY = 0 ] && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan && ls .gl/*.deb >/dev/null 2>&1; then

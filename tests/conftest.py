@@ -1,4 +1,4 @@
-"""Shared test setup.
+"""Shared test setup: fixtures and collection hooks (importable helpers live in tests/support/).
 
 Triton kernels run through the interpreter on machines without a GPU: TRITON_INTERPRET must be set
 before triton is first imported, so it is set here, before anything imports bitmtp's kernels.
@@ -14,8 +14,6 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-
-POISON_INT = -0x5EEDBAD  # written into outputs first, so an unwritten element shows
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,23 +31,6 @@ def rng() -> torch.Generator:
     g = torch.Generator().manual_seed(seed)
     print(f"rng seed {seed}")
     return g
-
-
-def random_ternary(n: int, k: int, g: torch.Generator) -> torch.Tensor:
-    return torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
-
-
-def random_int8(m: int, k: int, g: torch.Generator) -> torch.Tensor:
-    """Activations over the full int8 range (-128 included), never all zero."""
-    x = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int16)
-    x[:, 0] = torch.where(x[:, 0] == 0, torch.full_like(x[:, 0], -128), x[:, 0])
-    return x.to(torch.int8)
-
-
-def triton_available() -> bool:
-    from bitmtp.ops.registry import availability
-
-    return availability("triton", "cpu")[0] or (torch.cuda.is_available() and availability("triton", "cuda")[0])
 
 
 @pytest.fixture

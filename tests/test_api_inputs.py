@@ -24,8 +24,8 @@ import torch
 
 import bitmtp
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
-from tests.hf_models import tiny_model
-from tests.test_mtp_decoding import INIT_RANGE, TAU, random_adapter
+from tests.support.adapters import INIT_RANGE, TAU, random_adapter
+from tests.support.hf_models import tiny_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bitmtp import cli, cli_common
-from tests.hf_models import tiny_model
+from tests.support.hf_models import tiny_model
 
 pytest.importorskip("transformers")
 

@@ -17,8 +17,7 @@ import pytest
 import bitmtp
 from bitmtp import cli, cli_train
 from bitmtp.errors import BitMTPError
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT as ROOT
 
 
 def _one_error_line(capsys, argv: list[str], status: int = 2) -> str:
@@ -199,12 +198,12 @@ def test_interrupt_exits_130_with_resume_hint_only_when_a_checkpoint_exists(monk
 
 
 def test_resume_of_a_crafted_checkpoint_is_one_line(monkeypatch, capsys, tmp_path):
-    """The CLI face of tests/test_train_resume.py: a checkpoint that would run code → exit 2, one line."""
+    """The CLI face of tests/train/test_resume.py: a checkpoint that would run code → exit 2, one line."""
     import pickle
 
     import torch
 
-    from tests.hf_models import tiny_model
+    from tests.support.hf_models import tiny_model
 
     class Plant:
         def __reduce__(self):
@@ -214,7 +213,7 @@ def test_resume_of_a_crafted_checkpoint_is_one_line(monkeypatch, capsys, tmp_pat
     (tmp_path / "data" / "a.py").write_text("def f(x):\n    return x * 3 + 1\n" * 30)
     (tmp_path / "ad.ckpt").mkdir()
     (tmp_path / "ad.ckpt" / "state.pt").write_bytes(pickle.dumps({"params": Plant()}, protocol=2))
-    from tests.test_cli_train import CharTokenizer
+    from tests.support.tokenizers import CharTokenizer
 
     monkeypatch.setattr(cli_train, "_load", lambda args: bitmtp.load(
         tiny_model("llama", seed=2), capacity=64, tokenizer=CharTokenizer(), adapter=None))
@@ -261,7 +260,7 @@ class _Stdout(io.StringIO):
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from tests.hf_models import tiny_model
+    from tests.support.hf_models import tiny_model
 
     folder = tmp_path_factory.mktemp("stream") / "m"
     tiny_model("llama", seed=5, initializer_range=0.3).save_pretrained(folder)

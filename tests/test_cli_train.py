@@ -9,25 +9,11 @@ import pytest
 import bitmtp
 from bitmtp import cli, cli_train
 from bitmtp.formats.adapters import load_adapter
-from tests.hf_models import tiny_model
-from tests.test_mtp_decoding import INIT_RANGE
+from tests.support.adapters import INIT_RANGE
+from tests.support.hf_models import tiny_model
+from tests.support.tokenizers import CharTokenizer
 
 pytest.importorskip("transformers")
-
-
-class CharTokenizer:
-    """A test double: one token per character (ids 3..96), chat = role tags + text."""
-
-    def __call__(self, text):
-        return {"input_ids": [3 + ord(c) % 94 for c in text]}
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt
-                                                                           else "")
-        return self(text)["input_ids"] if tokenize else text
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + i % 26) for i in ids)
 
 
 @pytest.fixture
@@ -88,7 +74,7 @@ def test_parse_duration():
 
 def test_bench_plot_and_info(tiny, tmp_path, capsys, monkeypatch):
     from bitmtp.formats.adapters import save_adapter
-    from tests.test_mtp_decoding import random_adapter
+    from tests.support.adapters import random_adapter
 
     args = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), adapter=None).args
     ad = save_adapter(tmp_path / "ad", *random_adapter(args, "mask-block", block_size=8))

@@ -8,7 +8,7 @@ import torch
 from bitmtp.errors import BackendUnavailableError, BitMTPError, DeviceError, DTypeError, LayoutError, ShapeError
 from bitmtp.formats import pack_t2
 from bitmtp.ops import act_quant, dense_linear, w2a8_accumulate, w2a8_linear
-from tests.conftest import random_ternary
+from tests.support.random_inputs import random_ternary
 
 
 @pytest.fixture

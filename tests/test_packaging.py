@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,13 +17,13 @@ import torch
 from bitmtp import cli
 from bitmtp.ops import registry
 from bitmtp.ops.backends import cpu_backend
+from tests.support.paths import REPO_ROOT as REPO
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pip's vendored copy of the same parser
     from pip._vendor import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
 EXT = "bitmtp._cpu_w2a8"
 
 
@@ -136,9 +135,9 @@ def test_present_extension_is_quiet():
 def test_generation_without_the_extension_gives_the_same_tokens(no_native, tmp_path):
     """The fallback is only slower: a model decodes the same tokens with and without the native kernels."""
     import bitmtp
-    from tests.test_convert import _float_source
+    from tests.support.convert import float_source
 
-    path = _float_source(tmp_path / "m.gguf", "llama", False, seed=int(torch.randint(0, 1000, (1,))))
+    path = float_source(tmp_path / "m.gguf", "llama", False, seed=int(torch.randint(0, 1000, (1,))))
     ids = torch.randint(3, 97, (10,)).tolist()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

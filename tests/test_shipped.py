@@ -134,7 +134,7 @@ def test_non_matching_and_broken_folders_never_win(tmp_path, monkeypatch):
 def test_loading_smollm2_attaches_the_mask_block_adapter(monkeypatch):
     """The real model: its fingerprint is the one the shipped configs record, and load attaches the
     mask-block adapter (drafter kind and block size from that folder)."""
-    from tests.test_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     path = smollm2_path()
     if path is None:

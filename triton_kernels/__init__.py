@@ -8,7 +8,7 @@ On a machine without a GPU, set ``TRITON_INTERPRET=1`` before the first import t
 on CPU tensors through Triton's interpreter (slow; small shapes).
 
 Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.attention_reference
-Test: tests/test_w2a8_linear.py, tests/test_attention.py
+Test: tests/ops/test_w2a8_linear.py, tests/ops/test_attention.py
 """
 
 from bitmtp.triton_kernels.attention import attention_rows

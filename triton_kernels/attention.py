@@ -8,7 +8,7 @@ whatever the replay state is what lets speculative decoding equal AR greedy outp
 rows are not loaded at all, so garbage in them (NaN, Inf) never matters.
 
 Reference: bitmtp.ops.reference.attention_reference
-Test: tests/test_attention.py, tests/test_masked_rows.py
+Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 """
 
 from __future__ import annotations

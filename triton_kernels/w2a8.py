@@ -16,7 +16,7 @@ fold, so the codes never need a signed decode), then fuse the epilogue
 write the exact int32 per-group accumulators ``[M, N, n_groups]`` used by the bit-exactness tests.
 
 Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-Test: tests/test_w2a8_linear.py
+Test: tests/ops/test_w2a8_linear.py
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 // read (neither K nor V), so whatever they hold cannot reach the output.
 //
 // Reference: bitmtp.ops.reference.attention_reference
-// Test: tests/wgsl_fallback/test_attention.py, tests/test_masked_rows.py
+// Test: tests/wgsl_fallback/test_attention.py, tests/runtime/test_masked_rows.py
 
 struct Params { M: u32, heads: u32, kv_heads: u32, Dh: u32, S: u32, L: u32, scale: f32, _p: u32 }
 

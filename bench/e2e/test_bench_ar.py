@@ -26,7 +26,7 @@ PROMPT = "Write a short story about a robot who learns to paint."
 
 
 def _smollm2():
-    from tests.test_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     return smollm2_path()
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from bench.conftest import EXACT, HIGHER, LOWER, record
-from tests.test_smollm2 import smollm2_path
+from tests.support.smollm2 import smollm2_path
 
 PROMPT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 NEW = 64

@@ -33,7 +33,7 @@ import torch
 from bench.conftest import by_mode, record
 from bench.ratios import alternating_ratio, best_over_best
 from bitmtp.formats import pack_t2
-from tests.wgpu_device import device_runner_or_skip
+from tests.support.wgpu_device import device_runner_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_wgpu_captured_vs_eager_steps(benchmark, runner, monkeypatch):
     import time
 
     import bitmtp
-    from tests.hf_models import tiny_model
+    from tests.support.hf_models import tiny_model
 
     hf = tiny_model("bitnet", seed=3, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     prompt = [1, 5, 7, 9, 11, 3, 4, 60]
@@ -175,7 +175,7 @@ def test_wgpu_readbacks_per_iteration(benchmark, runner, policy):
     import bitmtp
     from bitmtp.formats.adapters import AdapterConfig, BaseShape
     from bitmtp.model.adapters import init_adapter_tensors
-    from tests.hf_models import tiny_model
+    from tests.support.hf_models import tiny_model
 
     hf = tiny_model("bitnet", seed=3, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     cfg = None

@@ -1,7 +1,7 @@
 """Dense weights kept in GGML blocks (``DenseLinear.blocks``) over the same weights in float32.
 
 SmolLM2-135M's GGUF stores Q4_1 projections and a Q8_0 embedding (the tied LM head). Packed, a
-step reads 96 MB instead of 538 MB, with bit-identical results (tests/test_dense_blocks.py). Per
+step reads 96 MB instead of 538 MB, with bit-identical results (tests/formats/test_ggml_blocks.py). Per
 step width — AR (1), verify (8), mask-block draft (15, D = 8) — time(float32 step) / time(block
 step), alternating rounds on one decoder (``drop_dense_blocks`` / ``pack_dense_blocks`` switch it),
 fused CPU layers on. Gated: every ``speedup_*`` (higher is better).

@@ -5,7 +5,7 @@ time(per-op step) / time(fused step), measured alternately in one run (median of
 ratios; ``BITMTP_FUSED`` switches the path per call). Two models: SmolLM2-135M shapes (dense
 float32, random weights — the small-model case, where per-op dispatch was half the step) and
 BitNet-2B shapes (random ternary; quick mode: 4 of 30 layers). Gated: every ``speedup_*``
-(higher is better). Both paths give bit-identical results (tests/test_fused_layers.py).
+(higher is better). Both paths give bit-identical results (tests/ops/test_fused_layers.py).
 """
 
 from __future__ import annotations

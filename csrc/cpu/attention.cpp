@@ -11,7 +11,7 @@
 // ~70 KV rows) went from 0.24 to 0.17 ms per layer on the AVX-512 path.
 //
 // Reference: bitmtp.ops.reference.attention_reference
-// Test: tests/test_attention.py, tests/test_masked_rows.py
+// Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 #include <math.h>
 #include <stdint.h>
 

@@ -1,7 +1,7 @@
 // Row-deterministic attention (see attention.cpp).
 //
 // Reference: bitmtp.ops.reference.attention_reference
-// Test: tests/test_attention.py, tests/test_masked_rows.py
+// Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 #pragma once
 
 #include <stdint.h>

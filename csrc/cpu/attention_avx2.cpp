@@ -1,7 +1,7 @@
 // Attention, avx2 path (attention_body.inc). Called only after CPUID confirms the ISA.
 //
 // Reference: bitmtp.ops.reference.attention_reference
-// Test: tests/test_attention.py, tests/test_masked_rows.py
+// Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 #pragma GCC target("avx2,fma")
 #include <math.h>
 #include <stdint.h>

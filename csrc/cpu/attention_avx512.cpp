@@ -1,7 +1,7 @@
 // Attention, avx512 path (attention_body.inc). Called only after CPUID confirms the ISA.
 //
 // Reference: bitmtp.ops.reference.attention_reference
-// Test: tests/test_attention.py, tests/test_masked_rows.py
+// Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 #include <math.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 // Dense float32 GEMV, AVX2+FMA path (see dense_block.inc). Called only after CPUID confirms it.
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
-// Test: tests/test_dense_blocks.py
+// Test: tests/formats/test_ggml_blocks.py
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 

@@ -1,7 +1,7 @@
 // Dense float32 GEMV, AVX-512F path (see dense_block.inc). Called only after CPUID confirms it.
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
-// Test: tests/test_dense_blocks.py
+// Test: tests/formats/test_ggml_blocks.py
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c")
 #include <immintrin.h>
 

@@ -4,7 +4,7 @@
 // pragmas).
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
-// Test: tests/test_dense_blocks.py
+// Test: tests/formats/test_ggml_blocks.py
 #pragma once
 
 #include <stdint.h>

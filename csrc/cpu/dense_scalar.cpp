@@ -2,7 +2,7 @@
 // rows are decoded into a float32 row first (gguf-py's operations: d * q, then + m).
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
-// Test: tests/test_dense_blocks.py
+// Test: tests/formats/test_ggml_blocks.py
 #include <cstddef>
 #include <vector>
 

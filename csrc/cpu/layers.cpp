@@ -17,7 +17,7 @@
 // projections, attention and activation quantization are the same kernels.
 //
 // Reference: bitmtp.model.decoder.Decoder.run_layers (its per-op loop, BITMTP_FUSED=0)
-// Test: tests/test_fused_layers.py
+// Test: tests/ops/test_fused_layers.py
 #include "layers.h"
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 // these field numbers) and each step passes the rows' activations, positions, RoPE rows and mask.
 //
 // Reference: bitmtp.model.decoder.Decoder.run_layers (its per-op loop, BITMTP_FUSED=0)
-// Test: tests/test_fused_layers.py
+// Test: tests/ops/test_fused_layers.py
 #pragma once
 
 #include <stdint.h>

@@ -2,7 +2,7 @@
 // fused decoder layers (layers.cpp) call exactly the code the per-op entry points call.
 //
 // Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.dense_linear_reference
-// Test: tests/test_cpu_kernels.py, tests/test_dense_blocks.py
+// Test: tests/ops/backends/test_cpu_kernels.py, tests/formats/test_ggml_blocks.py
 #include "linear_run.h"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // They never touch the GIL: callers release it around them.
 //
 // Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.dense_linear_reference
-// Test: tests/test_cpu_kernels.py, tests/test_dense_blocks.py
+// Test: tests/ops/backends/test_cpu_kernels.py, tests/formats/test_ggml_blocks.py
 #pragma once
 
 #include <stdint.h>

@@ -5,7 +5,7 @@
 // confirms them. Blocking over rows and tokens: w2a8_block.inc.
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cpu_kernels.py
+// Test: tests/ops/backends/test_cpu_kernels.py
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 

@@ -13,7 +13,7 @@
 // copy the linker keeps, and run on a CPU without AVX-512).
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cpu_kernels.py
+// Test: tests/ops/backends/test_cpu_kernels.py
 #pragma once
 
 #include <stddef.h>

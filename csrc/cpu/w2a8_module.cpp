@@ -9,10 +9,10 @@
 // Reference: bitmtp.ops.reference.dense_linear_reference
 // Reference: bitmtp.ops.reference.attention_reference
 // Reference: bitmtp.model.decoder.Decoder.run_layers
-// Test: tests/test_cpu_kernels.py
-// Test: tests/test_dense_blocks.py
-// Test: tests/test_attention.py
-// Test: tests/test_fused_layers.py
+// Test: tests/ops/backends/test_cpu_kernels.py
+// Test: tests/formats/test_ggml_blocks.py
+// Test: tests/ops/test_attention.py
+// Test: tests/ops/test_fused_layers.py
 #include <pybind11/pybind11.h>
 
 #include <algorithm>

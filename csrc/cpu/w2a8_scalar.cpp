@@ -2,7 +2,7 @@
 // accumulators per group, float epilogue in double).
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cpu_kernels.py
+// Test: tests/ops/backends/test_cpu_kernels.py
 #include "w2a8_cpu.h"
 
 namespace bitmtp_cpu {

@@ -15,7 +15,7 @@
 // the little-endian int32 of x_q[16j+4s .. 16j+4s+3] -- one __dp4a operand pair.
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cuda_kernels.py
+// Test: tests/ops/backends/test_cuda_kernels.py
 #ifndef BITMTP_W2A8_COMMON_CUH
 #define BITMTP_W2A8_COMMON_CUH
 

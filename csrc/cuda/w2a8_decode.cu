@@ -31,7 +31,7 @@
 // (t2_signed, shared by the M tokens). Both give exactly sum(c*x) - sum(x).
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cuda_kernels.py
+// Test: tests/ops/backends/test_cuda_kernels.py
 #include "w2a8_common.cuh"
 
 #define DEC_WARPS 4

@@ -15,7 +15,7 @@
 // is not a multiple of 16 needs nothing else.
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
-// Test: tests/test_cuda_kernels.py
+// Test: tests/ops/backends/test_cuda_kernels.py
 #include "w2a8_common.cuh"
 
 #define TL_BM 64       // tokens per block tile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.wgpu_device import device_runner_or_skip
+from tests.support.wgpu_device import device_runner_or_skip
 
 
 @pytest.fixture(scope="module")

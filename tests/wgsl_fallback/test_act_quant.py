@@ -1,7 +1,7 @@
 """act_quant.wgsl: per-token absmax int8 quantization (bitmtp.ops.reference.act_quant_reference), exact.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bitmtp.ops.reference import act_quant_reference
-from tests.wgsl_fallback.helpers import MS
+from tests.support.wgsl import MS
 
 pytestmark = pytest.mark.wgpu
 

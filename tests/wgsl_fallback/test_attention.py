@@ -1,7 +1,7 @@
 """attention.wgsl: masked attention over a step's KV window (bitmtp.ops.reference.attention_reference).
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bitmtp.ops.reference import attention_reference
-from tests.wgsl_fallback.helpers import close
+from tests.support.wgsl import close
 
 pytestmark = pytest.mark.wgpu
 

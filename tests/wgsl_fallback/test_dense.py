@@ -2,7 +2,7 @@
 float64 matmul.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.wgpu_device import device_runner_or_skip
-from tests.wgsl_fallback.helpers import MS, close, dispatched
+from tests.support.wgpu_device import device_runner_or_skip
+from tests.support.wgsl import MS, close, dispatched
 
 pytestmark = pytest.mark.wgpu
 

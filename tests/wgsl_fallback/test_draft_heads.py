@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.wgsl_fallback.helpers import close
+from tests.support.wgsl import close
 
 pytestmark = pytest.mark.wgpu
 
@@ -22,7 +22,7 @@ def test_device_heads_step_equals_draft_heads_step(wg, rng, family, rows):
     import bitmtp
     from bitmtp.formats.adapters import AdapterConfig, BaseShape
     from bitmtp.model.adapters import build_adapter, init_adapter_tensors
-    from tests.hf_models import tiny_model
+    from tests.support.hf_models import tiny_model
 
     r, ops = wg
     model = bitmtp.load(tiny_model(family, seed=int(torch.randint(0, 100, (1,), generator=rng))), adapter=None,

@@ -1,7 +1,7 @@
 """quads.wgsl: the token-minor int8 quads layout the W2A8 shaders read, exact.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 

@@ -1,7 +1,7 @@
 """rope.wgsl: rotary embeddings in place (bitmtp.model.layers.apply_rope) within 1e-5.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bitmtp.model.layers import apply_rope, rope_tables
-from tests.wgsl_fallback.helpers import close
+from tests.support.wgsl import close
 
 pytestmark = pytest.mark.wgpu
 

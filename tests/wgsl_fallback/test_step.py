@@ -1,7 +1,7 @@
 """step.wgsl: the decode loop's device-side verify preparation and resolution (greedy acceptance).
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 

@@ -2,7 +2,7 @@
 exact int32 accumulators and the scale epilogue against bitmtp.ops.reference.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
-helpers.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
+tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
 BITMTP_REQUIRE_WGPU=1.
 """
 
@@ -14,8 +14,8 @@ import torch
 
 from bitmtp.formats import pack_t2
 from bitmtp.ops.reference import act_quant_reference, w2a8_accumulate_reference, w2a8_linear_q_reference
-from tests.wgpu_device import device_runner_or_skip
-from tests.wgsl_fallback.helpers import MS, close, dispatched, ternary
+from tests.support.wgpu_device import device_runner_or_skip
+from tests.support.wgsl import MS, close, dispatched, ternary
 
 pytestmark = pytest.mark.wgpu
 

@@ -1,0 +1,90 @@
+"""KV store and engine invariants: in-place writes, zero copies, storage = capacity + M_max rows,
+rows [0, n) equal a fresh prefill after random writes / commits / segment changes, one device→host
+sync per AR step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.ops.registry import availability
+from bitmtp.runtime import Engine, KVStore, ReplayState
+from tests.support.hf_models import tiny_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("family,quantize", [("llama", None), ("bitnet", "ternary"), ("qwen3", None)])
+def test_random_writes_commits_and_segments_keep_kv_exact(family, quantize, rng):
+    hf = tiny_model(family, seed=11, max_position_embeddings=1024)
+    model = bitmtp.load(hf, capacity=600, quantize=quantize, m_max=16)
+    eng = model.engine
+    kv = eng.kv
+    assert kv.segments == [256, 512, 616]
+    assert all(t.shape[1] == 600 + 16 for t in kv.k + kv.v)  # storage: capacity + M_max rows per layer
+    ptrs = kv.data_ptrs()
+
+    committed = torch.randint(3, 97, (int(torch.randint(5, 40, (1,), generator=rng)),), generator=rng).tolist()
+    eng.reset()
+    tok = eng.prefill(committed)
+    while eng.n < 560:  # crosses the 256 and 512 segment boundaries
+        if torch.rand(1, generator=rng).item() < 0.5:
+            # a rejected draft: rows [n, n+w) are written with junk tokens, then left to be overwritten
+            w = int(torch.randint(1, 17, (1,), generator=rng))
+            junk = torch.randint(3, 97, (w,), generator=rng)
+            eng._step("verify", junk, eng.n)
+        else:
+            committed.append(tok)
+            tok = eng.ar_step(tok)
+    n = eng.n
+    assert n == len(committed)
+    assert kv.data_ptrs() == ptrs and kv.rows_copied == 0
+
+    fresh = Engine(model.decoder, capacity=600, m_max=16, prefill_chunk=37)
+    fresh.prefill(committed)
+    exact = quantize == "ternary" and availability("cpu", "cpu")[0]
+    for layer in range(len(kv.k)):
+        for ours, ref in ((kv.k[layer], fresh.kv.k[layer]), (kv.v[layer], fresh.kv.v[layer])):
+            if exact:
+                # integer-exact linears + row-deterministic attention: bit for bit, whatever the
+                # widths and segments the rows were computed in
+                assert torch.equal(ours[:, :n], ref[:, :n])
+            else:
+                # dense float linears: BLAS sums in a width-dependent order, so equal up to rounding
+                torch.testing.assert_close(ours[:, :n], ref[:, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_one_sync_per_ar_step_and_stop_reasons():
+    hf = tiny_model("llama", seed=2)
+    model = bitmtp.load(hf, capacity=64)
+    res = model.generate_ar([5, 6, 7], max_new_tokens=10, eos_token_id=[])
+    assert len(res.tokens) == 10 and res.stop_reason == "max_new_tokens"
+    assert res.stats.syncs == 1 + 9  # prefill + one per AR step
+    res = model.generate_ar(list(range(3, 60)), max_new_tokens=100, eos_token_id=[])
+    assert res.stop_reason == "capacity" and 57 + len(res.tokens) - 1 == 64
+    eos = res.tokens[2]
+    res2 = model.generate_ar(list(range(3, 60)), max_new_tokens=100, eos_token_id=[eos])
+    assert res2.stop_reason == "eos" and res2.tokens[-1] == eos
+
+
+def test_prompt_longer_than_capacity_and_bad_ids():
+    model = bitmtp.load(tiny_model("llama", seed=2), capacity=32)
+    with pytest.raises(BitMTPError, match="capacity"):
+        model.generate_ar(list(range(3, 40)), max_new_tokens=4)
+    with pytest.raises(BitMTPError, match="input_ids"):
+        model.generate_ar([3, 500], max_new_tokens=4)
+    with pytest.raises(BitMTPError, match="max_new_tokens"):
+        model.generate_ar([3, 4], max_new_tokens=0)
+
+
+def test_store_shapes_and_states():
+    kv = KVStore(2, 3, 8, capacity=1000, m_max=15)
+    assert kv.segments == [256, 512, 1015]
+    assert kv.segment_for(1) == 256 and kv.segment_for(257) == 512 and kv.segment_for(1015) == 1015
+    with pytest.raises(BitMTPError, match="kv"):
+        kv.segment_for(1016)
+    assert kv.nbytes == 2 * 2 * 3 * 1015 * 8 * 4
+    with pytest.raises(ValueError, match="role"):
+        ReplayState(1, 256, "sample")

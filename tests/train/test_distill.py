@@ -1,0 +1,136 @@
+"""Self-distillation corpora (``bitmtp.train.distill``, ``python -m bitmtp distill``) and JSONL token records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bitmtp
+from bitmtp import cli, cli_train
+from bitmtp.errors import BitMTPError
+from bitmtp.train import token_windows
+from bitmtp.train.distill import distill_corpus, distill_prompt_ids, snippet_prompts
+from tests.support.adapters import INIT_RANGE, random_adapter
+from tests.support.hf_models import tiny_model
+from tests.support.tokenizers import CharTokenizer
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256,
+                    tokenizer=CharTokenizer(), adapter=None)
+    return m
+
+
+def _code(tmp_path, files=3, defs=4):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(files):
+        body = "".join(f"def f{f}_{i}(x, y):\n    z = x * {i} + y\n    return z - {f}\n\n" for i in range(defs))
+        (src / f"m{f}.py").write_text("import os\n\n" + body)
+    return src
+
+
+def test_snippets_come_from_functions_at_most_per_file(tmp_path):
+    src = _code(tmp_path)
+    out = snippet_prompts([src], count=100, lines=3, per_file=2, seed=1)
+    assert len(out) == 6 and all(s.startswith("def f") and s.endswith("\n") for s in out)
+    assert len(snippet_prompts([src], count=4, lines=3, per_file=2)) == 4
+    (tmp_path / "nodefs").mkdir()
+    (tmp_path / "nodefs" / "a.py").write_text("x = 1\n" * 50)
+    with pytest.raises(BitMTPError, match="no Python function"):
+        snippet_prompts([tmp_path / "nodefs"], count=3)
+    with pytest.raises(BitMTPError, match="count"):
+        snippet_prompts([src], count=0)
+
+
+def test_corpus_is_the_models_greedy_continuation(model, tmp_path):
+    src = _code(tmp_path)
+    chat_head = model.encode([{"role": "user", "content": "x"}])[:6]
+    assert all(p[:6] == chat_head for p in distill_prompt_ids(model, [src], count=3, chat_fraction=1.0, lines=3))
+    prompts = distill_prompt_ids(model, [src], count=5, chat_fraction=0.0, lines=3, seed=2)
+    assert len(prompts) == 5 and not any(p[:6] == chat_head for p in prompts)
+    out = tmp_path / "d.jsonl"
+    st = distill_corpus(model, prompts, out, max_new_tokens=12, policy="ar", progress=False)
+    recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert st.records == len(recs) == 5 and not out.with_name("d.jsonl.partial").exists()
+    for ids, rec in zip(prompts, recs, strict=True):
+        assert rec["prompt_tokens"] == len(ids) and rec["tokens"][: len(ids)] == ids
+        ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=12, policy="ar", eos_token_id=None)
+        assert rec["tokens"][len(ids):] == ar.token_ids
+    assert st.generated_tokens == sum(len(r["tokens"]) - r["prompt_tokens"] for r in recs)
+
+    # speculative decoding writes the same records (it is exact)
+    model.load_adapter(random_adapter(model.args, "mask-block", 4))
+    try:
+        spec = tmp_path / "s.jsonl"
+        distill_corpus(model, prompts, spec, max_new_tokens=12, policy="speculative", block_size=4, progress=False)
+        assert spec.read_text() == out.read_text()
+    finally:
+        model.load_adapter(None)
+
+
+def test_existing_output_refused_and_resume_keeps_done_records(model, tmp_path):
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    out = tmp_path / "d.jsonl"
+    out.write_text("keep me\n")
+    with pytest.raises(BitMTPError, match="exists"):
+        distill_corpus(model, prompts, out, max_new_tokens=4, progress=False)
+    assert out.read_text() == "keep me\n"
+    out.unlink()
+    partial = tmp_path / "d.jsonl.partial"
+    first = {"tokens": [5, 6, 7, 8, 1, 2], "prompt_tokens": 4}
+    partial.write_text(json.dumps(first) + "\n")  # an interrupted run's first record
+    st = distill_corpus(model, prompts, out, max_new_tokens=4, resume=True, progress=False)
+    recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert st.records == 3 and recs[0] == first and recs[1]["tokens"][:3] == [9, 10, 11]
+    # without resume a stale partial file is started over
+    partial.write_text(json.dumps(first) + "\n")
+    distill_corpus(model, prompts, out, max_new_tokens=4, overwrite=True, progress=False)
+    assert json.loads(out.read_text().splitlines()[0])["tokens"][:4] == [5, 6, 7, 8] != first["tokens"]
+    with pytest.raises(BitMTPError, match="exact policy"):
+        distill_corpus(model, prompts, tmp_path / "h.jsonl", policy="hybrid", progress=False)
+    with pytest.raises(BitMTPError, match="empty"):
+        distill_corpus(model, [], tmp_path / "e.jsonl", progress=False)
+    with pytest.raises(BitMTPError, match="chat_fraction"):
+        distill_prompt_ids(model, ["stdlib"], 3, chat_fraction=1.5)
+
+
+def test_token_records_train_as_they_are(tmp_path):
+    ids = list(range(3, 43))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"tokens": ids, "prompt_tokens": 5}) + "\n")
+    w = token_windows([tmp_path / "c.jsonl"], CharTokenizer(), 16, max_context=128, eos_token_id=2, vocab_size=100)
+    assert w[0] == ids[:16] and w[1] == ids[16:32]
+    with pytest.raises(BitMTPError, match="vocabulary"):
+        token_windows([tmp_path / "c.jsonl"], CharTokenizer(), 16, max_context=128, vocab_size=20)
+    for bad in ([1, -2, 3], [1, "a"], [], [True, 2]):
+        (tmp_path / "b.jsonl").write_text(json.dumps({"tokens": bad}) + "\n")
+        with pytest.raises(BitMTPError, match="token ids"):
+            token_windows([tmp_path / "b.jsonl"], CharTokenizer(), 8, max_context=128)
+
+
+def test_cli_distill_then_train(monkeypatch, tmp_path, capsys):
+    def load(args):
+        m = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256,
+                        tokenizer=CharTokenizer(), adapter=None)
+        if getattr(args, "adapter", None):
+            m.load_adapter(args.adapter)
+        return m
+
+    monkeypatch.setattr(cli_train, "_load", load)
+    src = _code(tmp_path)
+    out = tmp_path / "d.jsonl"
+    argv = ["distill", "--data", str(src), "--out", str(out), "--count", "4", "--new-tokens", "8", "--lines", "3",
+            "--no-progress"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "with ar" in err and "4 records" in err  # no adapter: plain AR
+    assert len(out.read_text().splitlines()) == 4
+    assert cli.main(argv) == 2 and "exists" in capsys.readouterr().err
+    ad = tmp_path / "ad"
+    assert cli.main(["train", "--data", str(out), "--out", str(ad), "--mode", "heads", "--max-steps", "2",
+                     "--seq-len", "16", "--block-size", "3", "--rank", "2", "--anchors", "2", "--no-progress"]) == 0
+    assert "d.jsonl" in json.loads((ad / "adapter_config.json").read_text())["training"]["data"]
