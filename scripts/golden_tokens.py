@@ -1,7 +1,7 @@
 """Record or check the golden tokens of every decoding policy on SmolLM2-135M-Instruct.
 
 The file (``tests/golden/smollm2_policies.json``) holds, for the 20 chat prompts of the slow set
-(``tests/test_smollm2_mtp.PROMPTS_20``) × 64 new tokens (the first half of the slow set's 128): AR
+(``tests.support.smollm2.PROMPTS_20``) × 64 new tokens (the first half of the slow set's 128): AR
 greedy's tokens, and the tokens of
 ``confidence``, ``speculative`` and ``hybrid`` with each shipped drafter (mask-block and heads) at
 D = 2, 4, 8 (τ = 0.9 and hybrid's default m, plus τ = 0.5 for confidence and hybrid so the confidence
@@ -37,8 +37,7 @@ def _setup():
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import bitmtp
-    from tests.test_smollm2 import smollm2_path
-    from tests.test_smollm2_mtp import PROMPTS_20
+    from tests.support.smollm2 import PROMPTS_20, smollm2_path
 
     path = smollm2_path()
     if path is None:
