@@ -4,7 +4,7 @@ transformers stores a BitNet ternary weight ``W[N, K]`` as ``uint8[ceil(N/4), K]
 holds the codes ``c = w + 1`` of rows ``r``, ``r + R``, ``r + 2R``, ``r + 3R`` (R = ceil(N/4)) at bits
 0, 2, 4, 6 — four rows N/4 apart, not four neighbouring columns.
 
-**Scale convention (pinned by tests/test_formats_bitnet.py).** Real BitNet checkpoints
+**Scale convention (pinned by tests/formats/test_bitnet.py).** Real BitNet checkpoints
 (microsoft/bitnet-b1.58-2B-4T, ``quantization_config.linear_class == "bitlinear"``) are run by
 transformers' ``BitLinear``, which computes ``y = (x_q @ Wᵀ) / (s_x · weight_scale)``: the stored
 ``weight_scale`` is the *inverse* absmean, ``1 / mean|W|``, and the real weight is

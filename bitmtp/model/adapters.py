@@ -58,7 +58,7 @@ def gated_lora(outputs: torch.Tensor, inputs: torch.Tensor, first_row: int, a: t
     the matching ``inputs`` rows; rows before ``first_row`` keep the base model's outputs exactly (the gate).
 
     The one definition the executors share: the torch decoder (``linear`` = ``ops.dense_linear``, in place, so
-    on the cpu backend it is the fused native layers' LoRA kernel: tests/test_fused_layers.py), and the
+    on the cpu backend it is the fused native layers' LoRA kernel: tests/ops/test_fused_layers.py), and the
     training view (``linear`` None: autograd matmuls, ``inplace=False``, rows along dim 1). The Vulkan runtime
     mirrors it with its dense shader (tests/wgsl_fallback). Returns the updated outputs."""
     n = inputs.shape[row_dim] - first_row

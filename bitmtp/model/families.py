@@ -13,10 +13,10 @@ with :meth:`LayerSpec.check`, which raises :class:`UnsupportedLayer` at load for
 implement — so an activation added here alone is refused by an executor without it, never run as
 something else.
 
-Adding a family is one :func:`register_family` call (``tests/test_families.py`` registers a test-only
+Adding a family is one :func:`register_family` call (``tests/model/test_families.py`` registers a test-only
 family with GELU and an extra norm after the MLP and runs it) plus kernels in the executors that
 support its features. This module is the only reader of ``ModelArgs.hidden_act``
-(``tests/test_families.py`` checks that).
+(``tests/model/test_families.py`` checks that).
 """
 
 from __future__ import annotations

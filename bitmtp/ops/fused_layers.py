@@ -10,7 +10,7 @@ Numerics: projections and attention are bit-identical to the per-op CPU path (sa
 inputs); RMSNorm sums in double and SiLU/RoPE round in their own order, so the step's floats differ
 from the per-op path within float32 rounding. Every operation is row-wise or uses the row-
 independent kernels, so a row's result does not depend on the step's width — what lossless
-speculative decoding needs (tests/test_fused_layers.py checks both).
+speculative decoding needs (tests/ops/test_fused_layers.py checks both).
 
 A :class:`FusedPlan` is built once per decoder from plain descriptions (:class:`FusedLayer`) and
 holds a reference to every tensor its int64 table points at. ``BITMTP_FUSED=0`` turns the path
