@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from bitmtp.decoding.drafters import Drafter, drafter_for
-from bitmtp.decoding.policies import POLICIES
+from bitmtp.decoding.policies import Policy, resolve_policy
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from bitmtp.formats.adapters import AdapterConfig, load_adapter
 from bitmtp.model.adapters import build_adapter
@@ -599,34 +598,31 @@ class GenerateOutput:
         return self.stats.tokens_per_second
 
 
-def _check_policy_args(model: BitMTPModel, policy: str, block_size: int | None, tau: float,
-                       min_prefix: int | None, drafter: Drafter | None) -> tuple[int, int]:
-    if policy not in POLICIES:
-        raise BitMTPError(f"policy: expected one of {POLICIES}, got {policy!r}")
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 0 < tau <= 1):
-        raise BitMTPError(f"tau: the confidence threshold must be in (0, 1], got {tau!r}")
+def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int | None = None, tau: Any = None,
+                     min_prefix: Any = None, drafter: Drafter | None = None) -> tuple[Policy, int]:
+    """The policy to decode with, bound to its block size, and that block size D: what :func:`generate`
+    and ``bitmtp.patch`` run. ``policy``: a registered name (``bitmtp.decoding.policy_names()``) with the
+    loose ``tau`` / ``min_prefix``, or a :class:`~bitmtp.decoding.Policy` instance; ``block_size``:
+    2..16, default the adapter's D (else 8); ``drafter``: the one a drafting policy will use (the
+    model's by default). Raises BitMTPError naming the argument at fault and the fix."""
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix)
     default = model.adapter_config.block_size if model.adapter_config else DEFAULT_BLOCK_SIZE
     d = default if block_size is None else block_size
     if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
         raise BitMTPError(f"block_size: D must be an integer in 2..16, got {block_size!r}")
-    m = max(2, d // 2) if min_prefix is None else min_prefix
-    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-        # any m >= 0 is meaningful: m <= 1 is confidence-only, m > D speculative-only
-        raise BitMTPError(f"min_prefix: m must be an integer >= 0 (m <= 1: confidence only, m > block_size: "
-                          f"speculative only), got {min_prefix!r}")
-    if policy != "ar":
+    if pol.drafts:
         if drafter is None:
-            raise BitMTPError(f"policy: {policy!r} drafts tokens and needs an MTP adapter; load one with "
+            raise BitMTPError(f"policy: {pol.name!r} drafts tokens and needs an MTP adapter; load one with "
                               "bitmtp.load(..., adapter=PATH) or model.load_adapter(PATH), or use policy='ar'")
         if d > drafter.max_block:
             raise BitMTPError(f"block_size: the loaded {drafter.kind} adapter drafts at most D={drafter.max_block}, "
                               f"got {d}")
-    return d, m
+    return pol.bind(d), d
 
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
-             input_ids: Any = None, max_new_tokens: int = 128, policy: str = "hybrid",
-             block_size: int | None = None, tau: float = 0.9, min_prefix: int | None = None,
+             input_ids: Any = None, max_new_tokens: int = 128, policy: str | Policy = "hybrid",
+             block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
              drafter: Drafter | None = None) -> GenerateOutput | TextStream:
     """Greedy multi-token generation.
@@ -639,11 +635,14 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             or array (what a tokenizer's ``return_tensors`` gives); a batch of several rows is refused
             (call once per row).
         max_new_tokens: most tokens to generate.
-        policy: ``"ar"`` (one token per step, the baseline), ``"confidence"`` (commit the confident
-            prefix, unverified), ``"speculative"`` (verify every block: exactly AR greedy's output) or
-            ``"hybrid"`` (confidence when at least ``min_prefix`` tokens are confident, else verify).
+        policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"ar"`` (one token per
+            step, the baseline), ``"confidence"`` (commit the confident prefix, unverified),
+            ``"speculative"`` (verify every block: exactly AR greedy's output) or ``"hybrid"``
+            (confidence when at least ``min_prefix`` tokens are confident, else verify); or a
+            :class:`bitmtp.decoding.Policy` instance such as ``HybridPolicy(tau=0.5)`` (then leave
+            ``tau`` and ``min_prefix`` out).
         block_size: D, tokens drafted per iteration (2..16; default: the adapter's).
-        tau: confidence threshold τ in (0, 1].
+        tau: confidence threshold τ in (0, 1] (default 0.9).
         min_prefix: hybrid's m, any integer ≥ 0 (default max(2, D // 2)); m ≤ 1 is confidence-only,
             m > D speculative-only.
         eos_token_id: stop token(s) (default: the model's).
@@ -669,13 +668,13 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
     drafter = drafter if drafter is not None else model.drafter
-    d, m = _check_policy_args(model, policy, block_size, tau, min_prefix, drafter)
+    pol, d = resolve_decoding(model, policy, block_size, tau, min_prefix, drafter)
     ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
     eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
         raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
     chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos,
-                                 policy=policy, block_size=d, tau=float(tau), min_prefix=m, drafter=drafter)
+                                 policy=pol, block_size=d, drafter=drafter)
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")

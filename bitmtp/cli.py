@@ -221,6 +221,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     import bitmtp
+    from bitmtp.decoding import get_policy
     from bitmtp.errors import BitMTPError
 
     if args.threads:
@@ -246,7 +247,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             policy, block_size = model.recommended(None, args.block_size)
         else:
             policy, block_size = args.policy, args.block_size
-        if policy != "ar" and model.drafter is None:
+        if get_policy(policy).drafts and model.drafter is None:
             raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR "
                               "(no shipped adapter matches this model), or use --policy ar")
         prompt = None
@@ -356,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "heads) made for this model; needed by every policy but ar. Default: the shipped "
                           "adapter trained on this exact model, if there is one")
     gen.add_argument("--no-adapter", action="store_true", help="do not attach a shipped adapter")
-    gen.add_argument("--policy", choices=["ar", "confidence", "speculative", "hybrid"],
+    from bitmtp.decoding import policy_names
+
+    gen.add_argument("--policy", choices=policy_names(),  # every registered policy
                      help="decoding policy. ar: one token per step, the baseline. confidence: commit the longest "
                           "drafted prefix whose probabilities are all >= --tau (at least one token), unverified. "
                           "speculative: "

@@ -20,7 +20,12 @@ from bitmtp.cli_common import (
     writable_file,
 )
 
-POLICIES = ("ar", "confidence", "speculative", "hybrid")
+
+def _drafting_policies() -> tuple[str, ...]:
+    """The registered policies that draft (AR, the reference, always runs)."""
+    from bitmtp.decoding import get_policy, policy_names
+
+    return tuple(n for n in policy_names() if get_policy(n).drafts)
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -155,7 +160,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model = _load(args)
     if model.drafter is None:
         raise BitMTPError("--adapter: eval-acceptance needs an MTP adapter (no shipped adapter matches this model)")
-    policies = parse_list("--policies", args.policies, str, allowed=POLICIES[1:])
+    policies = parse_list("--policies", args.policies, str, allowed=_drafting_policies())
     blocks = parse_list("--block-sizes", args.block_sizes, int, bounds=(2, 16))
     out = {}
     for kind in args.prompts:
@@ -233,9 +238,9 @@ def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, po
     checked(p.add_argument("--count", type=int, default=count, help=f"prompts per set (default {count})"),
             at_least(1))
     checked(p.add_argument("--policies", default=policies,
-                           help=f"comma-separated policies among {', '.join(POLICIES[1:])} (AR always runs as "
-                                f"the reference; default {policies})"),
-            lambda flag, v: parse_list(flag, v, str, allowed=POLICIES[1:]))
+                           help=f"comma-separated policies among {', '.join(_drafting_policies())} (AR always "
+                                f"runs as the reference; default {policies})"),
+            lambda flag, v: parse_list(flag, v, str, allowed=_drafting_policies()))
     checked(p.add_argument("--block-sizes", default=blocks, metavar="D,D",
                            help=f"comma-separated block sizes, each 2..16 (default {blocks})"),
             lambda flag, v: parse_list(flag, v, int, bounds=(2, 16)))

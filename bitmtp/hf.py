@@ -43,9 +43,11 @@ _FALL_THROUGH_KWARGS = ("assistant_model", "custom_generate", "prefix_allowed_to
 
 
 class _Patch:
-    def __init__(self, model, bm, original, policy, block_size, tau, min_prefix):
+    def __init__(self, model, bm, original, policy, block_size):
         self.model, self.bm, self.original = model, bm, original
-        self.policy, self.block_size, self.tau, self.min_prefix = policy, block_size, tau, min_prefix
+        #: the bound policy object (``bitmtp.decoding.Policy``) every patched call decodes with
+        self.resolved = policy
+        self.policy, self.block_size = policy.name, block_size
         self.warned: set[str] = set()
         self.last_stats = None
         self.calls = {"bitmtp": 0, "transformers": 0}
@@ -57,8 +59,8 @@ class _Patch:
             log.info("bitmtp.patch: %s; running transformers' own generate", why)
 
 
-def patch(model: Any, adapter: Any = "auto", policy: str | None = None, block_size: int | None = None,
-          tau: float = 0.9, min_prefix: int | None = None, *, capacity: int = 2048, backend: str | None = None,
+def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int | None = None,
+          tau: float | None = None, min_prefix: int | None = None, *, capacity: int = 2048, backend: str | None = None,
           quantize: str | None = None) -> Any:
     """Make ``model.generate`` run through bitmtp where the arguments allow; returns ``model``.
 
@@ -67,30 +69,32 @@ def patch(model: Any, adapter: Any = "auto", policy: str | None = None, block_si
         adapter: MTP adapter folder, ``"auto"`` (a shipped adapter trained on this model, if any) or
             ``None``. Without an adapter every policy but ``"ar"`` is unavailable, so the policy
             falls back to ``"ar"`` (bitmtp's runtime alone).
-        policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate`. Left at None, the policy
+        policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate` (a policy name or a
+            ``bitmtp.decoding.Policy`` instance). Left at None, the policy
             and block size are what the adapter's training record recommends (measured fastest;
             :meth:`bitmtp.api.BitMTPModel.recommended`), else ``"hybrid"`` with the adapter's D.
         capacity: KV store size in tokens (prompt + generated); longer calls fall through.
         backend, quantize: as in :func:`bitmtp.load`.
     """
-    import bitmtp
-    from bitmtp.api import BitMTPModel, _check_policy_args
+    from bitmtp.api import BitMTPModel, load, resolve_decoding
+    from bitmtp.decoding import get_policy
 
     if getattr(model, _ATTR, None) is not None:
         raise BitMTPError("model: already patched; call bitmtp.unpatch(model) first")
     if not (hasattr(model, "config") and hasattr(model, "generate")):
         raise BitMTPError(f"model: expected a transformers causal LM, got {type(model).__name__}")
     device = next(model.parameters()).device
-    bm: BitMTPModel = bitmtp.load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
-                                  adapter=adapter)
-    if bm.drafter is None and policy not in (None, "ar"):
+    bm: BitMTPModel = load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
+                      adapter=adapter)
+    drafts = policy is not None and (get_policy(policy) if isinstance(policy, str) else policy).drafts
+    if bm.drafter is None and drafts:
         log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'ar' on bitmtp's runtime")
         policy = "ar"
     if policy is None:
         policy, block_size = bm.recommended(None, block_size)
-    block_size, min_prefix = _check_policy_args(bm, policy, block_size, tau, min_prefix, bm.drafter)
+    resolved, block_size = resolve_decoding(bm, policy, block_size, tau, min_prefix, bm.drafter)
     original = model.generate
-    state = _Patch(model, bm, original, policy, block_size, tau, min_prefix)
+    state = _Patch(model, bm, original, resolved, block_size)
 
     @functools.wraps(original)
     def generate(*args, **kwargs):
@@ -187,9 +191,8 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     eos = gc.eos_token_id
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
     bm = state.bm
-    chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.policy,
-                              block_size=state.block_size, tau=state.tau, min_prefix=state.min_prefix,
-                              drafter=bm.drafter)
+    chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.resolved,
+                              block_size=state.block_size, drafter=bm.drafter)
     seq = input_ids
     stopped = False
     try:  # the generation owns the engine's KV store until it ends: close it on every exit

@@ -8,10 +8,24 @@ drafter commits ≥ D tokens per iteration; every iteration costs exactly one de
 
 from __future__ import annotations
 
+import os
+import sys
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 import bitmtp
+from bitmtp.decoding import (
+    Commit,
+    Plan,
+    Policy,
+    Verify,
+    policy_names,
+    register_policy,
+    speculative_commit,
+    unregister_policy,
+)
 from bitmtp.decoding.drafters import OracleDrafter
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, save_adapter
@@ -259,6 +273,7 @@ def test_kv_rows_equal_fresh_prefill(model, prompts, policy, kind):
     assert eng.kv.rows_copied == 0
 
 
+_HOST_ACCEPT = os.path.join("bitmtp", "decoding", "accept.py")
 _SYNC_METHODS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy", "cpu")
 
 
@@ -268,12 +283,18 @@ def test_one_device_to_host_read_per_iteration(model, prompts, policy, monkeypat
     loop runs. Each iteration reads exactly once (+1 for the prefill, and for hybrid at most one
     flush at the end of the KV store), and nothing else in the loop touches a device value."""
     model.load_adapter(random_adapter(model.args, "mask-block", seed=2))
-    calls = []
+    calls, host = [], []
     for name in _SYNC_METHODS:
         orig = getattr(torch.Tensor, name)
 
         def hooked(self, *a, _orig=orig, _name=name, **k):
-            calls.append(_name)
+            # the host form of the acceptance rule (bitmtp/decoding/accept.py) turns the token lists of a
+            # read into a CPU tensor and its result into an int: host values, counted apart
+            if sys._getframe(1).f_code.co_filename.endswith(_HOST_ACCEPT):
+                assert self.device.type == "cpu"
+                host.append(_name)
+            else:
+                calls.append(_name)
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, hooked)
@@ -284,6 +305,7 @@ def test_one_device_to_host_read_per_iteration(model, prompts, policy, monkeypat
     steps = s.iterations if policy == "ar" else s.draft_steps
     assert s.syncs == 1 + steps + s.flushes and s.flushes <= 1
     assert len(calls) == s.syncs, calls
+    assert len(host) == s.verifier_calls  # one host acceptance per verify decided
     if policy == "hybrid":
         assert 0 < s.verifier_calls < s.iterations  # both branches ran
 
@@ -429,3 +451,144 @@ def test_bad_input(model, prompts):
     small.load_adapter(random_adapter(small.args, "heads", block_size=8))
     with pytest.raises(BitMTPError, match="m_max"):
         bitmtp.generate(small, input_ids=p, policy="speculative", block_size=8)
+
+
+# --- a new policy is one class plus its tests (issue 22) ---------------------------------------------
+# Test-only policies, registered with one call each and removed afterwards; nothing under bitmtp/ is
+# patched. Both are checked against AR greedy computed independently (model.generate_ar).
+
+
+@dataclass(frozen=True)
+class FirstKParams:
+    """``k``: how many draft tokens an iteration commits (at most D)."""
+
+    k: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise BitMTPError(f"k: commit at least one token per iteration (an integer >= 1), got {self.k!r}")
+
+
+class FirstKPolicy(Policy):
+    """Commits d_1..d_min(k, D) of every draft, unverified."""
+
+    name = "first-k"
+    Params = FirstKParams
+
+    def commit(self, draft, probs, verify):
+        return Commit(tuple(draft[: self.params.k]), exact_rows=0, verified=False)
+
+
+class EveryOtherPolicy(Policy):
+    """Verifies every other iteration (``schedule``: before the read, or decided after it and resolved on
+    the device) at the generation's D; in between, a block-2 draft with ``drafter`` (None: the
+    generation's) of which only d_1 — the AR prediction — commits. So its output is AR greedy's. It
+    counts its plans (state of this test double: one plan per draft step)."""
+
+    name = "every-other"
+    needs_verify = True
+
+    def __init__(self, schedule=Verify.ALWAYS, drafter=None):
+        super().__init__()
+        self.schedule, self.drafter, self.plans = schedule, drafter, 0
+
+    def plan(self, block_size, history):
+        self.plans += 1
+        if self.plans % 2:
+            return Plan(block_size, self.schedule)
+        return Plan(2, Verify.NEVER, self.drafter)
+
+    def wants_verify(self, draft, probs):
+        return True
+
+    def commit(self, draft, probs, verify):
+        if verify is None:
+            return Commit((draft[0],), exact_rows=0, verified=False)
+        return speculative_commit(draft, verify)
+
+
+@pytest.fixture
+def registered():
+    """Register the test-only policies (one call each); unregister them afterwards."""
+    for cls in (FirstKPolicy, EveryOtherPolicy):
+        register_policy(cls)
+    yield
+    for cls in (FirstKPolicy, EveryOtherPolicy):
+        unregister_policy(cls.name)
+    assert "first-k" not in policy_names()
+
+
+@pytest.mark.parametrize("k, block", [(1, 4), (3, 4), (4, 4), (6, 4), (2, 2), (5, 8)])
+def test_a_test_only_policy_runs_through_generate(model, prompts, registered, k, block):
+    """first-k on the oracle drafter (d_2..d_D = the AR continuation) commits exactly AR greedy's
+    tokens, min(k, D) per iteration — by name (its loose τ ignored), as an object, and through the engine."""
+    prompt = prompts[6]
+    ar = model.generate_ar(prompt, max_new_tokens=30, eos_token_id=[]).tokens
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=3))
+    oracle = OracleDrafter(model.decoder, prompt + ar)
+    by_object = bitmtp.generate(model, input_ids=prompt, max_new_tokens=30, policy=FirstKPolicy(k=k),
+                                block_size=block, eos_token_id=[], drafter=oracle)
+    assert by_object.token_ids == ar and by_object.stats.policy == "first-k"
+    per = min(k, block)
+    assert by_object.stats.committed[:-1] == [per] * (len(by_object.stats.committed) - 1)
+    assert 1 <= by_object.stats.committed[-1] <= per and by_object.stats.verifier_calls == 0
+    if k == 2:  # by name: FirstKParams' default k = 2
+        by_name = bitmtp.generate(model, input_ids=prompt, max_new_tokens=30, policy="first-k", block_size=block,
+                                  tau=0.5, eos_token_id=[], drafter=oracle)
+        assert by_name.token_ids == ar and by_name.stats.committed == by_object.stats.committed
+    engine = Engine.run(model.engine.decode(prompt, max_new_tokens=30, eos=[], policy=FirstKPolicy(k=k),
+                                            block_size=block, drafter=oracle))
+    assert engine.tokens == ar and engine.stats.committed == by_object.stats.committed
+
+
+def test_a_test_only_policy_validates_its_parameters(model, prompts, registered):
+    with pytest.raises(BitMTPError, match="k: commit at least one token"):
+        bitmtp.generate(model, input_ids=prompts[0], policy=FirstKPolicy(k=0))
+    with pytest.raises(BitMTPError, match="tau: give it to the policy object"):
+        bitmtp.generate(model, input_ids=prompts[0], policy=FirstKPolicy(k=2), tau=0.5)
+    model.load_adapter(None)
+    with pytest.raises(BitMTPError, match="policy: 'first-k' drafts tokens and needs an MTP adapter"):
+        bitmtp.generate(model, input_ids=prompts[0], policy="first-k")
+
+
+@pytest.mark.parametrize("schedule", [Verify.ALWAYS, Verify.DECIDE])
+@pytest.mark.parametrize("switch", [False, True])
+def test_per_iteration_block_and_drafter_plans(model, prompts, registered, schedule, switch):
+    """The plan hook: blocks alternate D = 5 (verified: before the read, or resolved on the device) and
+    2 (unverified, optionally with another drafter). The output is AR greedy's; the iterations alternate
+    verified / one-token commits; widths show both block sizes; one read per draft step still."""
+    model.load_adapter(random_adapter(model.args, "heads", seed=8))
+    for prompt in prompts[14:16]:
+        ar = model.generate_ar(prompt, max_new_tokens=40, eos_token_id=[]).tokens
+        other = OracleDrafter(model.decoder, [3]) if switch else None  # drafts junk: only d_1 commits
+        pol = EveryOtherPolicy(schedule, other)
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=40, policy=pol, block_size=5,
+                              eos_token_id=[])
+        assert out.token_ids == ar
+        s = out.stats
+        assert s.verified == [i % 2 == 0 for i in range(s.iterations)]
+        assert all(c == 1 for c in s.committed[1::2]) and max(s.committed[::2]) > 1
+        assert s.verifier_calls == (s.iterations + 1) // 2 and s.widths[5] >= s.verifier_calls
+        assert s.syncs == 1 + s.draft_steps + s.flushes
+        assert pol.plans == s.draft_steps
+
+
+def test_a_plan_the_engine_cannot_run_is_refused(model, prompts, registered):
+    """Plans are checked each iteration: the block range, the drafter's largest block, the Verify type."""
+
+    class Planned(FirstKPolicy):
+        name = "planned"
+        planned = Plan(4, Verify.NEVER)
+
+        def plan(self, block_size, history):
+            return self.planned if len(history.committed) else Plan(block_size, Verify.NEVER)
+
+    model.load_adapter(random_adapter(model.args, "mask-block", block_size=4, seed=3))
+    for plan, match in ((Plan(17, Verify.NEVER), "plan: policy 'planned' planned a block size of 17"),
+                        (Plan(1, Verify.NEVER), "block size of 1; .* 2..16"),
+                        (Plan(6, Verify.NEVER), "block_size: the mask-block drafter supports D <= 4"),
+                        (Plan(3, "always"), "plan: .*Verify member")):
+        pol = Planned()
+        pol.planned = plan
+        with pytest.raises(BitMTPError, match=match):
+            bitmtp.generate(model, input_ids=prompts[0], policy=pol, block_size=3, eos_token_id=[])

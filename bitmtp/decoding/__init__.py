@@ -1,26 +1,54 @@
-"""Decoding layer: policies (pure functions) that decide what an MTP iteration commits, and the
-drafters (``bitmtp.decoding.drafters``) that produce the drafts."""
+"""Decoding layer: policies (objects in a registry, ``bitmtp.decoding.policies``) that decide what an
+MTP iteration runs and commits, the acceptance rule (``bitmtp.decoding.accept``), and the drafters
+(``bitmtp.decoding.drafters``) that produce the drafts."""
 
+from bitmtp.decoding.accept import accept_length, speculative_accept
 from bitmtp.decoding.policies import (
-    POLICIES,
+    ARPolicy,
     Commit,
-    ar_commit,
+    ConfidenceParams,
+    ConfidencePolicy,
+    History,
+    HybridParams,
+    HybridPolicy,
+    NoParams,
+    Plan,
+    Policy,
+    SpeculativePolicy,
+    Verify,
     confidence_commit,
     confident_prefix,
-    hybrid_commit,
+    get_policy,
     hybrid_uses_verifier,
-    speculative_accept,
+    policy_names,
+    register_policy,
+    resolve_policy,
     speculative_commit,
+    unregister_policy,
 )
 
 __all__ = [
-    "POLICIES",
+    "Policy",
+    "Plan",
+    "Verify",
+    "History",
     "Commit",
+    "NoParams",
+    "ConfidenceParams",
+    "HybridParams",
+    "ARPolicy",
+    "ConfidencePolicy",
+    "SpeculativePolicy",
+    "HybridPolicy",
+    "register_policy",
+    "unregister_policy",
+    "get_policy",
+    "policy_names",
+    "resolve_policy",
+    "accept_length",
+    "speculative_accept",
     "confident_prefix",
     "confidence_commit",
-    "speculative_accept",
     "speculative_commit",
     "hybrid_uses_verifier",
-    "hybrid_commit",
-    "ar_commit",
 ]

@@ -8,7 +8,9 @@ not materialized yet; it always ends with the last committed token):
    the device right after the draft step, before the host reads anything.
 3. **one read**: the host reads d, their probabilities and — when the previous iteration verified —
    that verify step's outputs, all in one device→host transfer (``Engine.read``).
-4. **decide** with the policy functions of ``bitmtp.decoding.policies``:
+4. **decide** with the policy object (``bitmtp.decoding.policies``): its ``plan`` (asked before each draft
+   step) says the block size, the drafter and when to verify (``Verify``); its ``commit`` says what
+   commits. The built-in policies:
    * confidence: commit d_1..d_max(1,h); they become P (their KV came from mask rows, so it is recomputed);
    * speculative: run the verify step; its outputs are part of this iteration's read; commit
      d_1..d_a and v_a, rows of d_1..d_a stay (n += a), P = [v_a];
@@ -28,12 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bitmtp.decoding.policies import (
-    confidence_commit,
-    confident_prefix,
-    hybrid_uses_verifier,
-    speculative_commit,
-)
+from bitmtp.decoding.policies import Plan, Policy, Verify, resolve_policy
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
@@ -135,27 +132,25 @@ class _Output:
         return taken
 
 
-def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (), policy: str = "ar",
-           block_size: int = 8, tau: float = 0.9, min_prefix: int = 2, drafter=None,
-           report: dict[str, DecodeStats] | None = None) -> Iterator[list[int]]:
+def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
+           policy: str | Policy = "ar", block_size: int = 8, tau: float | None = None, min_prefix: int | None = None,
+           drafter=None, report: dict[str, DecodeStats] | None = None) -> Iterator[list[int]]:
     """Generate greedily; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
 
-    Arguments are validated by the caller (``bitmtp.api.generate``), except what only the engine knows.
-    Run it through ``Engine.decode``, whose ``Generation`` owns the engine's KV store meanwhile (this
-    generator writes the store's rows and ``engine.n`` and assumes no one else does). ``report``
-    receives ``{"stats": DecodeStats}`` as soon as decoding starts.
+    ``policy``: a registered name (with the loose ``tau`` / ``min_prefix``; None: τ = 0.9, m =
+    max(2, D // 2)) or a :class:`~bitmtp.decoding.Policy` (``bitmtp.decoding.resolve_policy``); it
+    is bound to ``block_size`` here. Arguments are validated by the caller (``bitmtp.api.generate``),
+    except what only the engine knows. Run it through ``Engine.decode``, whose ``Generation`` owns the
+    engine's KV store meanwhile (this generator writes the store's rows and ``engine.n`` and assumes no
+    one else does). ``report`` receives ``{"stats": DecodeStats}`` as soon as decoding starts.
     """
     if max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
     d = int(block_size)
-    if policy != "ar":
-        if 2 * d - 1 > engine.kv.m_max:
-            raise BitMTPError(f"block_size: D={d} needs steps of width 2D-1={2 * d - 1}, but the engine's "
-                              f"m_max is {engine.kv.m_max}; load the model with m_max >= {2 * d - 1}")
-        if drafter is None:
-            raise BitMTPError(f"policy: {policy!r} needs a drafter (an MTP adapter); none is loaded")
-        drafter.check_block(d)
-    stats = DecodeStats(policy, d if policy != "ar" else 1)
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix).bind(d)
+    if pol.drafts:
+        _check_block(engine, d, drafter, pol)
+    stats = DecodeStats(pol.name, d if pol.drafts else 1)
     engine.last_stats = stats  # readable even when the caller stops the generator early
     if report is not None:
         report["stats"] = stats  # the caller's own view (engine.last_stats is the latest generation's)
@@ -169,16 +164,16 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     out = _Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids))
     yield out.add([first])
 
-    if policy == "ar":
+    if not pol.drafts:
         tok = first
         while out.reason is None:
             tok = engine._ar_step(tok)
             stats.committed.append(1)
             stats.verified.append(False)
             stats.widths[1] += 1
-            yield out.add([tok])
+            yield out.add(pol.commit((tok,), (), None).tokens)
     elif out.reason is None:
-        yield from _mtp_loop(engine, out, stats, first, policy, d, tau, min_prefix, drafter)
+        yield from _mtp_loop(engine, out, stats, first, pol, d, drafter)
     t2 = time.perf_counter()
     stats.syncs = engine.syncs - syncs0
     stats.seconds = t2 - t1
@@ -186,53 +181,98 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats)
 
 
-def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str, d: int, tau: float,
-              min_prefix: int, drafter) -> Iterator[list[int]]:
+def _check_block(engine, d: int, drafter, policy: Policy) -> None:
+    """A draft step of block size ``d`` with ``drafter`` fits the engine (m_max) and the drafter."""
+    if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
+        raise BitMTPError(f"plan: policy {policy.name!r} planned a block size of {d!r}; a draft step's block "
+                          "size must be an integer in 2..16")
+    if 2 * d - 1 > engine.kv.m_max:
+        raise BitMTPError(f"block_size: D={d} needs steps of width 2D-1={2 * d - 1}, but the engine's "
+                          f"m_max is {engine.kv.m_max}; load the model with m_max >= {2 * d - 1}")
+    if drafter is None:
+        raise BitMTPError(f"policy: {policy.name!r} needs a drafter (an MTP adapter); none is loaded")
+    drafter.check_block(d)
+
+
+@dataclass
+class _Deferred:
+    """A verify step resolved on the device whose outcome the host reads with the next iteration."""
+
+    draft: list[int]
+    probs: list[float]
+    verify: object  # the verify runner
+    n: int  # materialized rows after its draft step
+    block: int
+
+
+def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: Policy, d: int,
+              drafter) -> Iterator[list[int]]:
+    """The MTP iterations: ``policy`` plans each one and decides what it commits (module docstring)."""
     pool, kv = engine.pool, engine.kv
     pool.set_drafter(drafter)
+    current = drafter  # the pool's drafter
     arange = engine.arange
     cap = engine.capacity
     n = engine.n  # materialized rows (exact when nothing is pending)
     pending_tokens = [first]  # P, when the host knows it
-    deferred = None  # (d, verify runner, n after its draft) of a hybrid verify resolved on the device
+    deferred: _Deferred | None = None  # a verify resolved on the device, not yet seen by the host
     next_draft = None  # the draft runner that resolve_verify prepared
+    plan = None
+
+    def planned() -> Plan:
+        """The policy's next plan, checked, with the pool switched to its drafter."""
+        nonlocal current
+        nxt = policy.plan(d, stats)
+        use = drafter if nxt.drafter is None else nxt.drafter
+        if nxt.block != d or use is not drafter:
+            _check_block(engine, nxt.block, use, policy)
+        if not isinstance(nxt.verify, Verify):
+            raise BitMTPError(f"plan: policy {policy.name!r} planned verify={nxt.verify!r}; expected a "
+                              "bitmtp.decoding.Verify member")
+        if use is not current:
+            pool.set_drafter(use)
+            current = use
+        return nxt
 
     while True:
         # -- draft step ----------------------------------------------------------------------
         if deferred is None:
+            plan = planned()
+            b = plan.block
             p = len(pending_tokens)
             if n + p > cap:
                 out.reason = out.reason or "capacity"
                 break
-            runner = pool.get(ReplayState(p + d - 1, kv.segment_for(n + p + d - 1), "draft", d))
+            runner = pool.get(ReplayState(p + b - 1, kv.segment_for(n + p + b - 1), "draft", b))
             runner.tokens[:p].copy_(torch.as_tensor(pending_tokens))
-            torch.add(arange[: p + d - 1], n, out=runner.positions)
+            torch.add(arange[: p + b - 1], n, out=runner.positions)
             n_hi = n + p  # materialized after the draft
         else:
-            p, runner = 1, next_draft
-            n_hi = deferred[2] + d + 1  # a ≤ D accepted rows, then v_a's row
+            # planned when the verify was resolved
+            b, p, runner = plan.block, 1, next_draft
+            n_hi = deferred.n + deferred.block + 1  # a ≤ D accepted rows, then v_a's row
         runner.run()
         stats.draft_steps += 1
         stats.widths[runner.state.width] += 1
         # -- hoisted verify prep: on the device, before the host reads anything -------------------
         verify = None
-        if policy != "confidence":
-            verify = pool.get(ReplayState(d, kv.segment_for(n_hi + d), "verify"))
+        if plan.verify is not Verify.NEVER:
+            verify = pool.get(ReplayState(b, kv.segment_for(n_hi + b), "verify"))
             prepare_verify(runner, verify, arange)
         # -- the iteration's one read ------------------------------------------------------------
-        if policy == "speculative":
+        if plan.verify is Verify.ALWAYS:
             verify.run()
-            draft, probs, ver = engine.read(runner.out_token[-d:], runner.out_prob[-d:], verify.out_token)
+            draft, probs, ver = engine.read(runner.out_token[-b:], runner.out_prob[-b:], verify.out_token)
         else:
-            extra = (deferred[1].out_token,) if deferred is not None else ()
-            draft, probs, *rest = engine.read(runner.out_token[-d:], runner.out_prob[-d:], *extra)
+            extra = (deferred.verify.out_token,) if deferred is not None else ()
+            draft, probs, *rest = engine.read(runner.out_token[-b:], runner.out_prob[-b:], *extra)
         if deferred is not None:
             # the previous iteration's verify, resolved on the device, is now seen by the host
-            commit = speculative_commit(deferred[0], rest[0])
-            n = deferred[2] + commit.exact_rows
+            commit = policy.commit(deferred.draft, deferred.probs, rest[0])
+            n = deferred.n + commit.exact_rows
             taken = out.add(commit.tokens)
             stats.committed.append(len(taken))
-            stats.verified.append(True)
+            stats.verified.append(commit.verified)
             yield taken
             deferred = None
             if out.reason is not None:
@@ -241,27 +281,27 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: str,
         n = n_hi  # P's rows are materialized
         engine.n = n
         # -- decide -------------------------------------------------------------------------------
-        if policy == "speculative":
-            commit = speculative_commit(draft, ver)
+        if plan.verify is Verify.ALWAYS:
+            commit = policy.commit(draft, probs, ver)
             stats.verifier_calls += 1
-            stats.widths[d] += 1
+            stats.widths[b] += 1
+        elif plan.verify is Verify.NEVER or not policy.wants_verify(draft, probs):
+            commit = policy.commit(draft, probs, None)
         else:
-            h = confident_prefix(probs, tau)
-            if policy == "confidence" or not hybrid_uses_verifier(h, min_prefix):
-                commit = confidence_commit(draft, probs, tau)
-            else:
-                verify.run()
-                stats.verifier_calls += 1
-                stats.widths[d] += 1
-                if n + d + 1 <= cap:
-                    # resolve on the device; the host reads the outcome with the next draft
-                    next_draft = pool.get(ReplayState(d, kv.segment_for(n + 2 * d), "draft", d))
-                    resolve_verify(verify, next_draft, arange)
-                    deferred = (draft, verify, n)
-                    continue
-                (ver,) = engine.read(verify.out_token)  # the end of the store: read at once
-                stats.flushes += 1
-                commit = speculative_commit(draft, ver)
+            verify.run()
+            stats.verifier_calls += 1
+            stats.widths[b] += 1
+            if n + b + 1 <= cap:
+                # resolve on the device; the host reads the outcome with the next draft
+                plan = planned()
+                nb = plan.block
+                next_draft = pool.get(ReplayState(nb, kv.segment_for(n + b + nb), "draft", nb))
+                resolve_verify(verify, next_draft, arange, policy.device_accept)
+                deferred = _Deferred(draft, probs, verify, n, b)
+                continue
+            (ver,) = engine.read(verify.out_token)  # the end of the store: read at once
+            stats.flushes += 1
+            commit = policy.commit(draft, probs, ver)
         taken = out.add(commit.tokens)
         stats.committed.append(len(taken))
         stats.verified.append(commit.verified)

@@ -8,8 +8,12 @@ one device→host read per iteration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from bitmtp.decoding.accept import accept_length
+from bitmtp.errors import BitMTPError
 from bitmtp.runtime.protocols import runs_verify_on_device
 
 
@@ -35,18 +39,23 @@ def prepare_verify(draft, verify, arange: torch.Tensor) -> None:
     torch.add(arange[:d], draft.positions[p - 1] + 1, out=verify.positions)
 
 
-def resolve_verify(verify, next_draft, arange: torch.Tensor) -> None:
+def resolve_verify(verify, next_draft, arange: torch.Tensor,
+                   accept: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
     """After a verify step, set up the next draft step (p = 1) on the device, unseen by the host.
 
-    ``a = 1 + the longest i with d_(i+1) == v_i`` (the acceptance rule of
-    ``decoding.policies.speculative_accept``, as tensor ops); the next pending suffix is ``[v_a]``
-    at position (position of d_1) + a. The host learns ``a`` with the next iteration's one read.
+    ``a`` is the acceptance rule ``decoding.accept.accept_length`` (or ``accept``, a policy's own rule,
+    ``Policy.device_accept``) over the verify step's inputs d_1..d_D and outputs v_1..v_D; the next
+    pending suffix is ``[v_a]`` at position (position of d_1) + a. The host learns ``a`` with the next
+    iteration's one read.
     """
     if _on_device(verify):
+        if accept is not None:
+            raise BitMTPError("policy: this policy's own acceptance rule cannot run in the Vulkan runtime, whose "
+                              "resolve step (step.wgsl) implements the greedy rule only; load the model "
+                              "without runtime='vulkan' to decode with it")
         verify.resolve_into(next_draft)
         return
-    agree = (verify.tokens[1:] == verify.out_token[:-1]).long()
-    a = 1 + torch.cumprod(agree, 0).sum()
+    a = (accept or accept_length)(verify.tokens, verify.out_token)
     next_draft.tokens[:1].copy_(verify.out_token.gather(0, (a - 1).view(1)))
     w = next_draft.positions.shape[0]
     torch.add(arange[:w], verify.positions[0] + a, out=next_draft.positions)

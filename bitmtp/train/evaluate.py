@@ -77,11 +77,16 @@ def _prefix_match(a: list[int], b: list[int]) -> float:
 def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculative", "hybrid"), block_sizes=(8,),
                         max_new_tokens: int = 64, tau: float = 0.9, min_prefix: int | None = None,
                         progress: bool = True) -> list[AcceptanceRow]:
-    """Run AR and each (policy, D) over ``prompts`` (token ids) on ``model`` (with its adapter)."""
+    """Run AR and each (policy, D) over ``prompts`` (token ids) on ``model`` (with its adapter).
+
+    ``policies``: registered policy names (``bitmtp.decoding.policy_names()``), with the loose ``tau``
+    and ``min_prefix`` each takes. The "identical to AR" column is left out for lossless policies."""
     import bitmtp
+    from bitmtp.decoding import get_policy
 
     if not prompts:
         raise BitMTPError("prompts: the prompt set is empty")
+    lossless = {p: get_policy(p).lossless for p in policies}  # unknown names fail here, before any work
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -113,7 +118,7 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
             rows.append(AcceptanceRow(
                 policy, d, len(prompts), sum(committed) / max(1, len(committed)),
                 dict(sorted(Counter(committed).items())), ver / max(1, iters), statistics.median(tps),
-                statistics.median(ratio), None if policy == "speculative" else statistics.mean(same)))
+                statistics.median(ratio), None if lossless[policy] else statistics.mean(same)))
     if bar is not None:
         bar.close()
     return rows
