@@ -481,9 +481,10 @@ class FirstKPolicy(Policy):
 
 class EveryOtherPolicy(Policy):
     """Verifies every other iteration (``schedule``: before the read, or decided after it and resolved on
-    the device) at the generation's D; in between, a block-2 draft with ``drafter`` (None: the
-    generation's) of which only d_1 — the AR prediction — commits. So its output is AR greedy's. It
-    counts its plans (state of this test double: one plan per draft step)."""
+    the device) at the generation's D; in between, a block-2 draft with ``drafter`` of which both
+    tokens commit (an oracle's: the AR continuation), or — without one — with the generation's
+    drafter, of which only d_1, the AR prediction, commits. So its output is AR greedy's. It counts its
+    plans (state of this test double: one plan per draft step)."""
 
     name = "every-other"
     needs_verify = True
@@ -503,7 +504,7 @@ class EveryOtherPolicy(Policy):
 
     def commit(self, draft, probs, verify):
         if verify is None:
-            return Commit((draft[0],), exact_rows=0, verified=False)
+            return Commit(tuple(draft[: 1 if self.drafter is None else 2]), exact_rows=0, verified=False)
         return speculative_commit(draft, verify)
 
 
@@ -555,19 +556,20 @@ def test_a_test_only_policy_validates_its_parameters(model, prompts, registered)
 @pytest.mark.parametrize("switch", [False, True])
 def test_per_iteration_block_and_drafter_plans(model, prompts, registered, schedule, switch):
     """The plan hook: blocks alternate D = 5 (verified: before the read, or resolved on the device) and
-    2 (unverified, optionally with another drafter). The output is AR greedy's; the iterations alternate
-    verified / one-token commits; widths show both block sizes; one read per draft step still."""
+    2 (unverified; with an oracle drafter the plan names, 2 tokens commit, else 1). The output is AR
+    greedy's; the iterations alternate verified / unverified commits; one read per draft step still."""
     model.load_adapter(random_adapter(model.args, "heads", seed=8))
     for prompt in prompts[14:16]:
         ar = model.generate_ar(prompt, max_new_tokens=40, eos_token_id=[]).tokens
-        other = OracleDrafter(model.decoder, [3]) if switch else None  # drafts junk: only d_1 commits
+        other = OracleDrafter(model.decoder, prompt + ar) if switch else None
         pol = EveryOtherPolicy(schedule, other)
         out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=40, policy=pol, block_size=5,
                               eos_token_id=[])
         assert out.token_ids == ar
         s = out.stats
         assert s.verified == [i % 2 == 0 for i in range(s.iterations)]
-        assert all(c == 1 for c in s.committed[1::2]) and max(s.committed[::2]) > 1
+        unverified = s.committed[1::2][:-1]  # the last iteration may be cut by max_new_tokens
+        assert unverified and all(c == (2 if switch else 1) for c in unverified) and max(s.committed[::2]) > 1
         assert s.verifier_calls == (s.iterations + 1) // 2 and s.widths[5] >= s.verifier_calls
         assert s.syncs == 1 + s.draft_steps + s.flushes
         assert pol.plans == s.draft_steps
