@@ -55,7 +55,7 @@ class Mutant:
         return ((self.original, self.replacement),) + self.alternatives
 
 
-MTP = "tests/test_mtp_decoding.py"
+MTP = "tests/runtime/test_decode.py"
 QUICK = f"{MTP}::test_quick_lossless_bonus_and_stops"
 SPEC_SUBSET = (QUICK,)
 
@@ -72,18 +72,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "speculative commits d_1..d_a without the verifier's v_a (still lossless, one token fewer)"),
     Mutant("tau-boundary-p<=tau", "bitmtp/decoding/policies.py",
            "if not p >= tau:", "if not p > tau:",
-           ("tests/test_policies.py",), "a probability exactly at tau no longer counts as confident",
+           ("tests/decoding/test_policies.py",), "a probability exactly at tau no longer counts as confident",
            alternatives=(("if p < tau:", "if p <= tau:"),)),
     Mutant("nan-probability-confident", "bitmtp/decoding/policies.py",
            "if not p >= tau:", "if p < tau:",
-           ("tests/test_policies.py",), "NaN draft probabilities count as confident (issue 21)"),
+           ("tests/decoding/test_policies.py",), "NaN draft probabilities count as confident (issue 21)"),
     Mutant("speculative-accept-off-by-one", "bitmtp/decoding/accept.py",
            "agree = (draft[..., 1:] == verify[..., :-1]).long()",
            "agree = (draft[..., 1:] == verify[..., 1:]).long()",
-           ("tests/test_policies.py", *SPEC_SUBSET), "d_(i+1) compared with v_(i+1) instead of v_i"),
+           ("tests/decoding/test_policies.py", *SPEC_SUBSET), "d_(i+1) compared with v_(i+1) instead of v_i"),
     Mutant("hybrid-ignores-d1", "bitmtp/decoding/policies.py",
            "return max(1, h) < min_prefix", "return h < min_prefix",
-           (f"{MTP}::test_hybrid_limits", "tests/test_policies.py"),
+           (f"{MTP}::test_hybrid_limits", "tests/decoding/test_policies.py"),
            "hybrid's confident prefix not counting d_1 (m = 1 would verify)"),
     # -- runtime: KV bookkeeping, masks, verifier prep -----------------------------------------------
     Mutant("kv-n-not-advanced-after-verify", "bitmtp/runtime/decode.py",
@@ -188,7 +188,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "Inf/NaN GGUF weights load silently"),
     Mutant("patch-accepts-oov-ids", "bitmtp/hf.py",
            "bad = [t for t in prompt if not 0 <= t < vocab]", "bad = []",
-           ("tests/test_hf_patch.py", "-k", "out_of_vocabulary"),
+           ("tests/test_hf.py", "-k", "out_of_vocabulary"),
            "a negative token id generates under bitmtp.patch instead of raising IndexError"),
 )
 

@@ -27,14 +27,6 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
-#: Flat files the lead moves after the parallel edits of issue 22 land (see LEAD_MOVES); delete this line then.
-AWAITING_LEAD_MOVE = ("test_policies.py", "test_mtp_decoding.py", "test_hf_patch.py", "hf_models.py")
-
-#: Where the lead moves the flat files of AWAITING_LEAD_MOVE (tests/hf_models.py, a re-export, is deleted).
-LEAD_MOVES = {"tests/test_policies.py": "tests/decoding/test_policies.py",
-              "tests/test_mtp_decoding.py": "tests/runtime/test_decode.py",
-              "tests/test_hf_patch.py": "tests/test_hf.py"}
-
 #: Top-level test files about the repository as a whole rather than one module (golden_tokens: every
 #: policy's tokens on the real model against tests/golden/, end to end).
 REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "golden_tokens"}
@@ -132,17 +124,14 @@ def _imported_modules(path: Path, root: Path) -> list[tuple[str, int]]:
     return [(m, line) for m, line in found if m == "tests" or m.startswith("tests.")]
 
 
-def import_problems(root: Path = REPO_ROOT, exempt: tuple[str, ...] = ()) -> list[str]:
-    """Imports of test modules (anything under tests/ but tests.support) by tests/, bench/ and scripts/;
-    ``exempt`` names flat files of tests/ not checked."""
+def import_problems(root: Path = REPO_ROOT) -> list[str]:
+    """Imports of test modules (anything under tests/ but tests.support) by tests/, bench/ and scripts/."""
     problems = []
     for top in CHECKED_FOLDERS:
         if not (root / top).is_dir():
             continue
         for path in _python_files(root / top):
             rel = path.relative_to(root).as_posix()
-            if top == "tests" and path.parent == root / "tests" and path.name in exempt:
-                continue
             for module, line in _imported_modules(path, root):
                 if module != "tests.support" and not module.startswith("tests.support."):
                     problems.append(f"{rel}:{line} imports {module}: only tests.support.* may be imported; move "
@@ -150,14 +139,12 @@ def import_problems(root: Path = REPO_ROOT, exempt: tuple[str, ...] = ()) -> lis
     return problems
 
 
-def tree_problems(root: Path = REPO_ROOT, exempt: tuple[str, ...] = ()) -> list[str]:
+def tree_problems(root: Path = REPO_ROOT) -> list[str]:
     """Misplaced test files, helper modules outside tests/support/ and folders without ``__init__.py``."""
     tests = root / "tests"
     problems = []
     for path in _python_files(tests):
         rel = path.relative_to(root).as_posix()
-        if path.parent == tests and path.name in exempt:
-            continue
         in_support = tests / "support" in path.parents
         if path.name.startswith("test_") and not in_support:
             problem = placement_problem(rel, root)
@@ -178,12 +165,12 @@ def tree_problems(root: Path = REPO_ROOT, exempt: tuple[str, ...] = ()) -> list[
 # ---- the checkout -------------------------------------------------------------------------------------------
 
 def test_no_test_module_imports_another():
-    problems = import_problems(exempt=AWAITING_LEAD_MOVE)
+    problems = import_problems()
     assert not problems, "\n".join(problems)
 
 
 def test_tests_mirror_the_source_tree():
-    problems = tree_problems(exempt=AWAITING_LEAD_MOVE)
+    problems = tree_problems()
     assert not problems, "\n".join(problems)
 
 
@@ -193,19 +180,6 @@ def test_the_walk_sees_the_tree():
     assert {"tests/test_layout.py", "tests/ops/test_w2a8_linear.py", "tests/support/hf_models.py",
             "tests/runtime/vulkan/test_runtime.py"} <= found
     assert ("ops", "backends") in source_folders(REPO_ROOT) and ("wgsl_fallback",) in source_folders(REPO_ROOT)
-
-
-def test_awaiting_lead_move_is_not_stale():
-    """Each allowlisted flat file still exists; once the lead moved them all, the allowlist line goes."""
-    gone = [name for name in AWAITING_LEAD_MOVE if not (REPO_ROOT / "tests" / name).is_file()]
-    assert not gone, f"tests/{gone} moved: delete them from AWAITING_LEAD_MOVE in tests/test_layout.py"
-
-
-@pytest.mark.parametrize("target", sorted(LEAD_MOVES.values()))
-def test_lead_move_targets_fit_the_layout(target):
-    """The files the lead moves land in folders the layout accepts, which exist with an __init__.py."""
-    assert placement_problem(target) is None
-    assert (REPO_ROOT / target).parent.joinpath("__init__.py").is_file(), target
 
 
 # ---- the checker itself -------------------------------------------------------------------------------------
@@ -290,11 +264,3 @@ def test_checker_rejects_misplaced_files(tmp_path, files, expect):
     assert any(p.startswith(expect) for p in problems), problems
 
 
-def test_exempt_flat_files_are_skipped_and_only_them(tmp_path):
-    """The allowlist mechanism lets a named flat file through and nothing else."""
-    _write(tmp_path, GOOD_TREE)
-    flat = "from @.test_api import f\n".replace("@", "tests")
-    _write(tmp_path, {"tests/test_flat.py": flat, "tests/test_other.py": ""})
-    assert import_problems(tmp_path, exempt=("test_flat.py",)) == []
-    assert [p.split(":")[0] for p in tree_problems(tmp_path, exempt=("test_flat.py",))] == ["tests/test_other.py"]
-    assert any(p.startswith("tests/test_flat.py:1 imports tests.test_api") for p in import_problems(tmp_path))

@@ -1,4 +1,4 @@
-"""Random MTP adapters for the tiny test models (copied from tests/test_mtp_decoding.py, issue 22)."""
+"""Random MTP adapters for the tiny test models."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import bitmtp
 from bitmtp.errors import BitMTPError
 from bitmtp.formats.adapters import save_adapter
 from bitmtp.hf import patch_state
-from tests.hf_models import FAMILIES, tiny_model
-from tests.test_mtp_decoding import INIT_RANGE, random_adapter
+from tests.support.adapters import INIT_RANGE, random_adapter
+from tests.support.hf_models import FAMILIES, tiny_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -33,21 +33,14 @@ from bitmtp.model.adapters import DraftHeads, MaskBlock, init_adapter_tensors
 from bitmtp.model.decoder import StepInputs
 from bitmtp.model.layers import rms_norm
 from bitmtp.runtime import Engine, KVStore
-from tests.hf_models import tiny_model
+from tests.support.adapters import INIT_RANGE, TAU, random_adapter
+from tests.support.hf_models import tiny_model
 
 pytest.importorskip("transformers")
 
 N_PROMPTS, NEW = 20, 128
 BLOCKS = (2, 4, 8, 16)
 KINDS = ("mask-block", "heads")
-INIT_RANGE = 0.3  # peakier than the default 0.02: draft probabilities straddle TAU, so both hybrid branches run
-TAU = 0.3
-
-
-def random_adapter(args, kind: str, block_size: int = 16, rank: int = 4, seed: int = 1, targets=None):
-    extra = {"targets": targets} if targets else {}
-    cfg = AdapterConfig(kind=kind, block_size=block_size, rank=rank, base=BaseShape.of(args), **extra)
-    return cfg, init_adapter_tensors(cfg, seed=seed, zero_init_b=False, b_std=0.2)
 
 
 @pytest.fixture(scope="module")
