@@ -24,16 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO_ROOT
 
-def _repo_root() -> Path:
-    """The checkout root: the nearest folder above this file holding setup.py (survives a move of tests)."""
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "setup.py").is_file() and (folder / "bitmtp").is_dir():
-            return folder
-    raise RuntimeError(f"no setup.py above {__file__}: run the tests from a source checkout")
-
-
-ROOT = _repo_root()
+ROOT = REPO_ROOT  # found from setup.py, so it survives a move of tests (tests/support/paths.py)
 SKIP_DIRS = {".git", ".venv", "build", "dist", "node_modules", "__pycache__", ".ruff_cache", ".hypothesis"}
 NATIVE_SUFFIXES = {".cpp", ".h", ".inc", ".cu", ".cuh"}
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")

@@ -22,16 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO_ROOT
 
-def _repo_root() -> Path:
-    """The checkout root: the nearest folder above this file holding setup.py (survives a move of tests)."""
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "setup.py").is_file() and (folder / "bitmtp").is_dir():
-            return folder
-    raise RuntimeError(f"no setup.py above {__file__}: run the tests from a source checkout")
-
-
-ROOT = _repo_root()
+ROOT = REPO_ROOT  # found from setup.py, so it survives a move of tests (tests/support/paths.py)
 
 #: Layers from the bottom up. A module may import modules of its own layer or of a layer below it,
 #: never above. A module belongs to the layer of its longest matching prefix (``"bitmtp"`` matches the
