@@ -392,7 +392,8 @@ def plan_offload(args: ModelArgs, budget_bytes: int = DEFAULT_VRAM_BUDGET, *, ca
 
     Order of placement: the workspace (:func:`workspace_tensors`) first; then the LM head + final norm
     (:func:`lm_head_tensors`) on the device if workspace + LM head + one layer fit, else on the CPU;
-    the embeddings on the host; then layers 0, 1, ... (:func:`layer_tensors`, weights + KV cache) on
+    the embeddings with the LM head (a tied model's are the LM head's device copy; on the host only when
+    the LM head runs on the CPU); then layers 0, 1, ... (:func:`layer_tensors`, weights + KV cache) on
     the device while they fit. The remaining tail runs on the CPU with its KV cache on the host.
     ``force_cpu_layers=n`` puts (at least) the last n layers on the CPU. The device layers are always
     ``0 .. g-1`` and the plan is maximal: one more device layer would exceed the budget (unless forced).
