@@ -13,6 +13,7 @@ from bitmtp.formats import ggml_blocks as gb
 from bitmtp.formats.ternary import words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
+from bitmtp.model.families import Norm
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
 
@@ -32,7 +33,7 @@ def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = 
     """A decoder with BitNet-2B shapes and random ternary weights (``layers`` of them, ``vocab`` rows of
     the tied embedding / LM head in ``dtype``), built on the CPU and moved to ``device``."""
     a = ModelArgs(family="bitnet", vocab_size=vocab, hidden_size=2560, num_layers=layers, num_heads=20,
-                  num_kv_heads=5, head_dim=128, intermediate_size=6912, hidden_act="relu2",
+                  num_kv_heads=5, head_dim=128, intermediate_size=6912,
                   tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=4096)
     g = torch.Generator().manual_seed(seed)
 
@@ -44,10 +45,11 @@ def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = 
 
     blocks = []
     for _ in range(layers):
-        attn = Attention(a, tl(a.q_size, 2560), tl(a.kv_size, 2560), tl(a.kv_size, 2560), tl(2560, a.q_size),
-                         sub_norm=ones(a.q_size))
-        mlp = MLP(a, tl(6912, 2560), tl(6912, 2560), tl(2560, 6912), sub_norm=ones(6912))
-        blocks.append(Layer(a, attn, mlp, ones(2560), ones(2560)))
+        attn = Attention(a, tl(a.q_size, 2560), tl(a.kv_size, 2560), tl(a.kv_size, 2560), tl(2560, a.q_size))
+        mlp = MLP(a, tl(6912, 2560), tl(6912, 2560), tl(2560, 6912))
+        norms = {Norm.ATTN_IN: ones(2560), Norm.ATTN_SUB: ones(a.q_size), Norm.MLP_IN: ones(2560),
+                 Norm.MLP_SUB: ones(6912)}
+        blocks.append(Layer(a, attn, mlp, norms))
     embed = (torch.randn(a.vocab_size, 2560, generator=g) * 0.02).to(dtype)
     decoder = Decoder(a, embed, blocks, ones(2560), DenseLinear(embed), max_positions=1024)
     return decoder.to(device) if torch.device(device).type != "cpu" else decoder
@@ -92,7 +94,8 @@ def smollm2_shaped_decoder(layers: int = SMOLLM2_LAYERS, seed: int = 0, blocks: 
     for _ in range(layers):
         attn = Attention(a, dl(a.q_size, 576), dl(a.kv_size, 576), dl(a.kv_size, 576), dl(576, a.q_size))
         mlp = MLP(a, dl(1536, 576), dl(1536, 576), dl(576, 1536))
-        layer_list.append(Layer(a, attn, mlp, norm(576), norm(576)))
+        attn_in, mlp_in = norm(576), norm(576)
+        layer_list.append(Layer(a, attn, mlp, {Norm.ATTN_IN: attn_in, Norm.MLP_IN: mlp_in}))
     embed = gguf_like(a.vocab_size, 576, "q8_0", g) if blocks else torch.randn(a.vocab_size, 576, generator=g) * 0.05
     dec = Decoder(a, embed, layer_list, norm(576), DenseLinear(embed), max_positions=1024)
     if blocks:
