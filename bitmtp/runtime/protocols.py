@@ -65,8 +65,13 @@ class DeviceVerifyRunner(StepRunner, Protocol):
 
 
 def runs_verify_on_device(runner: Any) -> bool:
-    """Whether ``runner`` does the verify preparation / resolution itself (see :class:`DeviceVerifyRunner`)."""
-    return isinstance(runner, DeviceVerifyRunner) and bool(runner.device_verify)
+    """Whether ``runner`` does the verify preparation / resolution itself (see :class:`DeviceVerifyRunner`).
+
+    The capability flag is read first: a structural ``isinstance`` against the protocol costs ~15 µs, paid
+    twice per decode iteration, and torch runners (no ``device_verify``) never need it."""
+    if getattr(runner, "device_verify", False) is not True:
+        return False
+    return isinstance(runner, DeviceVerifyRunner)
 
 
 @runtime_checkable
