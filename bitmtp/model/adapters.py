@@ -32,8 +32,8 @@ from bitmtp.ops import dense_linear
 GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
 
 
-def fuse_group_factors(group: str, targets: Any, lora_a: Any, lora_b: Any, out_sizes: list[int],
-                       rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def fuse_group_factors(group: str, targets: Any, lora_a: Any, lora_b: Any,
+                       out_sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The LoRA factors of a fused projection ``group``: ``A`` stacked over its present targets, ``B``
     block-diagonal (zero rows for absent targets), so the group's whole delta is two matmuls. None when no
     target of the group is adapted. ``lora_a(t)`` / ``lora_b(t)`` give target ``t``'s factors; built with
@@ -103,12 +103,11 @@ class MaskBlock(nn.Module):
         self.mask_embedding = nn.Parameter(tensors["mask_embedding"].to(device, dtype), requires_grad=False)
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}
-        r = config.rank
         for i in range(base.num_layers):
             for group, members in GROUPS.items():
                 outs = [base.target_shape(t)[1] for t in members]
                 fused = fuse_group_factors(group, config.targets, lambda t, i=i: tensors[f"layers.{i}.{t}.lora_A"],
-                                           lambda t, i=i: tensors[f"layers.{i}.{t}.lora_B"], outs, r)
+                                           lambda t, i=i: tensors[f"layers.{i}.{t}.lora_B"], outs)
                 if fused is not None:
                     self.a[(i, group)], self.b[(i, group)] = (f.to(device, dtype).contiguous() for f in fused)
 

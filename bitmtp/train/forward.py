@@ -80,7 +80,7 @@ class MaskBlockParams(nn.Module):
         None when none of its targets is adapted."""
         return fuse_group_factors(group, self.config.targets,
                                   lambda t: self.lora[_key(f"layers.{layer}.{t}.lora_A")],
-                                  lambda t: self.lora[_key(f"layers.{layer}.{t}.lora_B")], out_sizes, self.config.rank)
+                                  lambda t: self.lora[_key(f"layers.{layer}.{t}.lora_B")], out_sizes)
 
     def apply(self, layer: int, group: str, inputs: torch.Tensor, outputs: torch.Tensor,
               first_row: int) -> torch.Tensor:
