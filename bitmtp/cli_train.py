@@ -221,11 +221,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_prompt_set(flag: str, value: str) -> None:
-    if value not in ("code", "chat") and not Path(value).is_file():
+    if value not in ("code", "chat", "docs") and not Path(value).is_file():
         from bitmtp.errors import BitMTPError
 
-        raise BitMTPError(f"{flag}: {value!r} is neither 'code', 'chat' nor an existing text file (one prompt per "
-                          f"line)")
+        raise BitMTPError(f"{flag}: {value!r} is neither 'code', 'chat', 'docs' nor an existing text file (one "
+                          f"prompt per line)")
 
 
 def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, policies: str, blocks: str) -> None:
@@ -233,8 +233,11 @@ def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, po
     checked(p.add_argument("--adapter", metavar="DIR",
                            help="adapter folder (default: the shipped adapter matching the model)"), existing("folder"))
     checked(p.add_argument("--prompts", nargs="+", default=prompts, metavar="SET",
-                           help=f"prompt sets: code (held-out stdlib functions), chat, or a text file with one "
-                                f"prompt per line (default: {' '.join(prompts)})"), _check_prompt_set)
+                           help=f"prompt sets: code (held-out stdlib functions), chat, docs (held-out long "
+                                f"documents of 500-1500 tokens, each with a request to summarise it or answer from "
+                                f"it; load with --capacity 2048), or a text file with one prompt per line "
+                                f"(default: {' '.join(prompts)})"),
+            _check_prompt_set)
     checked(p.add_argument("--count", type=int, default=count, help=f"prompts per set (default {count})"),
             at_least(1))
     checked(p.add_argument("--policies", default=policies,

@@ -16,6 +16,7 @@ from typing import Any
 
 from bitmtp.errors import BitMTPError
 from bitmtp.train.data import iter_python_lines
+from bitmtp.train.long_docs import document_prompts
 
 #: chat prompts for evaluation (not used in training: the shipped adapters train on code)
 CHAT_PROMPTS = [
@@ -136,16 +137,20 @@ def format_table(rows: list[AcceptanceRow], title: str = "") -> str:
 
 def prompt_ids(model, kind: str, count: int) -> list[list[int]]:
     """Token ids of a named prompt set: ``code`` (held-out stdlib functions, raw text), ``chat`` (chat
-    template) or a path to a text file with one prompt per line (chat template)."""
+    template), ``docs`` (held-out long documents of 500–1500 tokens, each followed by a request about
+    it: ``bitmtp.train.long_docs``; chat template; prompts of up to ~1550 tokens, so load the model with
+    a capacity of 2048) or a path to a text file with one prompt per line (chat template)."""
     if model.tokenizer is None:
         raise BitMTPError("prompts: evaluating named prompt sets needs the model's tokenizer")
     if kind == "code":
         return [model.encode(p) for p in code_prompts(count)]
+    if kind == "docs":
+        return [model.encode(messages) for messages in document_prompts(count)]
     if kind == "chat":
         texts = CHAT_PROMPTS[:count]
     else:
         path = Path(kind)
         if not path.is_file():
-            raise BitMTPError(f"prompts: expected 'code', 'chat' or a text file, got {kind!r}")
+            raise BitMTPError(f"prompts: expected 'code', 'chat', 'docs' or a text file, got {kind!r}")
         texts = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()][:count]
     return [model.encode([{"role": "user", "content": t}]) for t in texts]
