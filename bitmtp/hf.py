@@ -43,10 +43,12 @@ _FALL_THROUGH_KWARGS = ("assistant_model", "custom_generate", "prefix_allowed_to
 
 
 class _Patch:
-    def __init__(self, model, bm, original, policy, block_size):
+    def __init__(self, model, bm, original, policy, block_size, drafter=None, notes=()):
         self.model, self.bm, self.original = model, bm, original
         #: the bound policy object (``bitmtp.decoding.Policy``) every patched call decodes with
         self.resolved = policy
+        #: its drafter (``bitmtp.api.resolve_drafter``) and the notes for its stats
+        self.drafter, self.notes = drafter, list(notes)
         self.policy, self.block_size = policy.name, block_size
         self.warned: set[str] = set()
         self.last_stats = None
@@ -67,17 +69,16 @@ def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int
     Args:
         model: a transformers ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` or ``BitNetForCausalLM``.
         adapter: MTP adapter folder, ``"auto"`` (a shipped adapter trained on this model, if any) or
-            ``None``. Without an adapter every policy but ``"ar"`` is unavailable, so the policy
-            falls back to ``"ar"`` (bitmtp's runtime alone).
+            ``None``. Without an adapter, a policy that needs one falls back to ``"auto"`` (lossless; drafts
+            by prompt lookup where it pays, else AR on bitmtp's runtime).
         policy, block_size, tau, min_prefix: as in :func:`bitmtp.generate` (a policy name or a
-            ``bitmtp.decoding.Policy`` instance). Left at None, the policy
-            and block size are what the adapter's training record recommends (measured fastest;
-            :meth:`bitmtp.api.BitMTPModel.recommended`), else ``"hybrid"`` with the adapter's D.
+            ``bitmtp.decoding.Policy`` instance). Left at None: ``"auto"`` with the adapter's D
+            (:meth:`bitmtp.api.BitMTPModel.recommended`).
         capacity: KV store size in tokens (prompt + generated); longer calls fall through.
         backend, quantize: as in :func:`bitmtp.load`.
     """
-    from bitmtp.api import BitMTPModel, load, resolve_decoding
-    from bitmtp.decoding import get_policy
+    from bitmtp.api import BitMTPModel, load, resolve_decoding, resolve_drafter
+    from bitmtp.decoding import get_policy, resolve_policy
 
     if getattr(model, _ATTR, None) is not None:
         raise BitMTPError("model: already patched; call bitmtp.unpatch(model) first")
@@ -86,15 +87,18 @@ def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int
     device = next(model.parameters()).device
     bm: BitMTPModel = load(model, capacity=capacity, backend=backend, quantize=quantize, device=device,
                       adapter=adapter)
-    drafts = policy is not None and (get_policy(policy) if isinstance(policy, str) else policy).drafts
-    if bm.drafter is None and drafts:
-        log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'ar' on bitmtp's runtime")
-        policy = "ar"
+    cls = None if policy is None else (get_policy(policy) if isinstance(policy, str) else type(policy))
+    if bm.drafter is None and cls is not None and cls.drafts and cls.default_drafter == "adapter":
+        log.info("bitmtp.patch: no MTP adapter for this model; decoding with policy 'auto' (prompt lookup where it "
+                 "pays, else AR) on bitmtp's runtime")
+        policy = "auto"
     if policy is None:
         policy, block_size = bm.recommended(None, block_size)
-    resolved, block_size = resolve_decoding(bm, policy, block_size, tau, min_prefix, bm.drafter)
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix)
+    drafter, notes = resolve_drafter(bm, pol, None)
+    resolved, block_size = resolve_decoding(bm, pol, block_size, drafter=drafter)
     original = model.generate
-    state = _Patch(model, bm, original, resolved, block_size)
+    state = _Patch(model, bm, original, resolved, block_size, drafter, notes)
 
     @functools.wraps(original)
     def generate(*args, **kwargs):
@@ -192,7 +196,7 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
     bm = state.bm
     chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.resolved,
-                              block_size=state.block_size, drafter=bm.drafter)
+                              block_size=state.block_size, drafter=state.drafter, notes=state.notes)
     seq = input_ids
     stopped = False
     try:  # the generation owns the engine's KV store until it ends: close it on every exit

@@ -16,6 +16,18 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """Step-cost calibrations (policy="auto") go to a per-session folder, never the user's cache."""
+    old = os.environ.get("BITMTP_CACHE_DIR")
+    os.environ["BITMTP_CACHE_DIR"] = str(tmp_path_factory.mktemp("bitmtp-cache"))
+    yield
+    if old is None:
+        os.environ.pop("BITMTP_CACHE_DIR", None)
+    else:
+        os.environ["BITMTP_CACHE_DIR"] = old
+
+
 def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
     skip_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (run bench/gpu_check.sh on one)")

@@ -86,18 +86,21 @@ def test_generate_speculative_json_equals_ar(ckpt, capsys):
     assert sum(int(k) * v for k, v in spec["stats"]["histogram"].items()) == 29
 
 
-def test_generate_adapter_defaults_to_hybrid_and_stats_lines(ckpt, capsys):
+def test_generate_adapter_defaults_to_auto_and_stats_lines(ckpt, capsys):
     model_dir, adapter_dir = ckpt
     argv = ["generate", "--model", model_dir, "--adapter", adapter_dir, "--input-ids", IDS, "--max-new-tokens", "20",
-            "--block-size", "3", "--tau", "0.5", "--min-prefix", "2", "--stats"]
+            "--block-size", "3", "--stats"]
     assert cli.main(argv) == 0
     cap = capsys.readouterr()
     assert len(cap.out.split()) == 20  # no tokenizer: the token ids
-    assert "policy: hybrid D=3, " in cap.err and " tokens committed per iteration]" in cap.err  # the one summary line
+    assert "policy: auto D=3, " in cap.err and " tokens committed per iteration]" in cap.err  # the one summary line
     stats = [line for line in cap.err.splitlines() if line.startswith("stats:")]
-    assert len(stats) == 3
-    assert "policy hybrid, D=3" in stats[0] and "iterations" in stats[0] and "per iteration" in stats[0]
+    assert len(stats) == 4
+    assert "policy auto, D=3" in stats[0] and "iterations" in stats[0] and "per iteration" in stats[0]
     assert "histogram" in stats[1]
+    assert stats[3].startswith("stats: one-pass iterations by choice: ") and "guesses accepted" in stats[3]
+    assert cli.main(argv[:-1] + ["--policy", "ar"]) == 0
+    assert capsys.readouterr().out.split() == cap.out.split()  # auto is lossless
     assert "verifier rate" in stats[2] and "tok/s" in stats[2]
 
 
@@ -110,7 +113,8 @@ def test_generate_stats_with_json_goes_to_stderr(ckpt, capsys):
     cap = capsys.readouterr()
     obj = json.loads(cap.out)  # stdout stays one JSON object; no iterations -> null, not NaN
     assert len(obj["token_ids"]) == 1 and obj["stats"]["mean_committed"] is None
-    assert "stats: policy ar, D=1, 0 iterations, n/a" in cap.err
+    assert "stats: policy auto, D=8, 0 iterations, n/a" in cap.err  # no adapter: auto drafts by lookup (D = 8)
+    assert "stats: note: auto: no MTP adapter is attached; drafting by prompt lookup only" in cap.err
 
 
 def _fails(capsys, argv) -> str:
@@ -146,9 +150,9 @@ def test_generate_help_names_policy_default(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "else hybrid when an adapter is attached (--adapter or shipped), else ar" in out
+    assert "auto (default): lossless, drafts only where it pays on this machine" in out
     for flag in ("--adapter", "--no-adapter", "--block-size", "--tau", "--min-prefix", "--stats", "--json",
-                 "--input-ids"):
+                 "--input-ids", "--drafter", "--schedule"):
         assert flag in out
 
 
@@ -184,3 +188,20 @@ def test_generate_streams_text_with_stats_and_matches_json(ckpt, monkeypatch, ca
     assert obj["prompt_tokens"] == 6  # chat template: [1] + 5 characters
     assert "policy speculative, D=4" in streamed.err and "verifier rate 100%" in streamed.err
     assert "[25 tokens" in streamed.err
+
+
+def test_info_calibrate_prints_the_step_cost_table(ckpt, capsys, tmp_path, monkeypatch):
+    model_dir, _ = ckpt
+    monkeypatch.setenv("BITMTP_CACHE_DIR", str(tmp_path))
+    from bitmtp.runtime.calibration import clear_memo
+
+    clear_memo()
+    assert cli.main(["info", "--model", model_dir, "--no-adapter", "--threads", "1"]) == 0
+    assert "step costs: not measured yet for 1 threads" in capsys.readouterr().out
+    assert cli.main(["info", "--model", model_dir, "--no-adapter", "--threads", "1", "--calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "step costs (policy auto; 1 threads; cache " in out
+    assert cli.main(["info", "--model", model_dir, "--no-adapter", "--threads", "1"]) == 0  # now cached
+    assert "step costs (policy auto; 1 threads" in capsys.readouterr().out
+    err = _fails(capsys, ["info", "--calibrate"])
+    assert "--calibrate" in err and "--default-model" in err

@@ -128,8 +128,8 @@ def test_patch_bad_input(adapter_dir, tmp_path):
     with pytest.raises(BitMTPError, match="policy"):
         bitmtp.patch(hf, adapter=adapter_dir(hf), policy="beam")
     assert patch_state(hf) is None  # nothing half-done
-    bitmtp.patch(hf, adapter=None, policy="speculative")  # no adapter: bitmtp's runtime with policy ar
-    assert patch_state(hf).policy == "ar"
+    bitmtp.patch(hf, adapter=None, policy="speculative")  # no adapter: bitmtp's runtime with policy auto (lookup)
+    assert patch_state(hf).policy == "auto" and "lookup only" in patch_state(hf).notes[0]
     with pytest.raises(BitMTPError, match="already patched"):
         bitmtp.patch(hf)
     bitmtp.unpatch(hf)
@@ -137,8 +137,9 @@ def test_patch_bad_input(adapter_dir, tmp_path):
         bitmtp.unpatch(hf)
 
 
-def test_patch_defaults_follow_the_adapters_recommendation(tmp_path):
-    """policy/block_size left open: the adapter's measured recommendation, else hybrid with its D."""
+def test_patch_defaults_to_auto_with_the_adapters_block(tmp_path):
+    """policy/block_size left open: auto (lossless, drafts where it pays here) with the adapter's D; the
+    adapter's training record no longer picks the policy (it measured another machine)."""
     hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
     args = bitmtp.load(hf, adapter=None, capacity=64).args
     cfg, tensors = random_adapter(args, "mask-block", block_size=8)
@@ -147,13 +148,13 @@ def test_patch_defaults_follow_the_adapters_recommendation(tmp_path):
     rec = save_adapter(tmp_path / "rec", cfg, tensors)
     bitmtp.patch(hf, adapter=rec)
     state = patch_state(hf)
-    assert (state.policy, state.block_size) == ("speculative", 3)
+    assert (state.policy, state.block_size) == ("auto", 8) and state.drafter.kind == "lookup+adapter"
     bitmtp.unpatch(hf)
     bitmtp.patch(hf, adapter=rec, policy="hybrid")  # an explicit policy keeps the adapter's own D
     assert (patch_state(hf).policy, patch_state(hf).block_size) == ("hybrid", 8)
     bitmtp.unpatch(hf)
     bitmtp.patch(hf, adapter=plain)
-    assert (patch_state(hf).policy, patch_state(hf).block_size) == ("hybrid", 8)
+    assert (patch_state(hf).policy, patch_state(hf).block_size) == ("auto", 8)
     bitmtp.unpatch(hf)
 
 

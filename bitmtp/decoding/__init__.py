@@ -3,6 +3,8 @@ MTP iteration runs and commits, the acceptance rule (``bitmtp.decoding.accept``)
 (``bitmtp.decoding.drafters``) that produce the drafts."""
 
 from bitmtp.decoding.accept import accept_length, speculative_accept
+from bitmtp.decoding.auto import AutoPolicy
+from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.policies import (
     ARPolicy,
     Commit,
@@ -14,6 +16,7 @@ from bitmtp.decoding.policies import (
     NoParams,
     Plan,
     Policy,
+    SpeculativeParams,
     SpeculativePolicy,
     Verify,
     confidence_commit,
@@ -40,6 +43,9 @@ __all__ = [
     "ConfidencePolicy",
     "SpeculativePolicy",
     "HybridPolicy",
+    "AutoPolicy",
+    "SpeculativeParams",
+    "LookupIndex",
     "register_policy",
     "unregister_policy",
     "get_policy",

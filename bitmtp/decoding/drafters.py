@@ -18,6 +18,14 @@ replay state's width); drafters without mask rows use the first p.
   hidden state, logits through the shared LM head.
 * :class:`OracleDrafter` — drafts a known continuation (computed beforehand). A test and benchmark
   device: with ``speculative`` it shows what the machinery delivers when every draft is accepted.
+* :class:`LookupDrafter` — prompt lookup (``bitmtp.decoding.lookup``): the continuation of the
+  sequence's latest suffix match in prompt + output, found on the host at no model cost.
+
+**One-pass schedule** (``runtime/decode.py``, "one pass"): an iteration is one step whose rows are the
+pending token, the guesses ``g_1..g_k`` for the next positions and, for a mask-block drafter, D − 1
+mask rows after the last guess (role ``fused``). Drafters with ``host_guesses`` (lookup, oracle) give
+the guesses through :meth:`Drafter.propose` from the committed sequence; a mask-block drafter's guesses
+are the previous fused step's mask-row drafts.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import DraftHeads, MaskBlock
 from bitmtp.model.decoder import Decoder, StepInputs
@@ -41,6 +50,10 @@ class Drafter(abc.ABC):
     """Base of the drafters: a name, the largest block size it supports, and the draft body."""
 
     kind = "drafter"
+    #: guesses come from the host (:meth:`propose`), not from the model: lookup, oracle
+    host_guesses = False
+    #: drafts from mask rows appended to a one-pass (``fused``) step
+    mask_rows = False
 
     def __init__(self, decoder: Decoder, max_block: int):
         self.decoder = decoder
@@ -71,11 +84,21 @@ class Drafter(abc.ABC):
     def draft(self, runner) -> None:
         """Write d_1..d_D and their probabilities into the runner's outputs (see the module docstring)."""
 
+    def prepare(self, runner, history: Sequence[int]) -> None:
+        """Host work before a two-pass draft step of ``runner`` whose committed sequence is ``history``
+        (prompt + output; its last token is the last pending row). Nothing by default."""
+        return None
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """Host guesses for the ``k`` positions after ``history`` (``host_guesses`` drafters)."""
+        raise BitMTPError(f"drafter: the {self.kind} drafter drafts on the device, not from the host")
+
 
 class MaskBlockDrafter(Drafter):
     """Mask-conditioned block-causal drafting with a ``mask-block`` adapter."""
 
     kind = "mask-block"
+    mask_rows = True
 
     def __init__(self, decoder: Decoder, block: MaskBlock):
         super().__init__(decoder, block.block_size)
@@ -93,10 +116,12 @@ class MaskBlockDrafter(Drafter):
         step = StepInputs(runner.tokens, pos, mask, mask_rows=d - 1, mask_block=self.block)
         hidden = dec.hidden_states(step, runner.kv)
         # LM head only over the rows that draft (the last pending row and the mask rows): the other
-        # pending rows' logits are never read, and the LM head is the largest matrix of the step.
-        tok, prob = _argmax_prob(dec.logits(hidden[p - 1 :]))
-        runner.out_token[-d:].copy_(tok)
-        runner.out_prob[-d:].copy_(prob)
+        # pending rows' logits are never read in a draft step, and the LM head is the largest matrix
+        # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
+        lo = 0 if st.role == "fused" else p - 1
+        tok, prob = _argmax_prob(dec.logits(hidden[lo:]))
+        runner.out_token[lo:].copy_(tok)
+        runner.out_prob[lo:].copy_(prob)
 
 
 class HeadsDrafter(Drafter):
@@ -127,10 +152,12 @@ class OracleDrafter(Drafter):
     continuation, computed beforehand; positions past its end draft token 0."""
 
     kind = "oracle"
+    host_guesses = True
 
     def __init__(self, decoder: Decoder, sequence: Sequence[int], max_block: int = 16):
         super().__init__(decoder, max_block)
-        seq = torch.as_tensor(list(sequence), dtype=torch.long)
+        self.host_sequence = [int(t) for t in sequence]
+        seq = torch.as_tensor(self.host_sequence, dtype=torch.long)
         if seq.numel() == 0:
             raise BitMTPError("sequence: the oracle needs at least one token")
         self.sequence = torch.cat([seq, torch.zeros(max_block + 1, dtype=torch.long)]).to(decoder.device)
@@ -143,6 +170,76 @@ class OracleDrafter(Drafter):
         idx = (runner.positions[p - 1] + self.offsets[: d - 1]).clamp_(max=self.sequence.numel() - 1)
         runner.out_token[-(d - 1) :].copy_(self.sequence[idx])
         runner.out_prob[-(d - 1) :].fill_(1.0)
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """The known continuation after ``history`` (token 0 past its end, as on the device)."""
+        at = len(history)
+        out = self.host_sequence[at : at + k]
+        return out + [0] * (k - len(out))
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup (``bitmtp.decoding.lookup``): guesses are the continuation of the sequence's latest
+    suffix match in prompt + output. No model work, no adapter.
+
+    One pass: :meth:`propose` gives the guesses (the decode loop keeps one :class:`LookupIndex` per
+    generation and passes it as ``history``; a plain sequence works too). Two passes: :meth:`prepare`
+    writes the continuation into the draft step's spare token slots and :meth:`draft` runs the pending
+    rows (``d_1``, exact) and copies ``d_2..d_D`` from there with probability 0 (a lookup draft is a
+    guess, never a confident prediction: policies that commit unverified drafts must not trust it).
+    """
+
+    kind = "lookup"
+    host_guesses = True
+
+    def __init__(self, decoder: Decoder, max_block: int = 16, *, ngram_max: int = 3, ngram_min: int = 1):
+        super().__init__(decoder, max_block)
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        LookupIndex((), ngram_max=ngram_max, ngram_min=ngram_min)  # validates the n-gram bounds
+
+    def index(self, history: Sequence[int] = ()) -> LookupIndex:
+        """A fresh index over ``history`` with this drafter's n-gram bounds."""
+        return LookupIndex(history, ngram_max=self.ngram_max, ngram_min=self.ngram_min)
+
+    def propose(self, history: Sequence[int] | LookupIndex, k: int) -> list[int]:
+        idx = history if isinstance(history, LookupIndex) else self.index(history)
+        return idx.propose(k)[0]
+
+    def prepare(self, runner, history: Sequence[int] | LookupIndex) -> None:
+        st = runner.state
+        p, d = st.pending, st.block
+        # the guesses continue the committed sequence: c_1 guesses d_1 (the AR prediction), so c_2..c_D
+        # stand for d_2..d_D; without a match they repeat the last token (a cheap, usually wrong guess)
+        cont = self.propose(history, d)[1:]
+        last = history.tokens[-1] if isinstance(history, LookupIndex) else history[-1]
+        cont = cont + [last] * (d - 1 - len(cont))
+        runner.tokens[p:].copy_(torch.tensor(cont, dtype=torch.long))
+
+    def draft(self, runner) -> None:
+        hidden, p, d = self._pending_hidden(runner)
+        self._write_first(runner, hidden[p - 1 : p], d)
+        runner.out_token[-(d - 1) :].copy_(runner.tokens[p:])
+        runner.out_prob[-(d - 1) :].fill_(0.0)
+
+
+#: the drafter names ``generate(drafter=...)`` and ``--drafter`` accept (besides a Drafter object):
+#: ``adapter`` (the loaded MTP adapter's), ``lookup`` (prompt lookup, no adapter needed) and
+#: ``lookup+adapter`` (one pass: lookup guesses when the context matches, the adapter's otherwise)
+DRAFTER_NAMES = ("adapter", "lookup", "lookup+adapter")
+
+
+class CombinedDrafter:
+    """``lookup+adapter``: one-pass drafting from both — the lookup's guesses when the context matches,
+    the adapter's mask-row drafts otherwise. Only the one-pass schedule runs it."""
+
+    kind = "lookup+adapter"
+
+    def __init__(self, lookup: LookupDrafter, adapter: Drafter):
+        self.lookup, self.adapter = lookup, adapter
+        self.max_block = adapter.max_block
+
+    def check_block(self, block_size: int) -> None:
+        self.adapter.check_block(block_size)
 
 
 def drafter_for(decoder: Decoder, module: MaskBlock | DraftHeads) -> Drafter:

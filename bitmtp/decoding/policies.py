@@ -110,6 +110,18 @@ def check_min_prefix(min_prefix: Any) -> int | None:
     return min_prefix
 
 
+#: the decode loop's schedules: ``two-pass`` (a draft step, then a verify step) and ``one-pass`` (one
+#: step verifies the pending guesses and drafts the next; ``bitmtp.decoding.onepass``)
+SCHEDULES = ("two-pass", "one-pass")
+
+
+def check_schedule(schedule: Any) -> str | None:
+    """A schedule name from :data:`SCHEDULES` (None: the policy's default)."""
+    if schedule is None or schedule in SCHEDULES:
+        return schedule
+    raise BitMTPError(f"schedule: expected one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+
+
 def default_min_prefix(block_size: int) -> int:
     """Hybrid's default m for block size D: max(2, D // 2)."""
     return max(2, block_size // 2)
@@ -128,6 +140,17 @@ class ConfidenceParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tau", check_tau(self.tau))
+
+
+@dataclass(frozen=True)
+class SpeculativeParams:
+    """``schedule``: ``"two-pass"`` (draft step, then verify step) or ``"one-pass"`` (one step verifies
+    the guesses and drafts the next ones); None: two-pass."""
+
+    schedule: str | None = None
+
+    def __post_init__(self) -> None:
+        check_schedule(self.schedule)
 
 
 @dataclass(frozen=True)
@@ -219,6 +242,21 @@ class Policy:
     lossless: ClassVar[bool] = False
     #: its parameters, a frozen dataclass whose ``__post_init__`` validates them
     Params: ClassVar[type] = NoParams
+    #: the drafter it uses when the caller names none: ``"adapter"`` (the loaded MTP adapter's) or
+    #: another name of ``bitmtp.decoding.drafters.DRAFTER_NAMES``
+    default_drafter: ClassVar[str] = "adapter"
+
+    @property
+    def decode_schedule(self) -> str:
+        """The decode loop's schedule for this policy (:data:`SCHEDULES`)."""
+        return "two-pass"
+
+    def planner(self, memory: dict) -> Any:
+        """The one-pass planner of one generation (``bitmtp.decoding.onepass.Planner``); ``memory``: a
+        dict the engine keeps across its generations (running estimates may live there)."""
+        from bitmtp.decoding.onepass import FixedPlanner
+
+        return FixedPlanner()
 
     def __init__(self, params: Any = None, /, **kwargs: Any):
         if params is not None and kwargs:
@@ -332,7 +370,8 @@ def get_policy(name: Any) -> type[Policy]:
     return cls
 
 
-def resolve_policy(policy: str | Policy, *, tau: Any = None, min_prefix: Any = None) -> Policy:
+def resolve_policy(policy: str | Policy, *, tau: Any = None, min_prefix: Any = None,
+                   schedule: Any = None) -> Policy:
     """A :class:`Policy` from a registered name with the loose ``tau`` / ``min_prefix`` arguments of
     ``bitmtp.generate`` (None: the defaults, τ = 0.9 and m = max(2, D // 2)), or a Policy instance
     as it is (then ``tau`` and ``min_prefix`` must be left out: they belong to the instance).
@@ -341,14 +380,18 @@ def resolve_policy(policy: str | Policy, *, tau: Any = None, min_prefix: Any = N
     each policy takes those its ``Params`` declares.
     """
     if isinstance(policy, Policy):
-        for arg, value in (("tau", tau), ("min_prefix", min_prefix)):
+        for arg, value in (("tau", tau), ("min_prefix", min_prefix), ("schedule", schedule)):
             if value is not None:
                 raise BitMTPError(f"{arg}: give it to the policy object (e.g. {type(policy).__name__}({arg}=...)) "
                                   f"or pass the policy by name; got {arg}={value!r} with {policy!r}")
         return policy
     cls = get_policy(policy)
-    loose = {"tau": check_tau(0.9 if tau is None else tau), "min_prefix": check_min_prefix(min_prefix)}
+    loose = {"tau": check_tau(0.9 if tau is None else tau), "min_prefix": check_min_prefix(min_prefix),
+             "schedule": check_schedule(schedule)}
     known = {f.name for f in fields(cls.Params)}
+    if schedule is not None and "schedule" not in known:
+        takes = sorted(n for n, c in _REGISTRY.items() if "schedule" in {f.name for f in fields(c.Params)})
+        raise BitMTPError(f"schedule: policy {cls.name!r} has one schedule; schedule= applies to {', '.join(takes)}")
     return cls(**{k: v for k, v in loose.items() if k in known})
 
 
@@ -385,6 +428,11 @@ class SpeculativePolicy(Policy):
     name = "speculative"
     needs_verify = True
     lossless = True
+    Params = SpeculativeParams
+
+    @property
+    def decode_schedule(self) -> str:
+        return self.params.schedule or "two-pass"
 
     def commit(self, draft: Sequence[int], probs: Sequence[float], verify: Sequence[int] | None) -> Commit:
         if verify is None:

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bitmtp.decoding.drafters import CombinedDrafter
+from bitmtp.decoding.lookup import LookupIndex
+from bitmtp.decoding.onepass import PassContext, PassPlan
 from bitmtp.decoding.policies import Plan, Policy, Verify, resolve_policy
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
@@ -58,6 +61,16 @@ class DecodeStats:
     flushes: int = 0
     seconds: float = 0.0
     tokens: int = 0
+    #: the schedule that ran ("two-pass" or "one-pass"; "" for AR)
+    schedule: str = ""
+    #: one-pass iterations by what they ran: "ar" (no guesses), "lookup", "masks", "oracle", with
+    #: "+masks" when mask rows drafted the next guesses
+    choices: Counter = field(default_factory=Counter)
+    #: guesses verified and accepted (one pass)
+    guesses: int = 0
+    accepted: int = 0
+    #: what the caller should know about how it decoded (e.g. "auto: no adapter, lookup drafts only")
+    notes: list[str] = field(default_factory=list)
 
     @property
     def iterations(self) -> int:
@@ -88,7 +101,9 @@ class DecodeStats:
                 "mean_committed": self.mean_committed, "histogram": self.histogram,
                 "verifier_calls": self.verifier_calls, "verifier_rate": self.verifier_rate,
                 "widths": dict(sorted(self.widths.items())), "syncs": self.syncs, "draft_steps": self.draft_steps,
-                "flushes": self.flushes, "tokens_per_second": self.tokens_per_second}
+                "flushes": self.flushes, "tokens_per_second": self.tokens_per_second, "schedule": self.schedule,
+                "choices": dict(sorted(self.choices.items())), "guesses": self.guesses, "accepted": self.accepted,
+                "notes": list(self.notes)}
 
 
 @dataclass
@@ -134,7 +149,8 @@ class _Output:
 
 def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
            policy: str | Policy = "ar", block_size: int = 8, tau: float | None = None, min_prefix: int | None = None,
-           drafter=None, report: dict[str, DecodeStats] | None = None) -> Iterator[list[int]]:
+           drafter=None, report: dict[str, DecodeStats] | None = None, schedule: str | None = None,
+           notes: Sequence[str] = ()) -> Iterator[list[int]]:
     """Generate greedily; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
 
     ``policy``: a registered name (with the loose ``tau`` / ``min_prefix``; None: τ = 0.9, m =
@@ -147,14 +163,22 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     if max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
     d = int(block_size)
-    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix).bind(d)
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule).bind(d)
+    one_pass = pol.drafts and pol.decode_schedule == "one-pass"
     if pol.drafts:
         _check_block(engine, d, drafter, pol)
-    stats = DecodeStats(pol.name, d if pol.drafts else 1)
+        _check_drafter(engine, drafter, pol)
+    stats = DecodeStats(pol.name, d if pol.drafts else 1, schedule=pol.decode_schedule if pol.drafts else "")
+    stats.notes.extend(notes)
     engine.last_stats = stats  # readable even when the caller stops the generator early
     if report is not None:
         report["stats"] = stats  # the caller's own view (engine.last_stats is the latest generation's)
     syncs0 = engine.syncs
+    costs = None
+    if one_pass and getattr(pol, "uses_costs", False):
+        from bitmtp.runtime.calibration import load_cost_table
+
+        costs = load_cost_table(engine)  # measured once per machine/model/threads (cached); overwrites KV rows
     engine.reset()
     ids = list(input_ids)
     t0 = time.perf_counter()
@@ -172,13 +196,35 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
             stats.verified.append(False)
             stats.widths[1] += 1
             yield out.add(pol.commit((tok,), (), None).tokens)
+    elif out.reason is None and one_pass:
+        yield from _onepass_loop(engine, out, stats, ids, first, pol, d, drafter, costs)
     elif out.reason is None:
-        yield from _mtp_loop(engine, out, stats, first, pol, d, drafter)
+        yield from _mtp_loop(engine, out, stats, ids, first, pol, d, drafter)
     t2 = time.perf_counter()
     stats.syncs = engine.syncs - syncs0
     stats.seconds = t2 - t1
     stats.tokens = len(out.tokens)
     return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats)
+
+
+def _check_drafter(engine, drafter, policy: Policy) -> None:
+    """The drafter suits the policy's schedule (module docstring; ``bitmtp.decoding.drafters``)."""
+    kind = getattr(drafter, "kind", "")
+    if policy.decode_schedule == "two-pass":
+        if isinstance(drafter, CombinedDrafter):
+            raise BitMTPError("drafter: 'lookup+adapter' drafts in the one-pass schedule only; use policy='auto' or "
+                              "schedule='one-pass', or one drafter ('lookup' or 'adapter')")
+        if kind == "lookup" and not policy.lossless:
+            raise BitMTPError(f"drafter: lookup drafts are unverified guesses, and policy {policy.name!r} commits "
+                              "drafts without verifying them; use policy='speculative' or 'auto' with lookup")
+        return
+    one = drafter.adapter if isinstance(drafter, CombinedDrafter) else drafter
+    if not (one.host_guesses or one.mask_rows):
+        raise BitMTPError(f"schedule: the {kind} drafter does not run in the one-pass schedule (mask-block, lookup "
+                          "and oracle drafters do); use schedule='two-pass'")
+    if one.mask_rows and not engine.pool.fused_steps:
+        raise BitMTPError(f"schedule: the one-pass schedule's mask rows do not run on runtime={engine.runtime!r}; "
+                          "use schedule='two-pass' or drafter='lookup'")
 
 
 def _check_block(engine, d: int, drafter, policy: Policy) -> None:
@@ -205,10 +251,12 @@ class _Deferred:
     block: int
 
 
-def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: Policy, d: int,
+def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: int, policy: Policy, d: int,
               drafter) -> Iterator[list[int]]:
     """The MTP iterations: ``policy`` plans each one and decides what it commits (module docstring)."""
     pool, kv = engine.pool, engine.kv
+    # a drafter that reads the committed text (lookup) gets it as an index kept up to date here
+    index = drafter.index(ids + [first]) if getattr(drafter, "kind", "") == "lookup" else None
     pool.set_drafter(drafter)
     current = drafter  # the pool's drafter
     arange = engine.arange
@@ -245,6 +293,8 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: Poli
                 break
             runner = pool.get(ReplayState(p + b - 1, kv.segment_for(n + p + b - 1), "draft", b))
             runner.tokens[:p].copy_(torch.as_tensor(pending_tokens))
+            if index is not None:
+                current.prepare(runner, index)
             torch.add(arange[: p + b - 1], n, out=runner.positions)
             n_hi = n + p  # materialized after the draft
         else:
@@ -273,6 +323,8 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: Poli
             taken = out.add(commit.tokens)
             stats.committed.append(len(taken))
             stats.verified.append(commit.verified)
+            if index is not None:
+                index.extend(taken)
             yield taken
             deferred = None
             if out.reason is not None:
@@ -305,10 +357,100 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, first: int, policy: Poli
         taken = out.add(commit.tokens)
         stats.committed.append(len(taken))
         stats.verified.append(commit.verified)
+        if index is not None:
+            index.extend(taken)
         yield taken
         n += commit.exact_rows
         engine.n = n
         pending_tokens = list(commit.tokens[commit.exact_rows :])
+        if out.reason is not None:
+            break
+    engine.n = n
+
+
+def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: int, policy: Policy, d: int,
+                  drafter, costs) -> Iterator[list[int]]:
+    """The one-pass schedule (``bitmtp.decoding.onepass``): each iteration is ONE step over
+    [pending token, guesses g_1..g_k, (D − 1 mask rows)] and ONE read; the guesses commit while they
+    equal the AR argmax of the row before them, then that row's argmax commits too.
+
+    The pending and guess rows are AR-causal (each sees KV rows ≤ its position; the mask rows come
+    after them), so every committed token is exactly AR greedy's, and the KV rows of the pending token
+    and the accepted guesses are exact and stay (n += a + 1). Rows of rejected guesses and mask rows are
+    not counted: the next step overwrites them in place.
+    """
+    pool, kv = engine.pool, engine.kv
+    cap, m_max = engine.capacity, kv.m_max
+    lookup = masks = host = None
+    for one in (drafter.lookup, drafter.adapter) if isinstance(drafter, CombinedDrafter) else (drafter,):
+        if one.kind == "lookup":
+            lookup = one
+        elif one.mask_rows:
+            masks = one
+        elif one.host_guesses:
+            host = one
+    if masks is not None:
+        pool.set_drafter(masks)
+    index = lookup.index(ids + [first]) if lookup is not None else LookupIndex(ids + [first], ngram_max=1)
+    ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks)
+    planner = policy.planner(engine.memory)
+    arange = engine.arange
+    n = engine.n
+    tok = first  # the pending token: committed, its KV row not written yet
+    next_costs = 0  # the context length at which the relative costs are looked up again
+    while True:
+        if n >= cap:
+            out.reason = out.reason or "capacity"
+            break
+        ctx.n = n
+        ctx.max_width = m_max
+        if costs is not None and n >= next_costs:
+            # the relative cost of a width changes with the context (attention); refresh every 64 rows
+            ctx.costs = [0.0] + [costs.relative(w, n) for w in range(1, m_max + 1)]
+            next_costs = n + 64
+        plan: PassPlan = planner.plan(ctx)
+        guesses = plan.guesses
+        k = len(guesses)
+        w = plan.width
+        if plan.masks:
+            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "fused", plan.masks))
+        else:
+            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))
+        if k:
+            runner.tokens[: k + 1].copy_(torch.tensor([tok, *guesses], dtype=torch.long))
+        else:
+            runner.tokens[:1].fill_(tok)
+        torch.add(arange[:w], n, out=runner.positions)
+        runner.run()
+        if plan.masks:
+            v, drafts_p = engine.read(runner.out_token[:w], runner.out_prob[k + 1 : w])
+        else:
+            (v,) = engine.read(runner.out_token[:w])
+        a = 0
+        while a < k and guesses[a] == v[a]:
+            a += 1
+        taken = out.add([*guesses[:a], v[a]])
+        stats.committed.append(len(taken))
+        stats.verified.append(k > 0)
+        stats.widths[w] += 1
+        stats.choices[(plan.source or "ar") + ("+masks" if plan.masks else "")] += 1
+        if k:
+            stats.verifier_calls += 1
+            stats.guesses += k
+            stats.accepted += a
+        if plan.masks:
+            stats.draft_steps += 1
+        planner.observe(plan, a, ctx)
+        n += a + 1
+        engine.n = n
+        tok = v[a]
+        index.extend(taken)
+        # the mask rows drafted the positions after the last guess: valid only if every guess was accepted
+        if plan.masks and a == k:
+            ctx.mask_guesses, ctx.mask_probs = v[k + 1 : w], drafts_p
+        else:
+            ctx.mask_guesses, ctx.mask_probs = [], []
+        yield taken
         if out.reason is not None:
             break
     engine.n = n

@@ -20,7 +20,7 @@ import torch
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
 from bitmtp.runtime.kv import KVStore
-from bitmtp.runtime.states import ReplayState
+from bitmtp.runtime.states import DRAFT_ROLES, ReplayState
 
 #: mask_fn(state, positions [M], kv_index [L]) -> bool mask [M, L]
 MaskFn = Callable[[ReplayState, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -109,18 +109,19 @@ class GraphPool:
         self.runners: dict[ReplayState, StepRunner] = {}
         self.mask_fns: dict[str, MaskFn] = {"prefill": causal_mask, "ar": causal_mask, "verify": causal_mask}
         self.drafter: DraftBody | None = None
+        self.fused_steps = True
 
     def set_drafter(self, drafter: DraftBody | None) -> None:
         """Use ``drafter`` for draft states; runners (and graphs) of another drafter are dropped."""
         if drafter is not self.drafter:
-            self.runners = {s: r for s, r in self.runners.items() if s.role != "draft"}
+            self.runners = {s: r for s, r in self.runners.items() if s.role not in DRAFT_ROLES}
             self.drafter = drafter
 
     def get(self, state: ReplayState) -> StepRunner:
         runner = self.runners.get(state)
         if runner is None:
             capture = self.capture and state.role != "prefill"  # prefill runs once per prompt: eager
-            if state.role == "draft":
+            if state.role in DRAFT_ROLES:
                 if self.drafter is None:
                     raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
                 runner = StepRunner(self.decoder, self.kv, state, None, capture=capture, mempool=self.mempool,

@@ -80,10 +80,13 @@ class StepPool(Protocol):
 
     ``drafter``: the drafter of draft states (None before one is set). ``capture``: its steps are
     captured CUDA graphs (the engine then serializes steps of sessions sharing the GPU).
+    ``fused_steps``: it runs the one-pass schedule's ``fused`` steps (AR rows followed by a mask-block
+    drafter's mask rows, every row's argmax out).
     """
 
     drafter: Any
     capture: bool
+    fused_steps: bool
 
     def get(self, state: ReplayState) -> StepRunner:
         """The runner of ``state`` (BitMTPError for a draft state before a drafter is set)."""

@@ -1,14 +1,18 @@
 """Replay states: (width M, segment σ, role r[, block D]) — the key of a captured or eager step.
 
 A draft step of block size D over p pending rows has width ``p + D − 1`` (``block`` = D, so the
-runner knows which rows are pending and which are mask rows); every other role has ``block`` = 0.
+runner knows which rows are pending and which are mask rows); so has a ``fused`` step, the one-pass
+schedule's verify-and-draft (its p AR rows are the pending token and the guesses, and every row's argmax
+is an output). Every other role has ``block`` = 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROLES = ("prefill", "ar", "draft", "verify")
+ROLES = ("prefill", "ar", "draft", "verify", "fused")
+#: roles whose steps run a drafter body (p pending rows, then D − 1 drafting rows)
+DRAFT_ROLES = ("draft", "fused")
 
 
 @dataclass(frozen=True)
@@ -21,12 +25,12 @@ class ReplayState:
     @property
     def pending(self) -> int:
         """p: the pending rows of a draft step (width − (D − 1))."""
-        return self.width - (self.block - 1) if self.role == "draft" else self.width
+        return self.width - (self.block - 1) if self.role in DRAFT_ROLES else self.width
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role: expected one of {ROLES}, got {self.role!r}")
         if self.width < 1 or self.segment < 1:
             raise ValueError(f"width/segment must be positive, got {self.width}/{self.segment}")
-        if self.role == "draft" and not (2 <= self.block <= 16 and self.width >= self.block):
+        if self.role in DRAFT_ROLES and not (2 <= self.block <= 16 and self.width >= self.block):
             raise ValueError(f"draft state: block must be in 2..16 and width >= block, got {self.width}/{self.block}")

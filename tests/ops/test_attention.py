@@ -78,3 +78,132 @@ def test_cpu_isa_paths_give_the_same_bits(d, rng):
     assert len(outs) >= 2
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
+
+
+# --- the cpu kernel's exact operation sequence -------------------------------------------------------
+
+def _libm_expf():
+    """The C library's ``expf`` (the one the kernel calls), or None where it cannot be found."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("m")
+    if name is None:
+        return None
+    fn = ctypes.CDLL(name).expf
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return fn
+
+
+def _kernel_sequence(q, k, v, mask, scale):
+    """What the cpu kernel computes for every (row, head), operation by operation, in numpy float32:
+    the 16 partial sums of the dot product (lane j sums d = j, j + 16, ... from 0), added in lane order
+    to 0 and times scale; the max over the allowed rows; expf(score - max) through the C library; the
+    double total in increasing l; acc += w * v in increasing l; acc * float(1 / total); zeros for a row
+    that sees nothing. Each numpy operation rounds to float32 on its own (no fused multiply-add)."""
+    import numpy as np
+
+    expf = _libm_expf()
+    m, h, d = q.shape
+    kvh = k.shape[0]
+    length = mask.shape[1]
+    group = h // kvh
+    sc = np.float32(scale)
+    out = np.zeros((m, h, d), np.float32)
+    msk = mask.numpy()
+    with np.errstate(all="ignore"):  # lanes of rows a pair may not see can hold NaN/Inf: never used
+        for g in range(kvh):
+            qg = q[:, g * group:(g + 1) * group].reshape(m * group, d).numpy()  # pair = row * group + head
+            allowed = np.repeat(msk, group, axis=0)
+            keys, values = k[g, :length].numpy(), v[g, :length].numpy()
+            s = np.zeros((m * group, length), np.float32)
+            for j in range(16):
+                part = np.zeros((m * group, length), np.float32)
+                for e in range(j, d, 16):
+                    part = part + qg[:, e:e + 1] * keys[None, :, e]
+                s = s + part
+            s = s * sc
+            mx = np.where(allowed, s, np.float32(-np.inf)).max(axis=1)
+            diff = s - mx[:, None]
+            w = np.zeros_like(diff)
+            for p, row in zip(*np.nonzero(allowed), strict=True):
+                w[p, row] = expf(float(diff[p, row]))
+            total = np.zeros(m * group, np.float64)
+            acc = np.zeros((m * group, d), np.float32)
+            for row in range(length):  # KV rows in increasing order
+                total = total + np.where(allowed[:, row], w[:, row].astype(np.float64), 0.0)
+                acc = np.where(allowed[:, row, None], acc + w[:, row, None] * values[None, row], acc)
+            seen = allowed.any(axis=1)
+            inv = np.where(seen, 1.0 / np.where(seen, total, 1.0), 0.0).astype(np.float32)
+            res = np.where(seen[:, None], acc * inv[:, None], np.float32(0))
+            out[:, g * group:(g + 1) * group] = res.reshape(m, group, d)
+    return torch.from_numpy(out)
+
+
+def _holey_inputs(g, m, h, kvh, d, length):
+    """Decode-like masks (row i sees [0, n + i]) with random holes, a block a row above it cannot see,
+    one row that sees nothing; KV rows nobody sees and rows past the segment hold NaN/Inf."""
+    s = length + 7
+    q = torch.randn(m, h, d, generator=g) * 2
+    k = torch.randn(kvh, s, d, generator=g)
+    v = torch.randn(kvh, s, d, generator=g)
+    n = max(length - m, 1)
+    pos = (n + torch.arange(m)).clamp(max=length - 1)
+    mask = torch.arange(length)[None, :] <= pos[:, None]
+    mask &= torch.rand(m, length, generator=g) > 0.2
+    mask[:, length // 3: length // 3 + 5] = False
+    if m > 2:
+        mask[1] = False
+        mask[2, -1] = True  # non-causal: sees a row past its position
+    hidden = ~mask.any(0)
+    k[:, :length][:, hidden] = float("nan")
+    v[:, :length][:, hidden] = float("inf")
+    k[:, length:] = float("nan")
+    v[:, length:] = float("-inf")
+    return q, k, v, mask
+
+
+# (rows, heads, kv heads, head dim, KV rows): decode and verify widths, the prefill chunk (64), GQA groups
+# of 1, 3 and 4, head dims with a 16-lane tail and below one vector, long segments
+SEQUENCE_SHAPES = [(1, 9, 3, 64, 1000), (16, 9, 3, 64, 300), (64, 8, 2, 24, 130), (5, 4, 4, 70, 200),
+                   (3, 12, 3, 5, 33), (2, 9, 3, 64, 2000), (9, 6, 2, 17, 77)]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
+@pytest.mark.skipif(_libm_expf() is None, reason="no C library expf to replay the kernel's exponentials")
+@pytest.mark.parametrize("m,h,kvh,d,length", SEQUENCE_SHAPES)
+def test_cpu_bits_are_the_lone_pair_sequence(m, h, kvh, d, length, rng):
+    """Every ISA path and thread count gives, bit for bit, the per-(row, head) operation sequence the
+    kernel promises (attention_body.inc): however the rows, heads and KV tiles are batched, a pair's
+    bits are those of that pair computed alone. Unseen KV rows hold NaN/Inf (poisoned output first)."""
+    from bitmtp.ops.backends import cpu_backend
+
+    q, k, v, mask = _holey_inputs(rng, m, h, kvh, d, length)
+    want = _kernel_sequence(q, k, v, mask, d**-0.5)
+    assert torch.isfinite(want).all()
+    threads = torch.get_num_threads()
+    try:
+        for isa in cpu_backend.supported_isas():
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                with cpu_backend.forced_isa(isa):
+                    out = attention(q, k, v, mask, d**-0.5, backend="cpu")
+                assert torch.equal(out.view(torch.int32), want.view(torch.int32)), (isa, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
+@pytest.mark.parametrize("m,h,kvh,d,length", [(64, 9, 3, 64, 100), (40, 8, 2, 24, 300), (33, 4, 4, 70, 90)])
+def test_cpu_rows_independent_of_width_wide_steps(m, h, kvh, d, length, rng):
+    """Wide steps (the prefill chunk): any slice of the rows, run as its own step, gives the bits those
+    rows got in the full step, on every ISA path."""
+    from bitmtp.ops.backends import cpu_backend
+
+    q, k, v, mask = _holey_inputs(rng, m, h, kvh, d, length)
+    for isa in cpu_backend.supported_isas():
+        with cpu_backend.forced_isa(isa):
+            together = attention(q, k, v, mask, 0.3, backend="cpu")
+            for a, b in ((0, 1), (1, 4), (5, 21), (m - 3, m)):
+                part = attention(q[a:b], k, v, mask[a:b], 0.3, backend="cpu")
+                assert torch.equal(part, together[a:b]), (isa, a, b)

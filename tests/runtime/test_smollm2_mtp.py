@@ -115,3 +115,53 @@ def test_smollm2_patched_generate_equals_unpatched():
             bitmtp.unpatch(hf)
         assert torch.equal(out, ref), text
     assert calls == [1] * 10
+
+
+def _schedule_configs(model):
+    """(label, generate kwargs) of every drafter × schedule that verifies (issue "MTP that pays")."""
+    out = []
+    for block in (2, 4, 8):
+        for schedule in ("two-pass", "one-pass"):
+            out.append((f"mask-block {schedule} D={block}", "mask-block",
+                        dict(policy="speculative", drafter="adapter", schedule=schedule, block_size=block)))
+            out.append((f"lookup {schedule} D={block}", None,
+                        dict(policy="speculative", drafter="lookup", schedule=schedule, block_size=block)))
+        out.append((f"lookup+adapter one-pass D={block}", "mask-block",
+                    dict(policy="speculative", drafter="lookup+adapter", schedule="one-pass", block_size=block)))
+        out.append((f"heads two-pass D={block}", "heads", dict(policy="speculative", block_size=block)))
+    out.append(("auto", "mask-block", dict(policy="auto")))
+    out.append(("auto without adapter", None, dict(policy="auto")))
+    return out
+
+
+def _every_drafter_and_schedule(smol, prompts_used: int) -> None:
+    import bitmtp
+    from bitmtp.decoding.drafters import OracleDrafter
+
+    model, prompts, refs = smol
+    adapters = {"mask-block": _adapter(model.args, "mask-block"), "heads": _adapter(model.args, "heads")}
+    for label, kind, kw in _schedule_configs(model):
+        model.load_adapter(adapters[kind] if kind else None)
+        for i in range(prompts_used):
+            out = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=NEW, eos_token_id=[], **kw)
+            assert out.token_ids == refs[i], (label, PROMPTS_20[i])
+    for block in (2, 4, 8):
+        for schedule in ("two-pass", "one-pass"):
+            for i in range(prompts_used):
+                oracle = OracleDrafter(model.decoder, prompts[i] + refs[i])
+                out = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=NEW, eos_token_id=[],
+                                      policy="speculative", schedule=schedule, block_size=block, drafter=oracle)
+                assert out.token_ids == refs[i], ("oracle", schedule, block)
+
+
+@pytest.mark.slow
+def test_smollm2_every_drafter_and_schedule_equals_ar(smol):
+    """Lossless on 20 prompts × 128 tokens for D ∈ {2, 4, 8}, every drafter (mask-block, heads, lookup,
+    lookup+adapter, oracle), both schedules, and auto with and without an adapter (~25 min, 2 cores)."""
+    _every_drafter_and_schedule(smol, len(PROMPTS_20))
+
+
+@pytest.mark.slow
+def test_smollm2_every_drafter_and_schedule_first_two(smol):
+    """The same on the first two prompts (CI's slow subset)."""
+    _every_drafter_and_schedule(smol, 2)

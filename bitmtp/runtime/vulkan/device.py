@@ -382,6 +382,7 @@ class VulkanStepPool:
         self.runners: dict[ReplayState, VulkanStepRunner] = {}
         self.pending: list[VulkanStepRunner] = []
         self.drafter = None
+        self.fused_steps = False  # the WGSL step body has no one-pass (fused) variant
         self.drafter_kind: str | None = None
         self.mask_block = None  # the mask-block drafter's adapter (the CPU tail's mask rows need it)
         #: with CPU-offloaded layers the host takes part in every step; verify prep then runs on the host
@@ -410,6 +411,9 @@ class VulkanStepPool:
     def get(self, state: ReplayState) -> VulkanStepRunner:
         runner = self.runners.get(state)
         if runner is None:
+            if state.role == "fused":
+                raise BitMTPError("runtime='vulkan': one-pass steps with mask rows (role 'fused') run on "
+                                  "runtime='torch'; here use the two-pass schedule or the lookup drafter")
             if state.role == "draft" and self.drafter is None:
                 raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
             runner = self.runners[state] = VulkanStepRunner(self, state)

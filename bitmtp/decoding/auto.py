@@ -1,0 +1,197 @@
+"""``policy="auto"``: lossless decoding that drafts only where drafting pays (the default).
+
+Each iteration of the one-pass schedule (``bitmtp.decoding.onepass``) is planned to maximise
+
+    expected committed tokens / cost(width, context)
+
+over the options at hand: plain AR (width 1, one token), the lookup's guesses (k of them), the previous
+step's mask drafts (k of them), each with or without D' − 1 mask rows appended to draft the next
+iteration's guesses. ``cost`` is the step-cost table measured on this machine for this model, backend
+and thread count (``bitmtp.runtime.calibration``, relative to a width-1 step at the same context).
+Expected committed tokens are ``1 + Σ_i Π_(j≤i) α_j`` with α_j a running estimate of the probability
+that guess j is accepted given guesses < j were — kept per source (lookup by the length of its n-gram
+match; mask drafts by the draft's own probability bucket), per position, as decayed counts with a prior,
+in a memory the engine keeps across its generations.
+
+Every committed token is verified (guess rows are AR-causal; a guess commits only when the AR argmax of
+the row before it equals it), so the output equals AR greedy's token for token whatever is planned.
+Where no draft is expected to pay, the plan is a width-1 step: AR itself. Options that are not chosen
+are re-tried now and then (one guess, or the smallest mask block) so that their estimates can recover
+when the text changes character.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from bitmtp.decoding.onepass import PassContext, PassPlan, Planner, fit
+from bitmtp.decoding.policies import NoParams, Policy, register_policy
+
+#: prior acceptance of a lookup guess by the length of the n-gram match it came from (pseudo-counts
+#: below); measured on held-out SmolLM2 outputs: 3-gram matches are accepted ~0.6, 1-grams ~0.25
+LOOKUP_PRIOR = {1: 0.25, 2: 0.45, 3: 0.6}
+#: prior acceptance of a mask draft by its probability bucket (below 0.5, 0.5–0.9, 0.9 and above)
+MASK_PRIOR = (0.2, 0.45, 0.8)
+PRIOR_WEIGHT = 2.0
+#: the weight of older observations shrinks by this factor per observation of the same key: the
+#: estimates follow a text that changes character within a few dozen iterations
+DECAY = 0.97
+#: iterations between re-tries of an option that is not chosen (a re-try costs ~0.3 of an AR step
+#: here, so one per 48 iterations stays under 1 % of the decode time)
+EXPLORE_EVERY = 48
+#: longest guess run considered
+MAX_GUESSES = 8
+
+
+def _mask_bucket(p: float) -> int:
+    return 2 if p >= 0.9 else (1 if p >= 0.5 else 0)
+
+
+class AutoPlanner(Planner):
+    """The ``auto`` planner of one generation (module docstring). ``memory``: the engine's dict that
+    keeps the acceptance estimates across generations."""
+
+    def __init__(self, memory: dict):
+        self.est: dict[tuple, list[float]] = memory.setdefault("auto_acceptance", {})
+        self.since_lookup = 0
+        self.since_masks = 0
+        self.choices: dict[str, int] = {}
+        # what the current plan's guesses were estimated from (observe() updates those keys)
+        self._lookup_n = 0
+        self._mask_probs: list[float] = []
+
+    # -- estimates ----------------------------------------------------------------------------------
+
+    def alpha(self, key: tuple, prior: float) -> float:
+        hit, tried = self.est.get(key, (0.0, 0.0))
+        return (hit + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
+
+    def _update(self, key: tuple, hit: bool) -> None:
+        h, t = self.est.get(key, (0.0, 0.0))
+        self.est[key] = [h * DECAY + (1.0 if hit else 0.0), t * DECAY + 1.0]
+
+    def _lookup_alphas(self, n: int, k: int) -> list[float]:
+        prior = LOOKUP_PRIOR.get(n, LOOKUP_PRIOR[3])
+        return [self.alpha(("lookup", n, min(i, MAX_GUESSES)), prior) for i in range(1, k + 1)]
+
+    def _mask_alphas(self, probs: list[float]) -> list[float]:
+        out = []
+        for i, p in enumerate(probs, 1):
+            b = _mask_bucket(p)
+            out.append(self.alpha(("masks", b, min(i, MAX_GUESSES)), MASK_PRIOR[b]))
+        return out
+
+    def _chain_alphas(self, d: int) -> list[float]:
+        """Expected acceptance of mask drafts in steady state (typical bucket mix: the middle one)."""
+        return [self.alpha(("masks", 1, min(i, MAX_GUESSES)), MASK_PRIOR[1]) for i in range(1, d)]
+
+    # -- planning -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _best_k(alphas: list[float], costs, extra: int, max_width: int) -> tuple[float, int]:
+        """(rate, k) maximising (1 + Σ_(i≤k) Π α) / cost(1 + k + extra) over k ≥ 0."""
+        best_rate, best_k = 1.0 / costs[1 + extra] if 1 + extra < len(costs) else 0.0, 0
+        expect, run = 1.0, 1.0
+        for k, a in enumerate(alphas, 1):
+            w = 1 + k + extra
+            if w > max_width or w >= len(costs):
+                break
+            run *= a
+            expect += run
+            rate = expect / costs[w]
+            if rate > best_rate:
+                best_rate, best_k = rate, k
+        return best_rate, best_k
+
+    def plan(self, ctx: PassContext) -> PassPlan:
+        costs = ctx.costs
+        kmax = min(MAX_GUESSES, ctx.max_width - 1)
+        # candidate guesses: the lookup's, else the previous step's mask drafts
+        options: list[tuple[str, list[int], list[float]]] = []
+        if ctx.lookup is not None and kmax > 0:
+            props, self._lookup_n = ctx.index.propose(kmax)
+            if props:
+                options.append(("lookup", props, self._lookup_alphas(self._lookup_n, len(props))))
+        if ctx.mask_guesses and kmax > 0:
+            g = ctx.mask_guesses[:kmax]
+            self._mask_probs = list(ctx.mask_probs[: len(g)])
+            options.append(("masks", g, self._mask_alphas(self._mask_probs)))
+        # mask rows for the next iteration: worth their rows when a chain of mask drafts beats AR
+        masks, chain_rate = 0, 0.0
+        if ctx.masks is not None:
+            for d in range(2, min(ctx.block, ctx.masks.max_block) + 1):
+                w = 1 + 2 * (d - 1)
+                if w > ctx.max_width or w >= len(costs):
+                    break
+                rate, _ = self._best_k(self._chain_alphas(d), costs, d - 1, ctx.max_width)
+                if rate > chain_rate:
+                    masks, chain_rate = d, rate
+        best = PassPlan([], "", 0)
+        best_rate = 1.0  # AR: one token per width-1 step
+        for source, guesses, alphas in options:
+            for extra in ((0, masks - 1) if masks else (0,)):
+                rate, k = self._best_k(alphas, costs, extra, ctx.max_width)
+                if rate > best_rate and k > 0:
+                    best, best_rate = PassPlan(guesses[:k], source, extra + 1 if extra else 0), rate
+        if masks and chain_rate > best_rate and not best.masks:
+            best = PassPlan(best.guesses, best.source, masks)
+        # re-tries of options not chosen lately
+        self.since_lookup += 1
+        self.since_masks += 1
+        if best.source == "lookup":
+            self.since_lookup = 0
+        if best.masks or best.source == "masks":
+            self.since_masks = 0
+        if not best.guesses and options and self.since_lookup >= EXPLORE_EVERY:
+            source, guesses, _ = options[0]
+            best = PassPlan(guesses[:1], source, best.masks)
+            self.since_lookup = 0
+        elif ctx.masks is not None and not best.masks and self.since_masks >= EXPLORE_EVERY:
+            best = PassPlan(best.guesses, best.source, 2)
+            self.since_masks = 0
+        best = fit(best, ctx.max_width)
+        label = (best.source or "ar") + ("+masks" if best.masks else "")
+        self.choices[label] = self.choices.get(label, 0) + 1
+        return best
+
+    def observe(self, plan: PassPlan, accepted: int, ctx: PassContext) -> None:
+        if not plan.guesses:
+            return
+        tried = min(accepted + 1, len(plan.guesses))  # guess i is judged only when guesses < i were accepted
+        for i in range(1, tried + 1):
+            if plan.source == "lookup":
+                key = ("lookup", self._lookup_n, min(i, MAX_GUESSES))
+            elif plan.source == "masks":
+                key = ("masks", _mask_bucket(self._mask_probs[i - 1]), min(i, MAX_GUESSES))
+            else:
+                return
+            self._update(key, i <= accepted)
+
+
+@register_policy
+class AutoPolicy(Policy):
+    """``auto``: one pass per iteration; each iteration AR or drafting (lookup, the adapter's mask
+    drafts), whichever the measured step costs and running acceptance estimates say commits most tokens
+    per second. Lossless: exactly AR greedy's output. Without an adapter it drafts by lookup only."""
+
+    name = "auto"
+    needs_verify = True
+    lossless = True
+    Params = NoParams
+    default_drafter: ClassVar[str] = "lookup+adapter"
+    #: plans with the measured step costs (the decode loop loads them: bitmtp.runtime.calibration)
+    uses_costs: ClassVar[bool] = True
+
+    @property
+    def decode_schedule(self) -> str:
+        return "one-pass"
+
+    def planner(self, memory: dict) -> Planner:
+        return AutoPlanner(memory)
+
+    def commit(self, draft, probs, verify):  # the one-pass loop commits itself; kept for the base API
+        if verify is None:
+            from bitmtp.errors import BitMTPError
+
+            raise BitMTPError("verify: the auto policy commits verified tokens only")
+        return self._verified_commit(draft, verify)

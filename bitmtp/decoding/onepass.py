@@ -1,0 +1,114 @@
+"""Planners of the one-pass schedule (verify-and-draft in one step; DESIGN.md, "One pass").
+
+An iteration of the one-pass schedule is ONE step over the rows
+
+    [pending token t, guesses g_1..g_k, (D − 1 mask rows)]
+
+at positions n, n+1, …: the pending row and each guess row are AR-causal, so their argmaxes
+``v_0..v_k`` are exact AR predictions; the guesses are accepted while ``g_i == v_(i−1)``, and the
+iteration commits ``g_1..g_a, v_a`` (their rows t, g_1..g_a stay: n += a + 1; the rejected rows are
+simply not counted and are overwritten later). Mask rows, when a mask-block drafter is in use, draft
+the guesses of the next iteration; they stand after the last guess, so their drafts are valid only when
+every guess was accepted — otherwise the next iteration has no mask guesses.
+
+A planner decides each iteration's rows (:class:`PassPlan`) from what the loop tells it
+(:class:`PassContext`) and learns from the outcome (:meth:`Planner.observe`):
+
+* :class:`FixedPlanner` — ``speculative`` with ``schedule="one-pass"``: always D − 1 guesses from the
+  drafter (lookup / oracle: proposed on the host; mask-block: the previous step's mask drafts) and, for a
+  mask-block drafter, D − 1 mask rows every step.
+* ``auto`` (``bitmtp.decoding.auto``): per iteration, AR or drafting with the number of guesses and
+  mask rows that maximise expected committed tokens per unit of measured step cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bitmtp.decoding.lookup import LookupIndex
+
+
+@dataclass
+class PassPlan:
+    """One iteration's rows: ``guesses`` (g_1..g_k, host-known) from ``source`` (``"lookup"``,
+    ``"masks"``, ``"oracle"`` or ``""`` for none), and ``masks``: the block size D of the mask rows
+    appended (D − 1 rows; 0 for none)."""
+
+    guesses: list[int]
+    source: str
+    masks: int = 0
+
+    @property
+    def width(self) -> int:
+        return 1 + len(self.guesses) + (self.masks - 1 if self.masks else 0)
+
+
+@dataclass
+class PassContext:
+    """What the loop tells a planner before each iteration (updated in place).
+
+    ``index``: the committed sequence (prompt + output) as a lookup index (``index.tokens``);
+    ``n``: materialized KV rows (the pending token sits at position n); ``mask_guesses`` /
+    ``mask_probs``: the previous step's mask drafts when they are valid (every guess of that step was
+    accepted), else empty; ``max_width``: the widest step that fits (m_max and the store's capacity);
+    ``block``: the generation's D; ``lookup`` / ``host`` / ``masks``: the drafters available (a lookup
+    drafter, another host drafter such as the oracle, a mask-block drafter), None where absent;
+    ``costs``: relative step cost by width at the current context (``costs[w]``, ``costs[1] == 1``;
+    None when the planner does not need them).
+    """
+
+    index: LookupIndex
+    n: int
+    block: int
+    max_width: int
+    lookup: Any = None
+    host: Any = None
+    masks: Any = None
+    mask_guesses: list[int] = field(default_factory=list)
+    mask_probs: list[float] = field(default_factory=list)
+    costs: Sequence[float] | None = None
+
+
+class Planner:
+    """Base of the one-pass planners: :meth:`plan` before each step, :meth:`observe` after its read."""
+
+    def plan(self, ctx: PassContext) -> PassPlan:
+        raise NotImplementedError
+
+    def observe(self, plan: PassPlan, accepted: int, ctx: PassContext) -> None:
+        """``accepted``: how many of ``plan.guesses`` were accepted (a ≤ k)."""
+
+
+def fit(plan: PassPlan, max_width: int) -> PassPlan:
+    """``plan`` trimmed to ``max_width`` rows: guesses first kept, mask rows dropped when they do not fit."""
+    if plan.width <= max_width:
+        return plan
+    if plan.masks and 1 + len(plan.guesses) + plan.masks - 1 > max_width:
+        plan = PassPlan(plan.guesses, plan.source, 0)
+    if plan.width > max_width:
+        plan = PassPlan(plan.guesses[: max(0, max_width - 1)], plan.source, plan.masks)
+    return plan
+
+
+class FixedPlanner(Planner):
+    """``speculative`` in one pass: D − 1 guesses each iteration from the drafter, and D − 1 mask rows
+    every step when the drafter drafts from mask rows (``lookup+adapter``: lookup guesses when the
+    context matches, the mask drafts otherwise)."""
+
+    def plan(self, ctx: PassContext) -> PassPlan:
+        d = ctx.block
+        if ctx.host is not None:
+            plan = PassPlan(ctx.host.propose(ctx.index.tokens, d - 1), "oracle")
+        else:
+            plan = PassPlan([], "")
+            if ctx.lookup is not None:
+                props, _ = ctx.index.propose(d - 1)
+                if props:
+                    plan = PassPlan(props, "lookup")
+            if not plan.guesses and ctx.mask_guesses:
+                plan = PassPlan(ctx.mask_guesses[: d - 1], "masks")
+            if ctx.masks is not None:
+                plan.masks = d
+        return fit(plan, ctx.max_width)

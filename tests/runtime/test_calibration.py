@@ -1,0 +1,383 @@
+"""The measured step-cost table (``bitmtp/runtime/calibration.py``) on a tiny ternary model.
+
+Rules stated per test: the key is stable and changes with what the costs depend on (threads); a
+measurement gives positive finite seconds, relative(1, c) == 1 and a cost non-decreasing in width;
+it leaves ``engine.n == 0`` and a KV store that decodes the same tokens as before; the cache is read
+back without re-measuring; every kind of untrustworthy cache file is reported (naming the file) and
+rebuilt into a valid one; an unwritable cache still yields a table; concurrent loads leave one file.
+Every test points ``BITMTP_CACHE_DIR`` at its own ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.runtime import calibration as cal
+from bitmtp.runtime.calibration import CalibrationError, CostTable
+from tests.support.hf_models import VARIED, tiny_model
+
+pytest.importorskip("transformers")
+
+M_MAX = 8
+CAPACITY = 256
+
+
+@pytest.fixture(scope="module")
+def model():
+    return bitmtp.load(tiny_model("llama", **VARIED["llama"]), capacity=CAPACITY, m_max=M_MAX, quantize="ternary")
+
+
+@pytest.fixture
+def engine(model):
+    return model.engine
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """Each test its own cache folder and an empty in-process memo."""
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path))
+    cal.clear_memo()
+    yield tmp_path
+    cal.clear_memo()
+
+
+@pytest.fixture
+def fake_measure(monkeypatch, engine):
+    """Replace the measurement by a synthetic valid table for ``engine``'s key; counts its calls."""
+    calls = []
+
+    def measure(eng, *, widths=None, contexts=None, repeats=3, progress=False):
+        calls.append(eng)
+        time.sleep(0.05)  # long enough for a concurrent loader to arrive while it runs
+        return synthetic(cal.calibration_key(eng), widths=tuple(range(1, eng.kv.m_max + 1)))
+
+    monkeypatch.setattr(cal, "measure_cost_table", measure)
+    return calls
+
+
+def synthetic(key: dict, widths=(1, 2, 4, 8), contexts=(128, 240), seed: int = 0) -> CostTable:
+    """A random table that is monotone in width and context (as a measurement stores it)."""
+    g = torch.Generator().manual_seed(seed)
+    base = 1e-3 * (1 + torch.rand(1, generator=g).item())
+    rows = []
+    for ci, _ in enumerate(contexts):
+        row, s = [], base * (1 + 0.5 * ci)
+        for _ in widths:
+            s += 1e-4 * (1 + torch.rand(1, generator=g).item())
+            row.append(s)
+        rows.append(tuple(row))
+    return CostTable(tuple(widths), tuple(contexts), tuple(rows), key)
+
+
+def prompt(seed: int = 7) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 95, (23,), generator=g).tolist()
+
+
+# --------------------------------------------------------------------------------------------------
+# key
+
+
+def test_key_stable_and_changes_with_threads(engine):
+    k1 = cal.calibration_key(engine)
+    assert cal.calibration_key(engine) == k1
+    assert json.loads(json.dumps(k1)) == k1  # JSON-able as is (the cache compares stored keys)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(before + 1)
+        k2 = cal.calibration_key(engine)
+    finally:
+        torch.set_num_threads(before)
+    assert k2 != k1 and k2["threads"] == before + 1
+    assert cal.cache_path(k2) != cal.cache_path(k1)
+    assert cal.calibration_key(engine) == k1
+    for field in ("model", "runtime", "kernels", "cpu", "torch", "bitmtp", "m_max", "schema", "dtype", "device"):
+        assert field in k1, field
+    assert k1["m_max"] == M_MAX and k1["runtime"] == "torch"
+
+
+def test_fingerprint_computed_once_per_decoder(engine, monkeypatch):
+    calls = []
+
+    def counting(decoder):
+        calls.append(decoder)
+        return "f" * 16
+
+    monkeypatch.setattr(cal, "base_fingerprint", counting)
+    monkeypatch.delattr(engine.decoder, cal._FP_ATTR, raising=False)
+    assert cal.calibration_key(engine)["model"] == "f" * 16
+    cal.calibration_key(engine)
+    assert len(calls) == 1
+
+
+def test_key_differs_between_models(engine):
+    other = bitmtp.load(tiny_model("llama", seed=11, initializer_range=0.3), capacity=CAPACITY, m_max=M_MAX,
+                        quantize="ternary").engine
+    assert cal.calibration_key(other)["model"] != cal.calibration_key(engine)["model"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the table's interpolation
+
+
+def test_table_interpolates_and_stays_monotone_in_width():
+    # width 3 measured (noise) cheaper than width 2: the table must not make a wider step look cheaper
+    t = CostTable((1, 2, 3, 4), (100, 300), ((1.0, 2.0, 1.5, 4.0), (2.0, 3.0, 4.0, 5.0)), {})
+    assert t.step_seconds(1, 100) == 1.0 and t.step_seconds(4, 300) == 5.0
+    assert t.step_seconds(3, 100) == 2.0  # running max over widths
+    assert t.step_seconds(2, 200) == pytest.approx(2.5)  # halfway between contexts
+    assert t.step_seconds(1, 0) == 1.0  # below the first context: clamped
+    assert t.step_seconds(6, 300) == pytest.approx(7.0)  # linear beyond the last width
+    assert t.step_seconds(1, 500) == pytest.approx(3.0)  # linear beyond the last context
+    for c in (0, 50, 100, 150, 300, 1000):
+        assert t.relative(1, c) == 1.0
+        costs = [t.step_seconds(w, c) for w in range(1, 20)]
+        assert all(b >= a for a, b in zip(costs, costs[1:], strict=False)), (c, costs)
+    with pytest.raises(bitmtp.BitMTPError, match="width"):
+        t.step_seconds(0, 100)
+
+
+def test_extrapolation_beyond_contexts_is_monotone_in_width():
+    # width 2 grows faster with context than width 3: the extrapolated row must still be sorted
+    t = CostTable((1, 2, 3), (100, 200), ((1.0, 2.0, 3.0), (1.0, 2.9, 3.0)), {})
+    costs = [t.step_seconds(w, 1000) for w in (1, 2, 3)]
+    assert costs == sorted(costs)
+
+
+def test_dict_round_trip():
+    t = synthetic({"a": 1})
+    assert CostTable.from_dict(json.loads(json.dumps(t.as_dict()))) == t
+
+
+@pytest.mark.parametrize("bad, why", [
+    (lambda d: d.update(schema=0), "schema"),
+    (lambda d: d.pop("seconds"), "seconds"),
+    (lambda d: d.update(widths=[2, 4, 8]), "widths"),
+    (lambda d: d.update(widths=[1, 4, 2]), "widths"),
+    (lambda d: d["seconds"][0].pop(), "seconds"),
+    (lambda d: d["seconds"][1].__setitem__(2, float("nan")), "seconds"),
+    (lambda d: d["seconds"][1].__setitem__(2, float("inf")), "seconds"),
+    (lambda d: d["seconds"][0].__setitem__(0, -1e-3), "seconds"),
+    (lambda d: d["seconds"][0].__setitem__(0, 0), "seconds"),
+    (lambda d: d["seconds"][0].__setitem__(0, "1e-3"), "seconds"),
+    (lambda d: d.update(seconds=[d["seconds"][0], [s / 10 for s in d["seconds"][0]]]), "less than half"),
+    (lambda d: d.update(key=[1]), "key"),
+])
+def test_from_dict_rejects(bad, why):
+    d = synthetic({"a": 1}).as_dict()
+    bad(d)
+    with pytest.raises(CalibrationError, match=why):
+        CostTable.from_dict(d)
+
+
+# --------------------------------------------------------------------------------------------------
+# measuring on the engine
+
+
+def test_measure_tiny_model(engine):
+    engine.n = 17  # a sequence was running: measuring resets it
+    syncs = engine.syncs
+    t = cal.measure_cost_table(engine, repeats=2)
+    assert t.widths[0] == 1 and t.widths[-1] == M_MAX
+    assert len(t.contexts) >= 1 and t.contexts[-1] + M_MAX <= CAPACITY  # 1024 clipped to capacity - m_max
+    assert len(t.seconds) == len(t.contexts) and all(len(r) == len(t.widths) for r in t.seconds)
+    assert all(math.isfinite(s) and s > 0 for r in t.seconds for s in r)
+    assert t.key == cal.calibration_key(engine)
+    assert engine.n == 0 and engine.syncs == syncs
+    for c in (*t.contexts, 0, 60, CAPACITY):
+        assert t.relative(1, c) == 1.0
+        costs = [t.step_seconds(w, c) for w in range(1, 2 * M_MAX)]
+        assert all(b >= a for a, b in zip(costs, costs[1:], strict=False))
+    assert CostTable.from_dict(json.loads(json.dumps(t.as_dict()))) == t  # a measurement validates
+    text = cal.format_cost_table(t)
+    assert "1.00" in text and str(t.contexts[-1]) in text and f"w{M_MAX}" in text
+
+
+def test_measure_arguments(engine):
+    t = cal.measure_cost_table(engine, widths=[3, 2], contexts=[5, 5, 10_000], repeats=1)
+    assert t.widths == (1, 2, 3) and t.contexts == (5, CAPACITY - 3)
+    with pytest.raises(bitmtp.BitMTPError, match="widths"):
+        cal.measure_cost_table(engine, widths=[M_MAX + 1])
+    with pytest.raises(bitmtp.BitMTPError, match="repeats"):
+        cal.measure_cost_table(engine, repeats=0)
+    with pytest.raises(bitmtp.BitMTPError, match="contexts"):
+        cal.measure_cost_table(engine, contexts=[])
+
+
+def test_busy_machine_is_reported(engine, monkeypatch, caplog):
+    """Two of the three timed steps of each state stall 50 ms (another process took the core): the medians
+    are off and the measurement says so."""
+    seen: dict[int, int] = {}
+    read = engine.read
+
+    def stalling(*tensors):
+        n = seen[tensors[0].numel()] = seen.get(tensors[0].numel(), 0) + 1
+        if n in (2, 3):  # timed steps (the first is the warm-up)
+            time.sleep(0.05)
+        return read(*tensors)
+
+    monkeypatch.setattr(engine, "read", stalling)
+    with caplog.at_level(logging.WARNING, logger="bitmtp"):
+        cal.measure_cost_table(engine, widths=[1, 2], contexts=[10], repeats=3)
+    assert any("busy machine" in r.getMessage() for r in caplog.records)
+
+
+def test_decode_after_measuring_is_unchanged(engine):
+    p = prompt()
+    before = engine.generate_ar(p, 24).tokens
+    engine.n = 40  # mid-sequence state must not survive
+    # contexts 0 and 5 write rows the prompt's KV occupied: the next prefill must overwrite them all
+    cal.measure_cost_table(engine, contexts=[0, 5, 100], repeats=1)
+    assert engine.n == 0
+    after = engine.generate_ar(p, 24).tokens
+    assert after == before
+    assert len(set(before)) > 3  # the tiny model's output varies: the comparison means something
+
+
+def test_measure_inside_a_generation_before_prefill(engine):
+    """What the decode loop does: measure while its generation owns the store, then prefill."""
+    p = prompt(3)
+    ref = engine.generate_ar(p, 16).tokens
+    engine._acquire()
+    try:
+        cal.measure_cost_table(engine, repeats=1)
+        first = engine._prefill(p)
+        out = [first] + [engine._ar_step(t) for t in [first]]
+    finally:
+        engine._release()
+    assert out == ref[:2]
+
+
+# --------------------------------------------------------------------------------------------------
+# the cache
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path / "x"))
+    assert cal.cache_dir() == tmp_path / "x"
+    monkeypatch.delenv(cal.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cal.cache_dir() == tmp_path / "xdg" / "bitmtp"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cal.cache_dir() == tmp_path / "home" / ".cache" / "bitmtp"
+
+
+def test_cache_round_trip_real_measurement(engine, cache, monkeypatch):
+    t1 = cal.load_cost_table(engine)
+    path = cal.cache_path(cal.calibration_key(engine))
+    assert path.parent == cache / "calibration" and path.is_file()
+    assert CostTable.from_dict(json.loads(path.read_text())) == t1
+    cal.clear_memo()  # the second load must come from the file, not re-measure
+
+    def fail(*a, **k):
+        raise AssertionError("re-measured although the cache file is valid")
+
+    monkeypatch.setattr(cal, "measure_cost_table", fail)
+    reads = []
+    real = cal._read
+    monkeypatch.setattr(cal, "_read", lambda *a: reads.append(a[0]) or real(*a))
+    assert cal.load_cost_table(engine) == t1
+    assert reads == [path]
+    assert cal.load_cost_table(engine) == t1  # memoised: not even the file is read again
+    assert reads == [path]
+
+
+def test_rebuild_measures_again(engine, fake_measure):
+    cal.load_cost_table(engine)
+    cal.load_cost_table(engine, rebuild=True)
+    assert len(fake_measure) == 2
+
+
+def _corrupt(kind: str, text: str) -> str:
+    d = json.loads(text)
+    if kind == "not json":
+        return "{calibration: yes"
+    if kind == "truncated":
+        return text[: len(text) // 2]
+    if kind == "binary":
+        return "\x00\xff" * 10
+    if kind == "schema":
+        d["schema"] = cal.SCHEMA_VERSION + 1
+    elif kind == "key":
+        d["key"]["threads"] += 1
+    elif kind == "nan":
+        d["seconds"][0][1] = float("nan")
+    elif kind == "negative":
+        d["seconds"][-1][-1] = -0.01
+    elif kind == "zero":
+        d["seconds"][0][0] = 0.0
+    elif kind == "missing widths":  # drops widths above 4: the table no longer covers m_max
+        d["widths"] = d["widths"][:4]
+        d["seconds"] = [r[:4] for r in d["seconds"]]
+    elif kind == "missing field":
+        del d["contexts"]
+    elif kind == "list":
+        d = [d]
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("kind", ["not json", "truncated", "binary", "schema", "key", "nan", "negative", "zero",
+                                  "missing widths", "missing field", "list"])
+def test_untrusted_cache_is_rebuilt(engine, fake_measure, caplog, kind):
+    cal.load_cost_table(engine)
+    path = cal.cache_path(cal.calibration_key(engine))
+    path.write_text(_corrupt(kind, path.read_text()), encoding="utf-8")
+    cal.clear_memo()
+    with caplog.at_level(logging.WARNING, logger="bitmtp"):
+        t = cal.load_cost_table(engine)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "bitmtp"]
+    assert len(warned) == 1 and str(path) in warned[0].getMessage() and "rebuilding" in warned[0].getMessage()
+    assert len(fake_measure) == 2
+    stored = CostTable.from_dict(json.loads(path.read_text()))  # rewritten and valid again
+    assert stored == t and stored.key == cal.calibration_key(engine) and stored.widths[-1] >= M_MAX
+
+
+def test_unwritable_cache_warns_once_and_returns_the_table(engine, fake_measure, caplog, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv(cal.CACHE_ENV, str(blocker))
+    with caplog.at_level(logging.WARNING, logger="bitmtp"):
+        t1 = cal.load_cost_table(engine)
+        t2 = cal.load_cost_table(engine)
+    assert t1 is t2 and len(fake_measure) == 1  # memoised in the process, not re-measured
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "bitmtp"]
+    assert len(warned) == 1 and str(blocker) in warned[0].getMessage()
+    assert blocker.read_text() == "a file where the cache folder should be"
+
+
+def test_explicit_cache_argument(engine, fake_measure, tmp_path):
+    other = tmp_path / "explicit"
+    cal.load_cost_table(engine, cache=other)
+    assert cal.cache_path(cal.calibration_key(engine), other).is_file()
+    assert not (tmp_path / "calibration").exists()
+
+
+def test_concurrent_loads_leave_one_valid_file(engine, fake_measure, cache):
+    results, errors = [], []
+    sibling = engine.sibling()  # same decoder and settings: the same key
+
+    def load(eng):
+        try:
+            results.append(cal.load_cost_table(eng))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(e,)) for e in (engine, sibling)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert len(fake_measure) == 1 and results[0] == results[1]
+    files = sorted(p.name for p in (cache / "calibration").iterdir())
+    assert files == [cal.cache_path(cal.calibration_key(engine)).name]  # no temporary file left over
+    assert CostTable.from_dict(json.loads((cache / "calibration" / files[0]).read_text())) == results[0]
