@@ -20,10 +20,19 @@ struct AttentionArgs {
   int isa;              // 0 scalar (baseline), 1 AVX2, 2 AVX-512: the same bits, wider vectors
 };
 
+// Tiling of attention_body.inc (speed only: a pair's bits never depend on these).
+constexpr int kAttnTile = 16;      // KV rows per transposed K tile: the vector lanes of the scores
+constexpr int kAttnVTile = 64;     // KV rows per V tile (16 KiB at head dim 64: stays in L1)
+constexpr int kAttnMaxPairs = 64;  // (row, head) pairs computed together: bounds the scratch
+
+// Floats of scratch one thread of attention_rows_* uses (attention.cpp; the caller allocates
+// threads times this, the ISA units carve it up the same way).
+int64_t attention_scratch_floats(const AttentionArgs& a);
+
 // Dispatches on a.isa (already checked against the CPU by the caller).
 void attention_rows(const AttentionArgs& a);
-void attention_rows_scalar(const AttentionArgs& a, float* scratch_f, int* scratch_i);
-void attention_rows_avx2(const AttentionArgs& a, float* scratch_f, int* scratch_i);
-void attention_rows_avx512(const AttentionArgs& a, float* scratch_f, int* scratch_i);
+void attention_rows_scalar(const AttentionArgs& a, float* scratch);
+void attention_rows_avx2(const AttentionArgs& a, float* scratch);
+void attention_rows_avx512(const AttentionArgs& a, float* scratch);
 
 }  // namespace bitmtp_cpu

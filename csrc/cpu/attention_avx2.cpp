@@ -5,6 +5,7 @@
 #pragma GCC target("avx2,fma")
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -14,8 +15,10 @@
 
 namespace bitmtp_cpu {
 
+#define ATTN_VEC_BYTES 32  // the native vector: ymm
 #define ATTN_ROWS attention_rows_avx2
 #include "attention_body.inc"
 #undef ATTN_ROWS
+#undef ATTN_VEC_BYTES
 
 }  // namespace bitmtp_cpu

@@ -5,6 +5,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -14,8 +15,10 @@
 
 namespace bitmtp_cpu {
 
+#define ATTN_VEC_BYTES 64  // the native vector: zmm
 #define ATTN_ROWS attention_rows_avx512
 #include "attention_body.inc"
 #undef ATTN_ROWS
+#undef ATTN_VEC_BYTES
 
 }  // namespace bitmtp_cpu
