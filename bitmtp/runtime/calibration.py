@@ -568,3 +568,45 @@ __all__ = [
     "load_cost_table",
     "format_cost_table",
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# during a generation
+
+
+class LiveCosts:
+    """The table's step costs, corrected by the step times a generation observes.
+
+    A table measured while other work shared the cores, or a machine whose load changed since, would
+    make ``auto`` plan with wrong costs for as long as the cache lives. So the decode loop times every
+    step it runs (the step and its one read) and this keeps the last :attr:`WINDOW` times per width;
+    a width seen at least :attr:`MIN_SEEN` times costs the median of them (a median, not a mean: one
+    step slowed 20x by another process must not make every wider step look free); any other width costs
+    the table's seconds scaled by the median observed/table ratio of the widths that were seen. Costs are
+    kept non-decreasing in width. :meth:`relative` is what ``PassContext.costs`` holds.
+    """
+
+    WINDOW = 9
+    MIN_SEEN = 3
+
+    def __init__(self, table: CostTable, m_max: int):
+        self.table, self.m_max = table, int(m_max)
+        self.seen: dict[int, list[float]] = {}  # width -> its last WINDOW step times (seconds)
+
+    def observe(self, width: int, seconds: float) -> None:
+        times = self.seen.setdefault(width, [])
+        times.append(seconds)
+        if len(times) > self.WINDOW:
+            del times[0]
+
+    def relative(self, context: int) -> list[float]:
+        """``costs[w]`` for w = 1..m_max relative to width 1 (``costs[0]`` is unused, 0.0)."""
+        tab = [self.table.step_seconds(w, context) for w in range(1, self.m_max + 1)]
+        med = {w: statistics.median(t) for w, t in self.seen.items() if len(t) >= self.MIN_SEEN and w <= self.m_max}
+        ratios = sorted(v / tab[w - 1] for w, v in med.items())
+        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        est, top = [], 0.0
+        for w in range(1, self.m_max + 1):
+            top = max(top, med.get(w, tab[w - 1] * scale))
+            est.append(top)
+        return [0.0] + [v / est[0] for v in est]

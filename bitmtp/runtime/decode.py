@@ -176,9 +176,14 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     syncs0 = engine.syncs
     costs = None
     if one_pass and getattr(pol, "uses_costs", False):
-        from bitmtp.runtime.calibration import load_cost_table
+        from bitmtp.runtime.calibration import LiveCosts, load_cost_table
 
-        costs = load_cost_table(engine)  # measured once per machine/model/threads (cached); overwrites KV rows
+        # measured once per machine/model/threads (cached; it overwrites KV rows), then corrected by the
+        # step times this generation observes
+        table = load_cost_table(engine)
+        costs = engine.memory.get("live_costs")
+        if costs is None or costs.table is not table:  # observations carry over to the engine's next generation
+            costs = engine.memory["live_costs"] = LiveCosts(table, engine.kv.m_max)
     engine.reset()
     ids = list(input_ids)
     t0 = time.perf_counter()
@@ -397,17 +402,18 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     arange = engine.arange
     n = engine.n
     tok = first  # the pending token: committed, its KV row not written yet
-    next_costs = 0  # the context length at which the relative costs are looked up again
+    next_costs = 0  # the iteration at which the relative costs are looked up again
     while True:
         if n >= cap:
             out.reason = out.reason or "capacity"
             break
         ctx.n = n
         ctx.max_width = m_max
-        if costs is not None and n >= next_costs:
-            # the relative cost of a width changes with the context (attention); refresh every 64 rows
-            ctx.costs = [0.0] + [costs.relative(w, n) for w in range(1, m_max + 1)]
-            next_costs = n + 64
+        if costs is not None and stats.iterations >= next_costs:
+            # the relative cost of a width changes with the context (attention) and with what the steps
+            # are observed to cost: refreshed every 8 iterations (~60 us each, against ~10 ms steps)
+            ctx.costs = costs.relative(n)
+            next_costs = stats.iterations + 8
         plan: PassPlan = planner.plan(ctx)
         guesses = plan.guesses
         k = len(guesses)
@@ -421,11 +427,14 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         else:
             runner.tokens[:1].fill_(tok)
         torch.add(arange[:w], n, out=runner.positions)
+        t0 = time.perf_counter()
         runner.run()
         if plan.masks:
             v, drafts_p = engine.read(runner.out_token[:w], runner.out_prob[k + 1 : w])
         else:
             (v,) = engine.read(runner.out_token[:w])
+        if costs is not None:
+            costs.observe(w, time.perf_counter() - t0)
         a = 0
         while a < k and guesses[a] == v[a]:
             a += 1

@@ -381,3 +381,43 @@ def test_concurrent_loads_leave_one_valid_file(engine, fake_measure, cache):
     files = sorted(p.name for p in (cache / "calibration").iterdir())
     assert files == [cal.cache_path(cal.calibration_key(engine)).name]  # no temporary file left over
     assert CostTable.from_dict(json.loads((cache / "calibration" / files[0]).read_text())) == results[0]
+
+
+# -- LiveCosts: the table corrected by observed step times ------------------------------------------------
+
+
+def _linear_table(per_row: float) -> CostTable:
+    widths = (1, 2, 4, 8)
+    return CostTable(widths, (128,), (tuple(0.01 * (1 + per_row * (w - 1)) for w in widths),), {"k": 1})
+
+
+def test_live_costs_start_from_the_table():
+    live = cal.LiveCosts(_linear_table(0.5), 8)
+    rel = live.relative(128)
+    assert rel[0] == 0.0 and rel[1] == 1.0 and rel[2] == pytest.approx(1.5) and rel[8] == pytest.approx(4.5)
+
+
+def test_live_costs_follow_what_steps_cost():
+    """A table measured on a busy machine said wide steps are cheap; observed steps say otherwise."""
+    live = cal.LiveCosts(_linear_table(0.1), 8)
+    for _ in range(20):
+        live.observe(1, 0.010)
+        live.observe(2, 0.020)  # width 2 really costs 2 AR steps
+    rel = live.relative(128)
+    assert rel[2] == pytest.approx(2.0, rel=1e-6)
+    # unseen widths: the table's seconds scaled by the median observed/table ratio of the seen ones
+    # (width 1: 1.0, width 2: 0.020 / 0.011), never cheaper than a narrower width
+    assert rel[3] >= rel[2] and all(rel[w] <= rel[w + 1] for w in range(1, 8))
+    live.observe(5, 0.001)  # seen fewer than MIN_SEEN times: not trusted yet
+    assert live.relative(128)[5] >= rel[2]
+
+
+def test_live_costs_average_out_a_burst():
+    live = cal.LiveCosts(_linear_table(0.2), 4)
+    for _ in range(30):
+        live.observe(1, 0.010)
+    live.observe(1, 0.200)  # one step disturbed by another process
+    for w in (2, 3, 4):
+        for _ in range(5):
+            live.observe(w, 0.010 * (1 + 0.2 * (w - 1)))
+    assert live.relative(128)[4] == pytest.approx(1.6)  # the median ignores the burst
