@@ -192,7 +192,7 @@ class LookupDrafter(Drafter):
     kind = "lookup"
     host_guesses = True
 
-    def __init__(self, decoder: Decoder, max_block: int = 16, *, ngram_max: int = 3, ngram_min: int = 1):
+    def __init__(self, decoder: Decoder, max_block: int = 16, *, ngram_max: int = 5, ngram_min: int = 1):
         super().__init__(decoder, max_block)
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         LookupIndex((), ngram_max=ngram_max, ngram_min=ngram_min)  # validates the n-gram bounds
