@@ -42,6 +42,10 @@ DECAY = 0.93
 #: mask rows are appended only when the mask chain's expected rate beats the plan without them by this
 #: factor: their value is a forecast for the next iteration, and a forecast that merely ties costs rows
 MASK_MARGIN = 1.1
+#: guesses are verified only when their expected rate beats AR's by this factor: an estimate near
+#: break-even is as likely to lose as to win, and each loss costs a wider step (on chat prompts, lookup
+#: guesses chosen at ~1.0 cost a few % against AR; code and documents choose them at 1.3-2.0)
+DRAFT_MARGIN = 1.05
 #: iterations between re-tries of an option that is not chosen (a re-try costs ~0.3 of an AR step
 #: here, so one per 48 iterations stays under 1 % of the decode time)
 EXPLORE_EVERY = 48
@@ -148,7 +152,7 @@ class AutoPlanner(Planner):
         self._chain_left -= 1
         masks, chain_rate = self._chain
         best = PassPlan([], "", 0)
-        best_rate = 1.0  # AR: one token per width-1 step
+        best_rate = DRAFT_MARGIN  # AR: one token per width-1 step, and the margin a draft must clear
         for source, guesses, alphas in options:
             for extra in ((0, masks - 1) if masks else (0,)):
                 rate, k = self._best_k(alphas, costs, extra, ctx.max_width)

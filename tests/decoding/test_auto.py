@@ -63,8 +63,8 @@ def test_estimates_follow_observations_and_persist():
         plan = planner.plan(ctx)
         if plan.guesses:
             planner.observe(plan, 0, ctx)  # always rejected
-    # it stops trying once the estimate falls below break-even (α < 0.3 at 0.3 per row)
-    assert planner.alpha(("lookup", 3, 1), LOOKUP_PRIOR[3]) < 0.3
+    # it stops trying once the estimate falls below break-even plus the margin (α < 0.365 at 0.3 per row)
+    assert planner.alpha(("lookup", 3, 1), LOOKUP_PRIOR[3]) < 0.37
     again = AutoPlanner(memory)  # the next generation on the same engine starts from what was learnt
     assert again.plan(ctx).guesses == []
 
