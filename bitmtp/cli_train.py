@@ -137,7 +137,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
         raise BitMTPError(f"--out: {out} exists; pass --overwrite to replace it")
     model = _load(args)
     prompts = distill_prompt_ids(model, args.data or ["stdlib"], args.count, chat_fraction=args.chat_fraction,
-                                 lines=args.lines, seed=args.seed)
+                                 lines=args.lines, seed=args.seed, general_fraction=args.general_fraction)
     policy, block = ("ar", None) if args.policy == "ar" or model.drafter is None else ("speculative", args.block_size)
     print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with {policy}"
           + (f" D={block}" if block else "") + f" -> {out}", file=sys.stderr)
@@ -350,6 +350,11 @@ def add_commands(sub) -> None:
                             help="greedy tokens per prompt (default 160)"), at_least(1))
     checked(di.add_argument("--chat-fraction", type=float, default=0.25,
                             help="fraction in [0, 1] of prompts asked through the chat template (default 0.25)"),
+            between(0.0, 1.0))
+    checked(di.add_argument("--general-fraction", type=float, default=0.0,
+                            help="fraction in [0, 1] of prompts that are general chat questions and instructions "
+                                 "(bitmtp.train.chat_prompts; never the eval's chat prompts) instead of code "
+                                 "snippets (default 0)"),
             between(0.0, 1.0))
     checked(di.add_argument("--lines", type=int, default=12, help="lines per code snippet (default 12)"),
             at_least(1))

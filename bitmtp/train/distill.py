@@ -161,19 +161,33 @@ def _resume_partial(partial: Path) -> int:
 
 
 def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *,
-                       chat_fraction: float = 0.25, lines: int = 12, seed: int = 0) -> list[list[int]]:
+                       chat_fraction: float = 0.25, lines: int = 12, seed: int = 0,
+                       general_fraction: float = 0.0) -> list[list[int]]:
     """Token ids of ``count`` distillation prompts: raw code snippets, and a ``chat_fraction`` of them
-    asked about through the model's chat template (so the drafts also learn chat answers)."""
+    asked about through the model's chat template (so the drafts also learn chat answers).
+
+    ``general_fraction`` of the ``count`` prompts are instead general chat questions and instructions
+    (:func:`bitmtp.train.chat_prompts.chat_prompts`, chat template), shuffled in among the code ones so
+    a partial corpus has both; ``chat_fraction`` applies to the rest. 0 (the default) keeps code only."""
     if not 0.0 <= chat_fraction <= 1.0:
         raise BitMTPError(f"chat_fraction: must be in [0, 1], got {chat_fraction}")
+    if not 0.0 <= general_fraction <= 1.0:
+        raise BitMTPError(f"general_fraction: must be in [0, 1], got {general_fraction}")
     if model.tokenizer is None:
         raise BitMTPError("model: building distillation prompts needs the model's tokenizer")
+    n_general = round(count * general_fraction)
     rng = random.Random(seed + 1)
     out = []
-    for snippet in snippet_prompts(sources, count, lines=lines, seed=seed):
-        if rng.random() < chat_fraction:
-            text = rng.choice(CHAT_TEMPLATES).format(code=snippet)
-            out.append(model.encode([{"role": "user", "content": text}]))
-        else:
-            out.append(model.encode(snippet))
+    if count - n_general > 0:
+        for snippet in snippet_prompts(sources, count - n_general, lines=lines, seed=seed):
+            if rng.random() < chat_fraction:
+                text = rng.choice(CHAT_TEMPLATES).format(code=snippet)
+                out.append(model.encode([{"role": "user", "content": text}]))
+            else:
+                out.append(model.encode(snippet))
+    if n_general:
+        from bitmtp.train.chat_prompts import chat_prompts
+
+        out += [model.encode([{"role": "user", "content": q}]) for q in chat_prompts(n_general, seed=seed)]
+        random.Random(seed + 2).shuffle(out)
     return out

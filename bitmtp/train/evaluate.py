@@ -3,7 +3,9 @@
 For each (policy, D): mean committed tokens per iteration and their histogram, verifier rate,
 decode tokens/s and its ratio to AR on the same engine, and — for the unverified policies
 (confidence, hybrid) — the fraction of generated tokens identical to AR greedy's (position by
-position up to the first difference, averaged over prompts).
+position up to the first difference, averaged over prompts). For ``speculative`` rows, also the
+acceptance of each drafted position (:func:`position_acceptance`): how often mask row k's draft
+was accepted, given the verifier got to check it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,40 @@ class AcceptanceRow:
     speedup_vs_ar: float
     identical_to_ar: float | None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: speculative rows: acceptance of drafted positions d_2..d_D (:func:`position_acceptance`); else None
+    position_acceptance: list[float] | None = None
+    #: how many drafts each of those rates was measured on (position k: the iterations that checked it)
+    position_checked: list[int] | None = None
+
+
+def position_acceptance(runs: list[tuple[list[int], list[bool]]], block_size: int
+                        ) -> tuple[list[float], list[int]]:
+    """Per drafted position k = 1..D-1 (d_2..d_D, the mask rows), the fraction of verified iterations
+    whose draft at k was accepted among those that checked it (all drafts before k accepted), and the
+    count checked; a position never checked gets NaN.
+
+    ``runs``: per generation, ``(committed, verified)`` of its ``DecodeStats``. It reads a speculative
+    (two-pass) iteration as committing d_1 (exact: the AR prediction), its accepted mask drafts, then
+    the verifier's own token: ``committed = 2 + accepted``. A generation's last iteration is left out
+    (``max_new_tokens`` may cut it short, which would read as a rejection), as are unverified ones.
+    """
+    if block_size < 2:
+        raise BitMTPError(f"block_size: drafted positions need D >= 2, got {block_size}")
+    checked = [0] * (block_size - 1)
+    accepted = [0] * (block_size - 1)
+    for committed, verified in runs:
+        for c, v in list(zip(committed, verified, strict=True))[:-1]:
+            if not v:
+                continue
+            if not 2 <= c <= block_size + 1:
+                raise BitMTPError(f"committed: a verified speculative iteration at D={block_size} commits "
+                                  f"2..{block_size + 1} tokens, got {c}; position acceptance applies to "
+                                  f"two-pass speculative decoding only")
+            a = c - 2
+            for k in range(min(a + 1, block_size - 1)):  # checked: position k+1 (every draft before it accepted)
+                checked[k] += 1
+                accepted[k] += k < a
+    return [a / c if c else float("nan") for a, c in zip(accepted, checked, strict=True)], checked
 
 
 def _prefix_match(a: list[int], b: list[int]) -> float:
@@ -104,11 +140,12 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
     for policy in policies:
         for d in block_sizes:
             committed: list[int] = []
-            ver, iters, tps, same, ratio = 0, 0, [], [], []
+            ver, iters, tps, same, ratio, runs = 0, 0, [], [], [], []
             for ids, ref, base_tps in zip(prompts, ar, ar_tps, strict=True):
                 res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy=policy,
                                       block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=[])
                 committed += res.stats.committed
+                runs.append((list(res.stats.committed), list(res.stats.verified)))
                 ver += res.stats.verifier_calls
                 iters += res.stats.iterations
                 tps.append(res.stats.tokens_per_second)
@@ -116,22 +153,27 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
                 same.append(_prefix_match(res.token_ids, ref))
                 if bar is not None:
                     bar.update(1)
+            pos, pos_n = position_acceptance(runs, d) if policy == "speculative" else (None, None)
             rows.append(AcceptanceRow(
                 policy, d, len(prompts), sum(committed) / max(1, len(committed)),
                 dict(sorted(Counter(committed).items())), ver / max(1, iters), statistics.median(tps),
-                statistics.median(ratio), None if lossless[policy] else statistics.mean(same)))
+                statistics.median(ratio), None if lossless[policy] else statistics.mean(same),
+                position_acceptance=pos, position_checked=pos_n))
     if bar is not None:
         bar.close()
     return rows
 
 
 def format_table(rows: list[AcceptanceRow], title: str = "") -> str:
-    head = "| prompts | policy | D | mean committed/iter | verifier rate | tok/s | speedup vs AR | identical to AR |"
-    lines = ([f"**{title}**", ""] if title else []) + [head, "|" + "---|" * 8]
+    """A Markdown table of ``rows``; "accepted d_2..d_D" lists the per-position acceptance (speculative)."""
+    head = ("| prompts | policy | D | mean committed/iter | verifier rate | tok/s | speedup vs AR | identical to AR "
+            "| accepted d_2..d_D |")
+    lines = ([f"**{title}**", ""] if title else []) + [head, "|" + "---|" * 9]
     for r in rows:
         same = "exact (verified)" if r.identical_to_ar is None else f"{r.identical_to_ar:.0%}"
+        pos = " ".join(f"{a:.2f}" for a in r.position_acceptance) if r.position_acceptance else "-"
         lines.append(f"| {r.prompts} | {r.policy} | {r.block_size} | {r.mean_committed:.2f} | {r.verifier_rate:.2f} | "
-                     f"{r.tokens_per_second:.1f} | {r.speedup_vs_ar:.2f}x | {same} |")
+                     f"{r.tokens_per_second:.1f} | {r.speedup_vs_ar:.2f}x | {same} | {pos} |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,90 @@
+"""General chat prompts for distillation (``bitmtp.train.chat_prompts``) and ``distill --general-fraction``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.train.chat_prompts import EXCLUDED_WORDS, all_chat_prompts, chat_prompts
+from bitmtp.train.distill import distill_prompt_ids
+from bitmtp.train.evaluate import CHAT_PROMPTS
+from tests.support.adapters import INIT_RANGE
+from tests.support.hf_models import tiny_model
+from tests.support.tokenizers import CharTokenizer
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 4}
+
+
+def test_set_is_large_distinct_and_deterministic():
+    pool = all_chat_prompts()
+    assert len(pool) >= 300 and len(set(pool)) == len(pool)
+    a, b = chat_prompts(50, seed=3), chat_prompts(50, seed=3)
+    assert a == b and len(set(a)) == 50 and set(a) <= set(pool)
+    assert chat_prompts(50, seed=4) != a
+    assert sorted(chat_prompts(len(pool))) == sorted(pool)
+    for bad in (0, len(pool) + 1):
+        with pytest.raises(BitMTPError, match="count"):
+            chat_prompts(bad)
+
+
+def test_eval_chat_prompts_stay_held_out():
+    pool = all_chat_prompts()
+    assert not set(pool) & set(CHAT_PROMPTS)
+    # every eval prompt names a topic or request form on the exclusion list ...
+    for q in CHAT_PROMPTS:
+        assert any(w in f" {q.lower()} " for w in EXCLUDED_WORDS), q
+    # ... and no training prompt does, nor shares more than a question form with one
+    for p in pool:
+        assert not any(w in f" {p.lower()} " for w in EXCLUDED_WORDS), p
+        assert all(len(_words(p) & _words(q)) <= 3 for q in CHAT_PROMPTS), p
+
+
+@pytest.fixture(scope="module")
+def model():
+    pytest.importorskip("transformers")
+    return bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256,
+                       tokenizer=CharTokenizer(), adapter=None)
+
+
+def _code(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(3):
+        (src / f"m{f}.py").write_text("".join(f"def f{f}_{i}(x, y):\n    z = x * {i} + y\n    return z - {f}\n\n"
+                                              for i in range(4)))
+    return src
+
+
+def test_general_fraction_mixes_general_questions_into_the_prompts(model, tmp_path):
+    src = _code(tmp_path)
+    general = {tuple(model.encode([{"role": "user", "content": q}])) for q in all_chat_prompts()}
+    code_only = distill_prompt_ids(model, [src], count=6, chat_fraction=0.0, lines=3, seed=1)
+    assert code_only == distill_prompt_ids(model, [src], count=6, chat_fraction=0.0, lines=3, seed=1,
+                                           general_fraction=0.0)  # the default is the old behaviour
+    mixed = distill_prompt_ids(model, [src], count=6, chat_fraction=0.0, lines=3, seed=1, general_fraction=0.5)
+    assert len(mixed) == 6 and sum(tuple(p) in general for p in mixed) == 3
+    assert sorted(p for p in mixed if tuple(p) not in general) == sorted(code_only[:3])
+    assert mixed == distill_prompt_ids(model, [src], count=6, chat_fraction=0.0, lines=3, seed=1,
+                                       general_fraction=0.5)
+    # all general: no code source is read at all
+    only = distill_prompt_ids(model, [tmp_path / "missing"], count=4, seed=2, general_fraction=1.0)
+    assert len(only) == 4 and all(tuple(p) in general for p in only)
+    with pytest.raises(BitMTPError, match="general_fraction"):
+        distill_prompt_ids(model, [src], count=4, general_fraction=1.5)
+
+
+def test_cli_distill_general_fraction(monkeypatch, tmp_path, capsys, model):
+    from bitmtp import cli, cli_train
+
+    monkeypatch.setattr(cli_train, "_load", lambda args: model)
+    out = tmp_path / "d.jsonl"
+    assert cli.main(["distill", "--data", str(_code(tmp_path)), "--out", str(out), "--count", "4", "--new-tokens",
+                     "3", "--lines", "3", "--general-fraction", "0.5", "--no-progress"]) == 0
+    assert "4 records" in capsys.readouterr().err
+    assert cli.main(["distill", "--out", str(tmp_path / "e.jsonl"), "--general-fraction", "2"]) == 2
+    assert "--general-fraction" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+"""Acceptance evaluation (``bitmtp.train.evaluate``): per-position acceptance of the drafts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.train.evaluate import evaluate_acceptance, format_table, position_acceptance
+from tests.support.adapters import INIT_RANGE, random_adapter
+from tests.support.hf_models import tiny_model
+
+
+def test_position_acceptance_counts_checked_and_accepted_drafts():
+    # D=4: committed = 2 + accepted mask drafts; the last iteration (cut by max_new_tokens) is left out
+    run = ([2, 3, 4, 2, 5, 1], [True] * 6)
+    rates, checked = position_acceptance([run], 4)
+    assert checked == [5, 3, 2]  # position 1 always checked; k only after k-1 accepted
+    assert rates == pytest.approx([3 / 5, 2 / 3, 1 / 2])
+    # unverified iterations are not counted; runs add up
+    rates2, checked2 = position_acceptance([run, ([5, 2, 9], [False, True, False])], 4)
+    assert checked2 == [6, 3, 2] and rates2 == pytest.approx([3 / 6, 2 / 3, 1 / 2])
+    # a position never reached is NaN, not 0
+    rates3, checked3 = position_acceptance([([2, 2, 2], [True] * 3)], 3)
+    assert checked3 == [2, 0] and rates3[0] == 0.0 and math.isnan(rates3[1])
+    with pytest.raises(BitMTPError, match="two-pass speculative"):
+        position_acceptance([([6, 2], [True, True])], 4)  # D=4 cannot commit 6
+    with pytest.raises(BitMTPError, match="block_size"):
+        position_acceptance([], 1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    pytest.importorskip("transformers")
+    m = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256, adapter=None)
+    m.load_adapter(random_adapter(m.args, "mask-block", 4))
+    return m
+
+
+def test_evaluate_reports_first_position_acceptance(model):
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, model.args.vocab_size, (n,), generator=g).tolist() for n in (5, 9, 14)]
+    rows = evaluate_acceptance(model, prompts, policies=("speculative", "hybrid"), block_sizes=(2, 4),
+                               max_new_tokens=24, tau=0.3, progress=False)
+    by = {(r.policy, r.block_size): r for r in rows}
+    assert by[("hybrid", 4)].position_acceptance is None and by[("hybrid", 4)].position_checked is None
+    for d in (2, 4):
+        row = by[("speculative", d)]
+        runs = []
+        for ids in prompts:
+            st = bitmtp.generate(model, input_ids=ids, max_new_tokens=24, policy="speculative", block_size=d,
+                                 eos_token_id=[]).stats
+            runs.append(st.committed)
+        assert len(row.position_acceptance) == len(row.position_checked) == d - 1
+        # every non-final speculative iteration is verified and checks the first mask draft
+        assert row.position_checked[0] == sum(len(c) - 1 for c in runs)
+        accepted_first = sum(c >= 3 for r in runs for c in r[:-1])
+        assert row.position_acceptance[0] == pytest.approx(accepted_first / row.position_checked[0])
+    # D=2 has one drafted position: its acceptance is the histogram's share of 3-token iterations
+    assert 0.0 <= by[("speculative", 2)].position_acceptance[0] <= 1.0
+    table = format_table(rows)
+    assert "accepted d_2..d_D" in table
+    line = next(ln for ln in table.splitlines() if "| speculative | 2 |" in ln)
+    assert line.rstrip(" |").endswith(f"{by[('speculative', 2)].position_acceptance[0]:.2f}")
+
+
+def test_evaluate_passes_each_generations_history(monkeypatch):
+    """Per-generation histories reach position_acceptance (each run's last iteration dropped on its own)."""
+    from types import SimpleNamespace
+
+    histories = {(1,): [3, 3, 2, 1], (2,): [2, 3, 3]}  # per prompt; AR runs get [1] * n
+
+    def fake_generate(model, *, input_ids, policy, **kw):
+        c = [1] * 4 if policy == "ar" else histories[tuple(input_ids)]
+        st = SimpleNamespace(committed=c, verified=[policy != "ar"] * len(c), verifier_calls=len(c),
+                             iterations=len(c), tokens_per_second=10.0)
+        return SimpleNamespace(token_ids=[5] * sum(c), stats=st)
+
+    monkeypatch.setattr(bitmtp, "generate", fake_generate)
+    (row,) = evaluate_acceptance(None, [[1], [2]], policies=("speculative",), block_sizes=(2,), progress=False)
+    # kept: [3, 3, 2] and [2, 3] -> 3 of 5 first drafts accepted
+    assert row.position_checked == [5] and row.position_acceptance == pytest.approx([3 / 5])
