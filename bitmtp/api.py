@@ -612,12 +612,12 @@ def resolve_drafter(model: BitMTPModel, policy: Policy, drafter: Any = None) -> 
     adapter = model.drafter
     if adapter is None:
         return lookup, [f"{policy.name}: no MTP adapter is attached; drafting by prompt lookup only"]
-    if not adapter.mask_rows:
+    if not getattr(adapter, "fused_drafts", ""):
         return lookup, [f"{policy.name}: the {adapter.kind} adapter drafts in the two-pass schedule only; drafting by "
                         "prompt lookup only"]
     if not model.engine.pool.fused_steps:
-        return lookup, [f"{policy.name}: runtime={model.engine.runtime!r} runs no mask rows in one pass; drafting by "
-                        "prompt lookup only"]
+        return lookup, [f"{policy.name}: runtime={model.engine.runtime!r} runs no adapter drafts in one pass; drafting "
+                        "by prompt lookup only"]
     return CombinedDrafter(lookup, adapter), []
 
 

@@ -5,8 +5,10 @@ Each iteration of the one-pass schedule (``bitmtp.decoding.onepass``) is planned
     expected committed tokens / cost(width, context)
 
 over the options at hand: plain AR (width 1, one token), the lookup's guesses (k of them), the previous
-step's mask drafts (k of them), each with or without D' − 1 mask rows appended to draft the next
-iteration's guesses. ``cost`` is the step-cost table measured on this machine for this model, backend
+step's adapter drafts (k of them), each with or without D' − 1 drafts appended for the next iteration's
+guesses — mask rows with a mask-block adapter, heads drafts with a heads adapter (these take no rows:
+they cost what :class:`~bitmtp.runtime.calibration.LiveCosts` observes a draft to cost). ``cost`` is
+the step-cost table measured on this machine for this model, backend
 and thread count (``bitmtp.runtime.calibration``, relative to a width-1 step at the same context).
 Expected committed tokens are ``1 + Σ_i Π_(j≤i) α_j`` with α_j a running estimate of the probability
 that guess j is accepted given guesses < j were — kept per source (lookup by the length of its n-gram
@@ -87,23 +89,30 @@ class AutoPlanner(Planner):
         prior = LOOKUP_PRIOR.get(n, LOOKUP_PRIOR[5])
         return [self.alpha(("lookup", n, min(i, MAX_GUESSES)), prior) for i in range(1, k + 1)]
 
-    def _mask_alphas(self, probs: list[float]) -> list[float]:
+    def _mask_alphas(self, source: str, probs: list[float]) -> list[float]:
         out = []
         for i, p in enumerate(probs, 1):
             b = _mask_bucket(p)
-            out.append(self.alpha(("masks", b, min(i, MAX_GUESSES)), MASK_PRIOR[b]))
+            out.append(self.alpha((source, b, min(i, MAX_GUESSES)), MASK_PRIOR[b]))
         return out
 
-    def _chain_alphas(self, d: int) -> list[float]:
-        """Expected acceptance of mask drafts in steady state (typical bucket mix: the middle one)."""
-        return [self.alpha(("masks", 1, min(i, MAX_GUESSES)), MASK_PRIOR[1]) for i in range(1, d)]
+    def _chain_alphas(self, source: str, d: int, bucket: int = 1) -> list[float]:
+        """Expected acceptance of the adapter's drafts in steady state, for drafts of probability bucket
+        ``bucket`` (mask drafts: the middle one, the typical mix)."""
+        return [self.alpha((source, bucket, min(i, MAX_GUESSES)), MASK_PRIOR[bucket]) for i in range(1, d)]
 
     # -- planning -------------------------------------------------------------------------------------
 
     @staticmethod
-    def _best_k(alphas: list[float], costs, extra: int, max_width: int) -> tuple[float, int]:
-        """(rate, k) maximising (1 + Σ_(i≤k) Π α) / cost(1 + k + extra) over k ≥ 0."""
-        best_rate, best_k = 1.0 / costs[1 + extra] if 1 + extra < len(costs) else 0.0, 0
+    def _best_k(alphas: list[float], costs, extra: int, max_width: int,
+                draft_cost: float | None = None) -> tuple[float, int]:
+        """(rate, k) maximising (1 + Σ_(i≤k) Π α) / cost over k ≥ 0, with ``extra`` drafts appended for the
+        next iteration: mask rows (``draft_cost`` None: cost(1 + k + extra)) or heads drafts, which take
+        output slots, not rows (cost(1 + k) + extra · draft_cost)."""
+        def cost(k: int) -> float:
+            return costs[1 + k + extra] if draft_cost is None else costs[1 + k] + extra * draft_cost
+
+        best_rate, best_k = 1.0 / cost(0) if 1 + extra < len(costs) else 0.0, 0
         expect, run = 1.0, 1.0
         for k, a in enumerate(alphas, 1):
             w = 1 + k + extra
@@ -111,21 +120,26 @@ class AutoPlanner(Planner):
                 break
             run *= a
             expect += run
-            rate = expect / costs[w]
+            rate = expect / cost(k)
             if rate > best_rate:
                 best_rate, best_k = rate, k
         return best_rate, best_k
 
     def _chain_rate(self, ctx: PassContext, costs) -> tuple[int, float]:
-        """(D', rate) of the best steady-state mask chain: every step verifies the previous mask drafts
-        and appends D' − 1 mask rows; (0, 0.0) without a mask-block drafter."""
+        """(D', rate) of the best steady-state chain of the adapter's drafts: every step verifies the
+        previous step's drafts and appends D' − 1 new ones; (0, 0.0) without a fused-step drafter."""
         masks, chain_rate = 0, 0.0
         if ctx.masks is not None:
+            dc = ctx.draft_cost if ctx.fused == "heads" else None
+            # heads drafts continue the chain at any accept length, so the drafts at hand say what the
+            # chain is worth; mask drafts only after a full accept: the typical (middle) bucket, as tuned
+            bucket = _mask_bucket(ctx.mask_probs[0]) if ctx.fused == "heads" and ctx.mask_probs else 1
             for d in range(2, min(ctx.block, ctx.masks.max_block) + 1):
                 w = 1 + 2 * (d - 1)
                 if w > ctx.max_width or w >= len(costs):
                     break
-                rate, _ = self._best_k(self._chain_alphas(d), costs, d - 1, ctx.max_width)
+                alphas = self._chain_alphas(ctx.fused, d, bucket)
+                rate, _ = self._best_k(alphas, costs, d - 1, ctx.max_width, dc)
                 if rate > chain_rate:
                     masks, chain_rate = d, rate
         return masks, chain_rate
@@ -142,7 +156,7 @@ class AutoPlanner(Planner):
         if ctx.mask_guesses and kmax > 0:
             g = ctx.mask_guesses[:kmax]
             self._mask_probs = list(ctx.mask_probs[: len(g)])
-            options.append(("masks", g, self._mask_alphas(self._mask_probs)))
+            options.append((ctx.fused, g, self._mask_alphas(ctx.fused, self._mask_probs)))
         # mask rows for the next iteration: worth their rows when a chain of mask drafts beats AR. The
         # chain's rate moves only with the estimates and the costs: recomputed every 8 plans (it was
         # two thirds of a plan's ~150 us, 1.5 % of a SmolLM2 step)
@@ -153,19 +167,24 @@ class AutoPlanner(Planner):
         masks, chain_rate = self._chain
         best = PassPlan([], "", 0)
         best_rate = DRAFT_MARGIN  # AR: one token per width-1 step, and the margin a draft must clear
+        dc = ctx.draft_cost if ctx.fused == "heads" else None
         for source, guesses, alphas in options:
             for extra in ((0, masks - 1) if masks else (0,)):
-                rate, k = self._best_k(alphas, costs, extra, ctx.max_width)
+                rate, k = self._best_k(alphas, costs, extra, ctx.max_width, dc)
                 if rate > best_rate and k > 0:
                     best, best_rate = PassPlan(guesses[:k], source, extra + 1 if extra else 0), rate
-        if masks and chain_rate > best_rate * MASK_MARGIN and not best.masks:
+        # drafts appended now pay in the next iteration. Mask rows must beat this iteration's plan (as
+        # tuned on held-out prompts); a heads chain, which feeds itself at any accept length, must beat
+        # AR's rate — or the lookup's, when the lookup is what this iteration verifies
+        bar = DRAFT_MARGIN if ctx.fused == "heads" and best.source in ("", "heads") else best_rate
+        if masks and chain_rate > bar * MASK_MARGIN and not best.masks:
             best = PassPlan(best.guesses, best.source, masks)
         # re-tries of options not chosen lately
         self.since_lookup += 1
         self.since_masks += 1
         if best.source == "lookup":
             self.since_lookup = 0
-        if best.masks or best.source == "masks":
+        if best.masks or (ctx.fused and best.source == ctx.fused):
             self.since_masks = 0
         if not best.guesses and options and self.since_lookup >= EXPLORE_EVERY:
             source, guesses, _ = options[0]
@@ -175,7 +194,7 @@ class AutoPlanner(Planner):
             best = PassPlan(best.guesses, best.source, 2)
             self.since_masks = 0
         best = fit(best, ctx.max_width)
-        label = (best.source or "ar") + ("+masks" if best.masks else "")
+        label = (best.source or "ar") + (f"+{ctx.fused}" if best.masks else "")
         self.choices[label] = self.choices.get(label, 0) + 1
         return best
 
@@ -186,8 +205,8 @@ class AutoPlanner(Planner):
         for i in range(1, tried + 1):
             if plan.source == "lookup":
                 key = ("lookup", self._lookup_n, min(i, MAX_GUESSES))
-            elif plan.source == "masks":
-                key = ("masks", _mask_bucket(self._mask_probs[i - 1]), min(i, MAX_GUESSES))
+            elif plan.source in ("masks", "heads"):
+                key = (plan.source, _mask_bucket(self._mask_probs[i - 1]), min(i, MAX_GUESSES))
             else:
                 return
             self._update(key, i <= accepted)

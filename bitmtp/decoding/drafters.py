@@ -15,7 +15,7 @@ replay state's width); drafters without mask rows use the first p.
 * :class:`MaskBlockDrafter` — mask-conditioned block-causal drafting: D − 1 mask rows (the adapter's
   mask embedding, gated LoRA) attend to history + P and bidirectionally within the block.
 * :class:`HeadsDrafter` — the Divine recurrent residual draft heads over the last pending row's
-  hidden state, logits through the shared LM head.
+  hidden state, logits through the shared LM head (in one pass: over the last *accepted* row's).
 * :class:`OracleDrafter` — drafts a known continuation (computed beforehand). A test and benchmark
   device: with ``speculative`` it shows what the machinery delivers when every draft is accepted.
 * :class:`LookupDrafter` — prompt lookup (``bitmtp.decoding.lookup``): the continuation of the
@@ -24,8 +24,15 @@ replay state's width); drafters without mask rows use the first p.
 **One-pass schedule** (``runtime/decode.py``, "one pass"): an iteration is one step whose rows are the
 pending token, the guesses ``g_1..g_k`` for the next positions and, for a mask-block drafter, D − 1
 mask rows after the last guess (role ``fused``). Drafters with ``host_guesses`` (lookup, oracle) give
-the guesses through :meth:`Drafter.propose` from the committed sequence; a mask-block drafter's guesses
-are the previous fused step's mask-row drafts.
+the guesses through :meth:`Drafter.propose` from the committed sequence; a mask-block or heads drafter's
+guesses are the previous fused step's drafts (``fused_drafts``):
+
+* ``"masks"`` (mask-block): D − 1 mask rows after the last guess; their drafts continue the sequence only
+  when every guess was accepted.
+* ``"heads"``: no extra rows. On the device, the step finds how many guesses match the AR argmax of the
+  row before them (a), and runs the heads from row a's hidden state and its argmax v_a, which are the
+  next iteration's pending token; so the drafts are valid at any accept length. The step's last D − 1
+  output slots hold them (the state's width counts them, the decoder runs the k + 1 AR rows only).
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ class Drafter(abc.ABC):
     host_guesses = False
     #: drafts from mask rows appended to a one-pass (``fused``) step
     mask_rows = False
+    #: how the drafter drafts in a one-pass ``fused`` step: ``"masks"`` (mask rows after the last guess,
+    #: valid after a full accept), ``"heads"`` (from the last accepted row, valid at any accept length),
+    #: ``""`` (it does not: host guesses, or two passes only)
+    fused_drafts = ""
 
     def __init__(self, decoder: Decoder, max_block: int):
         self.decoder = decoder
@@ -99,6 +110,7 @@ class MaskBlockDrafter(Drafter):
 
     kind = "mask-block"
     mask_rows = True
+    fused_drafts = "masks"
 
     def __init__(self, decoder: Decoder, block: MaskBlock):
         super().__init__(decoder, block.block_size)
@@ -129,21 +141,39 @@ class HeadsDrafter(Drafter):
     ``s_k = head_k(s_(k−1), E(d_k))`` and ``d_(k+1) = argmax LMHead(s_k)``."""
 
     kind = "heads"
+    fused_drafts = "heads"
 
     def __init__(self, decoder: Decoder, heads: DraftHeads):
         super().__init__(decoder, heads.block_size)
         self.heads = heads
 
-    def draft(self, runner) -> None:
-        hidden, p, d = self._pending_hidden(runner)
-        state = hidden[p - 1 : p]
-        tok = self._write_first(runner, state, d)
+    def _run_heads(self, runner, state: torch.Tensor, tok: torch.Tensor, d: int) -> None:
+        """d_2..d_D from ``state`` (the hidden state whose argmax is ``tok`` = d_1) into the last D − 1
+        output slots."""
         for k in range(d - 1):
             state = self.heads.step(k, state, self.decoder.embed[tok])
             tok, prob = _argmax_prob(self.decoder.logits(state))
             at = runner.out_token.shape[0] - d + 1 + k
             runner.out_token[at : at + 1].copy_(tok)
             runner.out_prob[at : at + 1].copy_(prob)
+
+    def draft(self, runner) -> None:
+        hidden, p, d = self._pending_hidden(runner)
+        if runner.state.role == "fused":
+            # one pass: rows [t, g_1..g_k] verify (every row's argmax is an output); the heads draft
+            # from the last row whose guess chain holds — found here, on the device, so the step stays
+            # one captured graph and one host read: a = the leading guesses equal to the row before's argmax
+            tok, prob = _argmax_prob(self.decoder.logits(hidden))
+            runner.out_token[:p].copy_(tok)
+            runner.out_prob[:p].copy_(prob)
+            match = (runner.tokens[1:p] == tok[: p - 1]).to(torch.long)
+            a = torch.cumprod(match, 0).sum().reshape(1) if p > 1 else torch.zeros(1, dtype=torch.long,
+                                                                                   device=tok.device)
+            self._run_heads(runner, hidden.index_select(0, a), tok.index_select(0, a), d)
+            return
+        state = hidden[p - 1 : p]
+        tok = self._write_first(runner, state, d)
+        self._run_heads(runner, state, tok, d)
 
 
 class OracleDrafter(Drafter):

@@ -9,7 +9,9 @@ at positions n, n+1, …: the pending row and each guess row are AR-causal, so t
 iteration commits ``g_1..g_a, v_a`` (their rows t, g_1..g_a stay: n += a + 1; the rejected rows are
 simply not counted and are overwritten later). Mask rows, when a mask-block drafter is in use, draft
 the guesses of the next iteration; they stand after the last guess, so their drafts are valid only when
-every guess was accepted — otherwise the next iteration has no mask guesses.
+every guess was accepted — otherwise the next iteration has no mask guesses. A heads drafter drafts the
+next guesses instead from the last accepted row (found on the device), valid at any accept length; its
+drafts take output slots, not rows (``bitmtp.decoding.drafters``, ``fused_drafts``).
 
 A planner decides each iteration's rows (:class:`PassPlan`) from what the loop tells it
 (:class:`PassContext`) and learns from the outcome (:meth:`Planner.observe`):
@@ -29,12 +31,18 @@ from typing import Any
 
 from bitmtp.decoding.lookup import LookupIndex
 
+#: what one heads draft costs relative to a width-1 step before any is observed: a head is a rank-r
+#: residual block plus an LM-head row, and the LM head is the largest matrix of a small model's step
+#: (SmolLM2-135M: 28 M of 135 M weights, read as Q8_0 — about a quarter of the step's bytes)
+HEADS_DRAFT_COST = 0.3
+
 
 @dataclass
 class PassPlan:
     """One iteration's rows: ``guesses`` (g_1..g_k, host-known) from ``source`` (``"lookup"``,
-    ``"masks"``, ``"oracle"`` or ``""`` for none), and ``masks``: the block size D of the mask rows
-    appended (D − 1 rows; 0 for none)."""
+    ``"masks"``, ``"heads"``, ``"oracle"`` or ``""`` for none), and ``masks``: the block size D' of the
+    drafts appended for the next iteration (D' − 1 mask rows, or D' − 1 heads drafts; 0 for none).
+    ``width`` is the step's state width: the rows, plus the heads' output slots."""
 
     guesses: list[int]
     source: str
@@ -54,7 +62,10 @@ class PassContext:
     ``mask_probs``: the previous step's mask drafts when they are valid (every guess of that step was
     accepted), else empty; ``max_width``: the widest step that fits (m_max and the store's capacity);
     ``block``: the generation's D; ``lookup`` / ``host`` / ``masks``: the drafters available (a lookup
-    drafter, another host drafter such as the oracle, a mask-block drafter), None where absent;
+    drafter, another host drafter such as the oracle, a drafter of fused steps: mask-block or heads),
+    None where absent; ``fused``: how ``masks`` drafts (``"masks"`` or ``"heads"``, its ``fused_drafts``:
+    also the source name of its guesses); ``draft_cost``: what one heads draft costs relative to a
+    width-1 step (heads only; their drafts take no rows);
     ``costs``: relative step cost by width at the current context (``costs[w]``, ``costs[1] == 1``;
     None when the planner does not need them).
     """
@@ -69,6 +80,8 @@ class PassContext:
     mask_guesses: list[int] = field(default_factory=list)
     mask_probs: list[float] = field(default_factory=list)
     costs: Sequence[float] | None = None
+    fused: str = ""
+    draft_cost: float = 0.0
 
 
 class Planner:
@@ -93,9 +106,9 @@ def fit(plan: PassPlan, max_width: int) -> PassPlan:
 
 
 class FixedPlanner(Planner):
-    """``speculative`` in one pass: D − 1 guesses each iteration from the drafter, and D − 1 mask rows
-    every step when the drafter drafts from mask rows (``lookup+adapter``: lookup guesses when the
-    context matches, the mask drafts otherwise)."""
+    """``speculative`` in one pass: D − 1 guesses each iteration from the drafter, and D − 1 drafts
+    (mask rows or heads) every step when the drafter drafts in fused steps (``lookup+adapter``: lookup
+    guesses when the context matches, the adapter's drafts otherwise)."""
 
     def plan(self, ctx: PassContext) -> PassPlan:
         d = ctx.block
@@ -108,7 +121,7 @@ class FixedPlanner(Planner):
                 if props:
                     plan = PassPlan(props, "lookup")
             if not plan.guesses and ctx.mask_guesses:
-                plan = PassPlan(ctx.mask_guesses[: d - 1], "masks")
+                plan = PassPlan(ctx.mask_guesses[: d - 1], ctx.fused)
             if ctx.masks is not None:
                 plan.masks = d
         return fit(plan, ctx.max_width)

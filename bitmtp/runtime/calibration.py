@@ -592,6 +592,7 @@ class LiveCosts:
     def __init__(self, table: CostTable, m_max: int):
         self.table, self.m_max = table, int(m_max)
         self.seen: dict[int, list[float]] = {}  # width -> its last WINDOW step times (seconds)
+        self.drafts_seen: list[float] = []  # the last WINDOW costs of one off-row draft (heads), relative
 
     def observe(self, width: int, seconds: float) -> None:
         times = self.seen.setdefault(width, [])
@@ -599,8 +600,30 @@ class LiveCosts:
         if len(times) > self.WINDOW:
             del times[0]
 
+    def observe_drafts(self, rows: int, drafts: int, seconds: float, context: int) -> None:
+        """A step of ``rows`` rows that also drafted ``drafts`` tokens off the rows (draft heads) took
+        ``seconds``: what it took beyond a step of ``rows`` rows, per draft, relative to a width-1 step,
+        is one sample of :meth:`draft_cost`."""
+        est = self.seconds(context)
+        extra = max(0.0, seconds - est[min(rows, self.m_max) - 1]) / max(1, drafts) / est[0]
+        self.drafts_seen.append(extra)
+        if len(self.drafts_seen) > self.WINDOW:
+            del self.drafts_seen[0]
+
+    def draft_cost(self, prior: float) -> float:
+        """One off-row draft's cost relative to a width-1 step: the median of the last observations once
+        :attr:`MIN_SEEN` were made, else ``prior``."""
+        if len(self.drafts_seen) < self.MIN_SEEN:
+            return float(prior)
+        return statistics.median(self.drafts_seen)
+
     def relative(self, context: int) -> list[float]:
         """``costs[w]`` for w = 1..m_max relative to width 1 (``costs[0]`` is unused, 0.0)."""
+        est = self.seconds(context)
+        return [0.0] + [v / est[0] for v in est]
+
+    def seconds(self, context: int) -> list[float]:
+        """Estimated step seconds for widths 1..m_max (index w − 1) at ``context``."""
         tab = [self.table.step_seconds(w, context) for w in range(1, self.m_max + 1)]
         med = {w: statistics.median(t) for w, t in self.seen.items() if len(t) >= self.MIN_SEEN and w <= self.m_max}
         ratios = sorted(v / tab[w - 1] for w, v in med.items())
@@ -609,4 +632,4 @@ class LiveCosts:
         for w in range(1, self.m_max + 1):
             top = max(top, med.get(w, tab[w - 1] * scale))
             est.append(top)
-        return [0.0] + [v / est[0] for v in est]
+        return est

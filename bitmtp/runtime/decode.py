@@ -32,7 +32,7 @@ import torch
 
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
-from bitmtp.decoding.onepass import PassContext, PassPlan
+from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan
 from bitmtp.decoding.policies import Plan, Policy, Verify, resolve_policy
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
@@ -224,11 +224,12 @@ def _check_drafter(engine, drafter, policy: Policy) -> None:
                               "drafts without verifying them; use policy='speculative' or 'auto' with lookup")
         return
     one = drafter.adapter if isinstance(drafter, CombinedDrafter) else drafter
-    if not (one.host_guesses or one.mask_rows):
-        raise BitMTPError(f"schedule: the {kind} drafter does not run in the one-pass schedule (mask-block, lookup "
-                          "and oracle drafters do); use schedule='two-pass'")
-    if one.mask_rows and not engine.pool.fused_steps:
-        raise BitMTPError(f"schedule: the one-pass schedule's mask rows do not run on runtime={engine.runtime!r}; "
+    fused = getattr(one, "fused_drafts", "")
+    if not (getattr(one, "host_guesses", False) or fused):
+        raise BitMTPError(f"schedule: the {kind} drafter does not run in the one-pass schedule (mask-block, heads, "
+                          "lookup and oracle drafters do); use schedule='two-pass'")
+    if fused and not engine.pool.fused_steps:
+        raise BitMTPError(f"schedule: the one-pass schedule's {fused} drafts do not run on runtime={engine.runtime!r}; "
                           "use schedule='two-pass' or drafter='lookup'")
 
 
@@ -377,7 +378,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
                   drafter, costs) -> Iterator[list[int]]:
     """The one-pass schedule (``bitmtp.decoding.onepass``): each iteration is ONE step over
     [pending token, guesses g_1..g_k, (D − 1 mask rows)] and ONE read; the guesses commit while they
-    equal the AR argmax of the row before them, then that row's argmax commits too.
+    equal the AR argmax of the row before them, then that row's argmax commits too. A heads drafter
+    appends no rows: its D − 1 drafts, from the last accepted row, fill the step's last output slots.
 
     The pending and guess rows are AR-causal (each sees KV rows ≤ its position; the mask rows come
     after them), so every committed token is exactly AR greedy's, and the KV rows of the pending token
@@ -390,14 +392,17 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     for one in (drafter.lookup, drafter.adapter) if isinstance(drafter, CombinedDrafter) else (drafter,):
         if one.kind == "lookup":
             lookup = one
-        elif one.mask_rows:
+        elif getattr(one, "fused_drafts", ""):
             masks = one
         elif one.host_guesses:
             host = one
+    fused = masks.fused_drafts if masks is not None else ""
     if masks is not None:
         pool.set_drafter(masks)
     index = lookup.index(ids + [first]) if lookup is not None else LookupIndex(ids + [first], ngram_max=1)
-    ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks)
+    ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks, fused=fused)
+    if fused == "heads":
+        ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if costs is not None else HEADS_DRAFT_COST
     planner = policy.planner(engine.memory)
     arange = engine.arange
     n = engine.n
@@ -413,6 +418,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
             # the relative cost of a width changes with the context (attention) and with what the steps
             # are observed to cost: refreshed every 8 iterations (~60 us each, against ~10 ms steps)
             ctx.costs = costs.relative(n)
+            if fused == "heads":
+                ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST)
             next_costs = stats.iterations + 8
         plan: PassPlan = planner.plan(ctx)
         guesses = plan.guesses
@@ -434,7 +441,12 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         else:
             (v,) = engine.read(runner.out_token[:w])
         if costs is not None:
-            costs.observe(w, time.perf_counter() - t0)
+            if fused == "heads" and plan.masks:
+                # the heads' drafts take output slots, not rows: their time is what the step took beyond
+                # a step of its k + 1 rows
+                costs.observe_drafts(k + 1, plan.masks - 1, time.perf_counter() - t0, n)
+            else:
+                costs.observe(w, time.perf_counter() - t0)
         a = 0
         while a < k and guesses[a] == v[a]:
             a += 1
@@ -442,7 +454,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         stats.committed.append(len(taken))
         stats.verified.append(k > 0)
         stats.widths[w] += 1
-        stats.choices[(plan.source or "ar") + ("+masks" if plan.masks else "")] += 1
+        stats.choices[(plan.source or "ar") + (f"+{fused}" if plan.masks else "")] += 1
         if k:
             stats.verifier_calls += 1
             stats.guesses += k
@@ -454,8 +466,9 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         engine.n = n
         tok = v[a]
         index.extend(taken)
-        # the mask rows drafted the positions after the last guess: valid only if every guess was accepted
-        if plan.masks and a == k:
+        # the mask rows drafted the positions after the last guess: valid only if every guess was
+        # accepted; the heads drafted after the last accepted row: valid whatever was accepted
+        if plan.masks and (a == k or fused == "heads"):
             ctx.mask_guesses, ctx.mask_probs = v[k + 1 : w], drafts_p
         else:
             ctx.mask_guesses, ctx.mask_probs = [], []

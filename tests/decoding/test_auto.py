@@ -85,3 +85,31 @@ def test_never_wider_than_allowed(max_width):
     ctx = ctx_for(linear(0.0), masks=True, mask_guesses=[5, 6, 7], max_width=max_width)
     for _ in range(2 * EXPLORE_EVERY):
         assert planner.plan(ctx).width <= max_width
+
+
+class _Heads:
+    kind = "heads"
+    max_block = 8
+
+
+def _heads_ctx(costs, draft_cost, guesses=(5, 6, 7)):
+    return PassContext(LookupIndex([1, 2, 3]), n=3, block=8, max_width=16, lookup=None, masks=_Heads(),
+                       mask_guesses=list(guesses), mask_probs=[0.95] * len(guesses), costs=costs, fused="heads",
+                       draft_cost=draft_cost)
+
+
+def test_heads_drafts_cost_what_they_are_observed_to_cost():
+    """Heads drafts take output slots, not rows: with cheap rows and cheap drafts auto verifies the heads'
+    guesses and appends drafts (labelled "heads"); when a draft costs as much as a step, it appends none."""
+    memory = {}
+    planner = AutoPlanner(memory)
+    ctx = _heads_ctx(linear(0.05), 0.01)
+    for _ in range(30):  # the heads are always right here
+        plan = planner.plan(ctx)
+        planner.observe(plan, len(plan.guesses), ctx)
+    plan = planner.plan(ctx)
+    assert plan.source == "heads" and plan.guesses == [5, 6, 7] and plan.masks >= 2
+    assert planner.choices.get("heads+heads", 0) > 0
+    assert any(key[0] == "heads" for key in memory["auto_acceptance"])
+    dear = AutoPlanner(memory).plan(_heads_ctx(linear(0.05), 1.5))
+    assert dear.source == "heads" and dear.masks == 0  # verifying is still worth it, drafting more is not

@@ -421,3 +421,17 @@ def test_live_costs_average_out_a_burst():
         for _ in range(5):
             live.observe(w, 0.010 * (1 + 0.2 * (w - 1)))
     assert live.relative(128)[4] == pytest.approx(1.6)  # the median ignores the burst
+
+
+def test_live_costs_of_off_row_drafts():
+    """Heads drafts take no rows: a step of k + 1 rows with D' − 1 drafts costs the rows' step plus the
+    drafts; what it took beyond the rows, per draft and relative to a width-1 step, is the draft cost."""
+    live = cal.LiveCosts(_linear_table(0.5), 8)  # width 1: 10 ms, width 3: 20 ms
+    assert live.draft_cost(0.3) == 0.3  # nothing seen: the prior
+    live.observe_drafts(3, 4, 0.020 + 4 * 0.002, 128)
+    live.observe_drafts(3, 4, 0.020 + 4 * 0.002, 128)
+    assert live.draft_cost(0.3) == 0.3  # fewer than MIN_SEEN observations
+    live.observe_drafts(1, 2, 0.010 + 2 * 0.003, 128)
+    live.observe_drafts(1, 1, 0.005, 128)  # faster than the rows alone (noise): counts as free, not negative
+    assert live.draft_cost(0.3) == pytest.approx(0.2)  # median of 0.2, 0.2, 0.3, 0.0
+    assert live.relative(128)[3] == pytest.approx(2.0)  # the rows' costs are not touched

@@ -1,8 +1,9 @@
 """The one-pass schedule and ``policy="auto"`` end to end on a tiny random model.
 
-Rules stated per test: every one-pass configuration (lookup, mask-block, lookup+adapter, oracle; D = 2..8)
+Rules stated per test: every one-pass configuration (lookup, mask-block, heads, lookup+adapter, oracle; D = 2..8)
 and ``auto`` commit exactly AR greedy's tokens; an iteration is one step and one device→host read; a
 perfect (oracle) guesser commits D tokens per iteration; mask guesses are used only after a full accept;
+heads guesses follow any accept length;
 the KV rows [0, n) after generation equal a fresh prefill; stops (EOS inside accepted guesses, capacity,
 max_new_tokens) cut exactly where AR's output would.
 """
@@ -134,11 +135,73 @@ def test_auto_equals_ar_and_says_what_it_chose(model, prompts, ar_outputs):
         assert not any("masks" in c for c in out.stats.choices)
 
 
-def test_auto_with_heads_adapter_uses_lookup(model, prompts, ar_outputs):
-    model.load_adapter(random_adapter(model.args, "heads"))
-    out = _gen(model, prompts[-1])
-    assert out.token_ids == ar_outputs[-1]
-    assert any("heads adapter drafts in the two-pass schedule only" in n for n in out.stats.notes)
+@pytest.mark.parametrize("block", (2, 3, 4, 8))
+@pytest.mark.parametrize("drafter", ("adapter", "lookup+adapter"))
+def test_heads_one_pass_equals_ar(model, prompts, ar_outputs, drafter, block):
+    """A heads adapter in one pass: no extra rows (its drafts take output slots), drafts every step,
+    tokens equal AR's."""
+    model.load_adapter(random_adapter(model.args, "heads", seed=block))
+    for prompt, ref in zip(prompts, ar_outputs, strict=True):
+        out = _gen(model, prompt, policy="speculative", schedule="one-pass", drafter=drafter, block_size=block)
+        assert out.token_ids == ref, (drafter, block, prompt)
+        s = out.stats
+        assert s.syncs == 1 + s.iterations and s.draft_steps == s.iterations
+        # k + 1 rows + D − 1 output slots: k = D − 1 adapter guesses (none on the first step); lookup may
+        # propose fewer
+        allowed = {block, 2 * block - 1} if drafter == "adapter" else set(range(block, 2 * block))
+        assert set(s.widths) <= allowed
+        assert not any("masks" in c for c in s.choices)
+
+
+def test_auto_with_heads_adapter_equals_ar(model, prompts, ar_outputs):
+    model.load_adapter(random_adapter(model.args, "heads", seed=4))
+    for prompt, ref in zip(prompts, ar_outputs, strict=True):
+        out = _gen(model, prompt)
+        assert out.token_ids == ref
+        assert not out.stats.notes  # heads draft in one pass: nothing to warn about
+        assert sum(out.stats.choices.values()) == out.stats.iterations
+
+
+def test_heads_drafts_follow_any_accept_length(model, prompts, monkeypatch):
+    """Heads draft from the last accepted row: after the first step every iteration has D − 1 adapter
+    guesses, whatever the previous step accepted; each equals d_2..d_D of a two-pass heads draft step whose
+    pending rows are the previous step's t, g_1..g_a (the accepted ones), computed afresh on another
+    engine — so the device-side accept count picks the right row."""
+    from bitmtp.decoding import onepass
+    from bitmtp.runtime.states import ReplayState
+
+    block = 4
+    model.load_adapter(random_adapter(model.args, "heads", seed=21))
+    records = []
+    orig = onepass.FixedPlanner.plan
+
+    def plan(self, ctx):
+        p = orig(self, ctx)
+        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
+        return p
+
+    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
+    noisy = prompts[-1] + [9] * 4  # the lookup guesses sometimes hold, sometimes not
+    _gen(model, noisy, policy="speculative", schedule="one-pass", block_size=block, drafter="lookup+adapter")
+    monkeypatch.undo()
+    accepts = set()
+    for (seq, guesses, _, _), (nseq, _, nxt, nxt_p) in zip(records, records[1:], strict=False):
+        assert len(nxt) == block - 1
+        a = len(nseq) - len(seq) - 1
+        accepts.add((len(guesses), a))
+        rows = [seq[-1], *guesses[:a]]
+        eng = model.session().engine
+        eng.prefill(seq[:-1])
+        eng.pool.set_drafter(model.drafter)
+        p = len(rows)
+        r = eng.pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
+        r.tokens[:p].copy_(torch.tensor(rows))
+        torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
+        r.run()
+        assert r.out_token[-block] == nseq[-1]  # d_1: the committed v_a
+        assert r.out_token[-(block - 1):].tolist() == nxt
+        assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
+    assert any(a < k for k, a in accepts) and any(a == k for k, a in accepts)
 
 
 def test_kv_rows_equal_fresh_prefill_after_one_pass(model, prompts):
@@ -188,10 +251,17 @@ def test_lookup_guesses_are_used_on_repetitive_text(model, prompts, ar_outputs):
     assert out.stats.choices.get("lookup", 0) > 0 and out.stats.accepted > 0
 
 
+class _TwoPassOnly(OracleDrafter):
+    """A device drafter with neither host guesses nor fused-step drafts."""
+
+    kind = "two-pass-only"
+    host_guesses = False
+
+
 def test_bad_input(model, prompts):
-    model.load_adapter(random_adapter(model.args, "heads"))
     with pytest.raises(BitMTPError, match="does not run in the one-pass schedule"):
-        _gen(model, prompts[0], policy="speculative", schedule="one-pass")
+        _gen(model, prompts[0], policy="speculative", schedule="one-pass",
+             drafter=_TwoPassOnly(model.decoder, prompts[0]))
     with pytest.raises(BitMTPError, match="drafter: expected one of"):
         _gen(model, prompts[0], policy="speculative", drafter="lookahead")
     with pytest.raises(BitMTPError, match="unverified guesses"):
