@@ -246,9 +246,19 @@ class BitMTPModel:
         return self.engine.generate_ar(self.check_ids(input_ids), max_new_tokens, self.eos_ids(eos_token_id))
 
 
-def _gguf_tokenizer(path: Path, files: dict[str, Any] | None) -> Any:
-    """The tokenizer of a GGUF file: rebuilt from ``bitmtp.tokenizer.files`` when bitmtp wrote it, else
-    through transformers' GGUF tokenizer converter (llama / qwen3 files); None (with a warning) otherwise."""
+def _gguf_tokenizer(path: Path, files: dict[str, Any] | None, meta: Mapping[str, Any] | None = None) -> Any:
+    """The tokenizer of a GGUF file: rebuilt from ``bitmtp.tokenizer.files`` when bitmtp wrote it; else built
+    from the already-parsed ``tokenizer.ggml.*`` metadata ``meta`` by ``bitmtp.formats.gguf_tokenizer`` (byte-level
+    BPE: no second parse of the file, no transformers import — ~6 s of SmolLM2's cold start); else through
+    transformers' GGUF tokenizer converter (other vocabularies); None (with a warning) otherwise."""
+    if not files and meta is not None:
+        from bitmtp.formats.gguf_tokenizer import tokenizer_from_gguf
+
+        tok, why_not = tokenizer_from_gguf(meta, str(path))
+        if tok is not None:
+            return tok
+        log.debug("%s: tokenizer not built from the GGUF metadata (%s); using transformers' GGUF converter",
+                  path, why_not)
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -526,7 +536,7 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             gguf_fields = gguf_model.tokenizer_fields
             tok = tokenizer
             if tok is None and (gguf_model.tokenizer_files or "tokenizer.ggml.model" in gguf_fields):
-                tok = _gguf_tokenizer(path, gguf_model.tokenizer_files)
+                tok = _gguf_tokenizer(path, gguf_model.tokenizer_files, gguf_model.contents.meta)
         elif path.is_dir():
             decoder = from_safetensors_dir(path, **kwargs)
             tok = tokenizer
