@@ -129,7 +129,12 @@ def _schedule_configs(model):
         out.append((f"lookup+adapter one-pass D={block}", "mask-block",
                     dict(policy="speculative", drafter="lookup+adapter", schedule="one-pass", block_size=block)))
         out.append((f"heads two-pass D={block}", "heads", dict(policy="speculative", block_size=block)))
+        out.append((f"heads one-pass D={block}", "heads",
+                    dict(policy="speculative", schedule="one-pass", block_size=block)))
+        out.append((f"lookup+heads one-pass D={block}", "heads",
+                    dict(policy="speculative", drafter="lookup+adapter", schedule="one-pass", block_size=block)))
     out.append(("auto", "mask-block", dict(policy="auto")))
+    out.append(("auto with heads", "heads", dict(policy="auto")))
     out.append(("auto without adapter", None, dict(policy="auto")))
     return out
 
