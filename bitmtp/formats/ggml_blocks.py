@@ -128,14 +128,52 @@ def _fields(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor |
     return raw[..., 2:].contiguous().view(torch.int8).float(), d, None
 
 
-def dequantize(bw: BlockWeight) -> torch.Tensor:
-    """float32 ``[N, K]``, computed as gguf-py computes it (``d * q``, then ``+ m``; q4_0's q is the code
-    minus 8) — the reference the native kernels' block decoders match bit for bit."""
-    q, d, m = _fields(bw)
-    w = d * q
-    if m is not None:
-        w = w + m
-    return w.reshape(bw.shape)
+#: rows dequantized per chunk: ~1.2 MB of float32 at K = 576, so each in-place pass stays in L2
+_DEQUANT_ROWS = 512
+
+
+def dequantize(bw: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 ``[N, K]`` (into ``out`` when given), computed as gguf-py computes it (``d * q``, then ``+ m``;
+    q4_0's q is the code minus 8) — the reference the native kernels' block decoders match bit for bit.
+
+    Written in place, chunk by chunk of rows: the codes are cast straight into the output, then scaled and
+    offset there (no temporaries the size of the weight). On SmolLM2-135M's Q4_1 projections this takes
+    ~0.35 s against ~1.6 s for the all-at-once version (one fresh tensor per step) on a busy 2-core machine.
+    """
+    n, k = bw.shape
+    nb, bpb = k // BLOCK, BLOCK_BYTES[bw.fmt]
+    if out is None:
+        out = torch.empty(n, k, dtype=torch.float32)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (n, k) or not out.is_contiguous():
+        raise ShapeError(f"out: expected a contiguous float32 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
+    raw_all = bw.data.reshape(n, nb, bpb)
+    out3 = out.view(n, nb, BLOCK)
+    for r0 in range(0, n, _DEQUANT_ROWS):
+        raw, w = raw_all[r0:r0 + _DEQUANT_ROWS], out3[r0:r0 + _DEQUANT_ROWS]
+        d = raw[..., 0:2].contiguous().view(torch.float16).float()
+        if bw.fmt == "q8_0":
+            w.copy_(raw[..., 2:].view(torch.int8))
+            w.mul_(d)
+            continue
+        qs = raw[..., 4:20] if bw.fmt == "q4_1" else raw[..., 2:18]
+        w[..., :16].copy_(qs & 15)
+        w[..., 16:].copy_(qs >> 4)
+        if bw.fmt == "q4_0":
+            w.sub_(8)
+            w.mul_(d)
+        else:
+            w.mul_(d)
+            w.add_(raw[..., 2:4].contiguous().view(torch.float16).float())
+    return out
+
+
+def cat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
+    """The row concatenation of block weights (a fused q/k/v or gate/up projection), or None when their
+    formats or widths differ. Blocks never cross rows, so this is a byte concatenation."""
+    if not parts or len({(p.fmt, p.shape[1]) for p in parts}) != 1:
+        return None
+    data = torch.cat([p.data for p in parts]) if len(parts) > 1 else parts[0].data
+    return BlockWeight(parts[0].fmt, data, (data.shape[0], parts[0].shape[1]))
 
 
 def _f16_neighbours(v: torch.Tensor) -> list[torch.Tensor]:
@@ -257,5 +295,5 @@ def check_block_scales(raw: np.ndarray, type_name: str, block_bytes: int, what: 
 
 
 __all__ = ["F16_SCALE_OFFSETS", "block_scales", "check_block_scales", "BLOCK",
-            "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize",
+           "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize", "cat_rows",
            "pack_lossless"]

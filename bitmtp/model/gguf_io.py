@@ -22,7 +22,7 @@ from torch import nn
 from bitmtp.errors import BitMTPError, FormatError
 from bitmtp.formats import gguf as G
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
-from bitmtp.formats.ggml_blocks import BlockWeight, pack_lossless
+from bitmtp.formats.ggml_blocks import BLOCK_BYTES, BlockWeight, pack_lossless
 from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
 from bitmtp.formats.ternary import pack_t2, unpack_t2
 from bitmtp.model.args import ModelArgs, check_int, check_real
@@ -444,6 +444,20 @@ def _is_ternary(contents: G.GGUFContents, name: str) -> bool:
     return t.type_name in ("TQ1_0", "TQ2_0") or G.scale_name(name) in contents.tensors
 
 
+def _file_blocks(t: G.GGUFTensor, heads: int | None) -> BlockWeight | None:
+    """A 2-D Q4_0 / Q4_1 / Q8_0 tensor as a :class:`BlockWeight` over the file's memory map (no copy; the q/k
+    rows llama.cpp permutes are put back in order, a copy of those few rows' bytes); None for other tensors.
+    The decoder's CPU kernels read these blocks (``build_decoder`` takes them as tensors) instead of re-fitting
+    to the dequantized floats (``ggml_blocks.pack_lossless``, ~2 s of SmolLM2's load)."""
+    fmt = t.type_name.lower()
+    if fmt not in BLOCK_BYTES or len(t.shape) != 2:
+        return None
+    data = torch.from_numpy(t.data)  # uint8 [N, K / 32 · bytes per block], writable (a copy-on-write map)
+    if heads is not None:
+        data = G.unpermute_rows(data, heads)
+    return BlockWeight(fmt, data.contiguous(), (t.shape[0], t.shape[1]))
+
+
 def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
     """Read a GGUF file into a decoder (+ its packed adapter). ``build_kwargs`` go to ``build_decoder``.
 
@@ -456,7 +470,7 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
     src = str(contents.path)
     args = args_from_gguf(contents)
     family = get_family(args.family)
-    hf: dict[str, torch.Tensor] = {}
+    hf: dict[str, torch.Tensor | BlockWeight] = {}
     mtp: dict[str, torch.Tensor] = {}
     for t in contents.tensors.values():
         G.check_finite(t, src)
@@ -485,6 +499,10 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
                 scales = G.unpermute_rows(scales, heads) if scales.shape[0] > 1 else scales
             hf[target] = pack_t2(codes)
             hf[target.replace(".weight", ".weight_scale")] = scales.contiguous()
+            continue
+        bw = _file_blocks(t, heads)
+        if bw is not None:  # the file's blocks as they lie (rows unpermuted): build_decoder dequantizes them
+            hf[target] = bw
             continue
         value = G.dense_tensor(t)
         if heads is not None:

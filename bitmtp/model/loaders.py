@@ -19,6 +19,7 @@ import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
 from bitmtp.formats.bitnet import LINEAR_CLASSES, bitnet_scale_to_multiplier, bitnet_to_t2
+from bitmtp.formats.ggml_blocks import BlockWeight, cat_rows, dequantize
 from bitmtp.formats.quantize import absmean_ternarize
 from bitmtp.formats.scales import check_finite
 from bitmtp.formats.ternary import pack_t2, words_per_row
@@ -36,18 +37,27 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 class _Tensors:
     """Checkpoint tensors by name, tracking which were used (so extras can be reported)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
+    def __init__(self, tensors: dict[str, torch.Tensor | BlockWeight], source: str):
         self.t = {k: v for k, v in tensors.items() if not k.endswith(IGNORED_SUFFIXES)}
         self.source = source
         self.used: set[str] = set()
+        self._last: tuple[str, torch.Tensor] | None = None  # the latest dequantized block weight
 
     def has(self, name: str) -> bool:
         return name in self.t
+
+    def blocks(self, name: str) -> BlockWeight | None:
+        x = self.t.get(name)
+        return x if isinstance(x, BlockWeight) else None
 
     def get(self, name: str, shape: tuple[int, ...] | None = None, floating: bool = False) -> torch.Tensor:
         if name not in self.t:
             raise FormatError(f"{self.source}: missing tensor {name!r}")
         x = self.t[name]
+        if isinstance(x, BlockWeight):  # dequantized when asked for (only the latest one is kept here), so
+            if self._last is None or self._last[0] != name:  # each part's float32 copy lives only until fused
+                self._last = (name, dequantize(x))
+            x = self._last[1]
         if floating and not x.is_floating_point():  # an integer tensor would load as its integers, silently
             raise FormatError(f"{self.source}: tensor {name!r} has dtype {x.dtype}; a float tensor is expected "
                               "(the file's header and data disagree, or this is not a checkpoint of this model)")
@@ -96,22 +106,53 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
     return DenseLinear(w.to(dtype), b, backend=backend)
 
 
-def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: str, quantize: str | None = None,
-                  dtype: torch.dtype = torch.float32, backend: str | None = None, linear_class: str = "bitlinear",
-                  max_positions: int | None = None) -> Decoder:
-    """Assemble a decoder from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``, …)."""
+def _attach_blocks(module: Any, bw: BlockWeight | None) -> bool:
+    """Give a float32 :class:`DenseLinear` the GGML blocks its weight was dequantized from (what
+    ``DenseLinear.pack_blocks`` would find, without re-fitting them: ``pack_lossless`` took ~2 s of SmolLM2's
+    load). The caller guarantees ``weight == ggml_blocks.dequantize(bw)`` bit for bit; the blocks drop
+    themselves if the weight is replaced or modified, as packed ones do."""
+    if bw is None or not isinstance(module, DenseLinear) or module.weight.dtype != torch.float32 \
+            or module.weight.device.type != "cpu" or tuple(module.weight.shape) != tuple(bw.shape):
+        return False
+    w = module.weight
+    module._blocks = (bw, w, w.data_ptr(), w._version)  # DenseLinear's own record of a packed copy
+    return True
+
+
+def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight], *, source: str,
+                  quantize: str | None = None, dtype: torch.dtype = torch.float32, backend: str | None = None,
+                  linear_class: str = "bitlinear", max_positions: int | None = None) -> Decoder:
+    """Assemble a decoder from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``, …).
+
+    A dense weight may come as a :class:`~bitmtp.formats.ggml_blocks.BlockWeight` (a GGUF file's Q4_0 / Q4_1 /
+    Q8_0 tensor as it lies in the file): it is dequantized to float32 when its module is built, and a
+    projection kept in float32 uses those blocks as its packed copy (fused q/k/v and gate/up: the parts'
+    blocks concatenated). Other dense projections are fitted by ``DenseLinear.pack_blocks`` as before;
+    ``BITMTP_DENSE_BLOCKS=0`` keeps every dense projection on the float32 kernels.
+    """
     if quantize not in QUANTIZE_MODES:
         raise BitMTPError(f"quantize: expected one of {QUANTIZE_MODES}, got {quantize!r}")
     ts = _Tensors(tensors, source)
     a = args
     h = a.hidden_size
+    use_blocks = os.environ.get("BITMTP_DENSE_BLOCKS", "").strip() != "0"
+
+    def given(name: str) -> BlockWeight | None:
+        return ts.blocks(name) if use_blocks else None
 
     def vec(name: str, size: int) -> torch.Tensor:
         return ts.get(name, (size,), floating=True).to(dtype)
 
     def lin(prefix: str, n: int, k: int, bias: bool = False):
-        return _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
-                       linear_class=linear_class)
+        mod = _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
+                      linear_class=linear_class)
+        _attach_blocks(mod, given(prefix + ".weight"))
+        return mod
+
+    def fused(module: Any, parts: list[Any]) -> None:
+        if isinstance(module, DenseLinear) and all(isinstance(p, DenseLinear) and p.blocks is not None
+                                                   for p in parts):
+            _attach_blocks(module, cat_rows([p.blocks for p in parts]))
 
     embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h), floating=True).to(dtype)
     slots = get_family(a.family).layer_norms
@@ -119,19 +160,15 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
     for i in range(a.num_layers):
         p = f"model.layers.{i}."
         ab = a.attention_bias
-        attn = Attention(
-            a,
-            lin(p + "self_attn.q_proj", a.q_size, h, ab),
-            lin(p + "self_attn.k_proj", a.kv_size, h, ab),
-            lin(p + "self_attn.v_proj", a.kv_size, h, ab),
-            lin(p + "self_attn.o_proj", h, a.q_size, ab),
-        )
-        mlp = MLP(
-            a,
-            lin(p + "mlp.gate_proj", a.intermediate_size, h, a.mlp_bias),
-            lin(p + "mlp.up_proj", a.intermediate_size, h, a.mlp_bias),
-            lin(p + "mlp.down_proj", h, a.intermediate_size, a.mlp_bias),
-        )
+        qkv = [lin(p + "self_attn.q_proj", a.q_size, h, ab), lin(p + "self_attn.k_proj", a.kv_size, h, ab),
+               lin(p + "self_attn.v_proj", a.kv_size, h, ab)]
+        attn = Attention(a, *qkv, lin(p + "self_attn.o_proj", h, a.q_size, ab))
+        fused(attn.qkv_proj, qkv)
+        gate_up = [lin(p + "mlp.gate_proj", a.intermediate_size, h, a.mlp_bias),
+                   lin(p + "mlp.up_proj", a.intermediate_size, h, a.mlp_bias)]
+        mlp = MLP(a, *gate_up, lin(p + "mlp.down_proj", h, a.intermediate_size, a.mlp_bias))
+        fused(mlp.gate_up_proj, gate_up)
+        del qkv, gate_up  # the parts' float weights go as soon as their fused copy exists
         norms = {n: vec(p + NORM_NAMES[n][0], norm_size(n, a)) for n in slots}
         layers.append(Layer(a, attn, mlp, norms))
     norm = vec("model.norm.weight", h)
@@ -139,13 +176,18 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor], *, source: 
         if ts.has("lm_head.weight"):
             ts.get("lm_head.weight", (a.vocab_size, h), floating=True)  # some tied checkpoints store it anyway
         head = DenseLinear(embed, backend=backend)
+        _attach_blocks(head, given("model.embed_tokens.weight"))
     else:
         head = DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h), floating=True).to(dtype), backend=backend)
+        _attach_blocks(head, given("lm_head.weight"))
     ts.check_all_used()
     decoder = Decoder(a, embed, layers, norm, head, max_positions=max_positions)
     decoder.backend = backend
-    if os.environ.get("BITMTP_DENSE_BLOCKS", "").strip() != "0":
-        decoder.pack_dense_blocks()  # lossless only: a float checkpoint keeps float32 kernels
+    if use_blocks:  # lossless only: a float checkpoint keeps float32 kernels
+        for mod in decoder.modules():
+            if isinstance(mod, DenseLinear) and mod.blocks is None:
+                mod.pack_blocks()
+        decoder.invalidate_native()
     return decoder
 
 
