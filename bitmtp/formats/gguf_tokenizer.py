@@ -144,8 +144,11 @@ def _backend(tokens: list[str], merges: list[str], types: list[int], pre: Any, i
     alphabet = set(spelling.values())
     # byte_level_tokenizer: a token outside the byte alphabet is respelled from its UTF-8 bytes (a later
     # duplicate wins, as in transformers' dict comprehension)
-    vocab = {tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8")): i
-             for i, tok in enumerate(tokens)}
+    if set("".join(tokens)) <= alphabet:  # the usual case, checked at once (~5 ms, not ~40 ms token by token)
+        vocab = dict(zip(tokens, range(len(tokens)), strict=True))
+    else:
+        vocab = {tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8")): i
+                 for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ")) for m in merges]
     bad = next((m for m, p in zip(merges, pairs, strict=True) if len(p) != 2), None)
     if bad is not None:
