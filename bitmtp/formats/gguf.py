@@ -59,6 +59,7 @@ KeyboardInterrupt, SIGTERM or SIGHUP (see :func:`write_gguf`).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -449,10 +450,33 @@ class GGUFContents:
     path: Path
     fields: dict[str, GGUFField]
     tensors: dict[str, GGUFTensor]
+    #: the file's memory map (what the tensors' arrays view) and each tensor's byte range in it
+    buffer: Any = dataclasses.field(default=None, repr=False)
+    extents: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def meta(self) -> dict[str, Any]:
         return {k: f.value for k, f in self.fields.items()}
+
+    def release(self, names: Iterable[str]) -> int:
+        """Drop this process's resident pages of the named tensors' data (``madvise(MADV_DONTNEED)`` on the
+        whole pages inside each range): for tensors that were copied (converted, permuted, fused) and whose
+        mapped bytes nothing reads any more. Their arrays stay valid — a later read faults the pages back in
+        from the file — but they no longer count in the process's RSS. Returns the bytes released (0 where
+        the platform has no ``madvise``)."""
+        advise = getattr(self.buffer, "madvise", None)
+        flag = getattr(mmap, "MADV_DONTNEED", None)
+        if advise is None or flag is None:
+            return 0
+        page = mmap.PAGESIZE
+        released = 0
+        for name in names:
+            start, n = self.extents[name]
+            lo, hi = -(-start // page) * page, (start + n) // page * page
+            if hi > lo:
+                advise(flag, lo, hi - lo)
+                released += hi - lo
+        return released
 
     @property
     def architecture(self) -> str:
@@ -763,7 +787,8 @@ def read_gguf(path: str | Path) -> GGUFContents:
             block, size_ = _TYPE_SIZES.get(t.type_name) or type_size(t.type_name)
             data = raw.reshape(*shape[:-1], shape[-1] // block * size_)
         tensors[t.name] = GGUFTensor(t.name, t.type_name, shape, data)
-    return GGUFContents(path, fields, tensors)
+    extents = {t.name: (data_start + t.offset, t.n_bytes) for t in infos}
+    return GGUFContents(path, fields, tensors, buf if isinstance(buf, mmap.mmap) else None, extents)
 
 
 def check_finite(t: GGUFTensor, source: str) -> None:

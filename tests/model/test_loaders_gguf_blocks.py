@@ -181,3 +181,25 @@ def test_truncated_real_model_fails_cleanly_in_a_subprocess(tmp_path):
                                                                            "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "bitmtp: error:" in proc.stderr and "truncated" in proc.stderr
+
+
+def test_copied_tensors_pages_are_released(block_file, monkeypatch):
+    """After the load, every tensor the decoder does not read from the map is released (its pages dropped
+    from the RSS); the blocks used as they lie (o_proj, down_proj, the tied embedding) stay."""
+    from bitmtp.formats.gguf import GGUFContents
+
+    path, _ = block_file
+    calls = []
+    real = GGUFContents.release
+    monkeypatch.setattr(GGUFContents, "release", lambda self, names: calls.append(list(names)) or real(self, []))
+    model = bitmtp.load(path, adapter=None, capacity=16)
+    (released,) = calls
+    layers = model.decoder.args.num_layers
+    kept = {"token_embd.weight"} | {f"blk.{i}.{t}.weight" for i in range(layers) for t in ("attn_output", "ffn_down")}
+    from bitmtp.formats.gguf import read_gguf
+
+    contents = read_gguf(path)
+    assert set(released) == set(contents.tensors) - kept
+    assert real(contents, released) > 0  # the real madvise accepts the page-aligned ranges
+    again = bitmtp.load(path, adapter=None, capacity=16)  # released pages fault back in from the file
+    assert torch.equal(logits(again.decoder), logits(model.decoder))
