@@ -412,8 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "lookup+adapter (one pass: lookup when it matches, the adapter otherwise). Default: "
                           "auto uses lookup+adapter (lookup alone without a mask-block adapter), the others adapter")
     gen.add_argument("--schedule", choices=SCHEDULES,
-                     help="speculative only: two-pass (default: a draft step, then a verify step) or one-pass (one "
-                          "step verifies the previous guesses and drafts the next)")
+                     help="speculative only: two-pass (default: a draft step, then a verify step), one-pass (one "
+                          "step verifies the previous guesses and drafts the next) or tree (one pass with mask rows "
+                          "after every row, so drafts survive a partial accept; mask-block adapters)")
     checked(_adapter, existing("folder"))
     checked(gen.add_argument("--block-size", type=int, metavar="D",
                              help="tokens drafted per iteration, 2..16 (default: the adapter's block size)"),

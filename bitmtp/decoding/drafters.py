@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from bitmtp.decoding.lookup import LookupIndex
+from bitmtp.decoding.onepass import tree_layout
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import DraftHeads, MaskBlock
 from bitmtp.model.decoder import Decoder, StepInputs
@@ -115,9 +116,39 @@ class MaskBlockDrafter(Drafter):
     def __init__(self, decoder: Decoder, block: MaskBlock):
         super().__init__(decoder, block.block_size)
         self.block = block
+        self._trees: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def _tree_reach(self, p: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(anchor, lo, hi) offsets of a tree step's rows as ``[W, 1]`` tensors (``onepass.tree_layout``)."""
+        got = self._trees.get((p, d))
+        if got is None:
+            _, _, anchor, lo, hi = tree_layout(p, d)
+            got = self._trees[(p, d)] = tuple(torch.tensor(x, dtype=torch.long, device=device)[:, None]
+                                              for x in (anchor, lo, hi))
+        return got
+
+    def _draft_tree(self, runner) -> None:
+        """A tree step: p AR rows, then a block of D − 1 mask rows after each of them. The loop wrote the
+        rows' positions and KV slots (``onepass.tree_layout``); AR rows attend causally, a block's rows the
+        history up to the row they follow plus their own block (bidirectional, as in a draft step)."""
+        st = runner.state
+        p, d = st.pending, st.block
+        anchor, lo, hi = self._tree_reach(p, d, runner.positions.device)
+        n = runner.positions[:1]
+        kv = runner.kv_index[None, :]
+        mask = (kv <= n + anchor) | ((kv >= n + lo) & (kv <= n + hi))
+        dec = self.decoder
+        step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=p * (d - 1), mask_block=self.block,
+                          slots=runner.slots)
+        tok, prob = _argmax_prob(dec.logits(dec.hidden_states(step, runner.kv)))
+        runner.out_token.copy_(tok)
+        runner.out_prob.copy_(prob)
 
     def draft(self, runner) -> None:
         st = runner.state
+        if st.role == "tree":
+            self._draft_tree(runner)
+            return
         p, d = st.pending, st.block
         pos = runner.positions
         # Pending rows attend causally (row i sees KV rows ≤ its position); the D − 1 mask rows see

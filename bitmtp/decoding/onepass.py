@@ -37,6 +37,30 @@ from bitmtp.decoding.lookup import LookupIndex
 HEADS_DRAFT_COST = 0.3
 
 
+def tree_layout(p: int, d: int) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Rows of a tree step with ``p`` AR rows (t, g_1..g_k) and a block of ``d − 1`` mask rows after each
+    of them (``ReplayState(p·d, σ, "tree", d)``): per row, offsets from n (the pending token's position)
+    of its position, its KV slot, and what it attends: KV rows ≤ n + ``anchor`` and the slots
+    [n + ``lo``, n + ``hi``] (its own block; empty for AR rows).
+
+    Rows are the p AR rows, then block 0 (after t), block 1 (after g_1), …, block k. Mask row j of block b
+    sits at position n + b + j and drafts the token after it; block k's rows write their own positions
+    (past every AR row, like a fused step's mask rows); blocks b < k share positions with guess rows, so
+    they write scratch slots after block k, in order — the last is n + p·d − 1, inside the step's width,
+    and every slot a mask row writes lies past the AR rows (none is ever counted)."""
+    k = p - 1
+    pos, slot, anchor, lo, hi = list(range(p)), list(range(p)), list(range(p)), [1] * p, [0] * p
+    for b in range(p):
+        first = k + 1 if b == k else k + d + b * (d - 1)
+        for j in range(1, d):
+            pos.append(b + j)
+            slot.append(first + j - 1)
+            anchor.append(b)
+            lo.append(first)
+            hi.append(first + d - 2)
+    return pos, slot, anchor, lo, hi
+
+
 @dataclass
 class PassPlan:
     """One iteration's rows: ``guesses`` (g_1..g_k, host-known) from ``source`` (``"lookup"``,
@@ -47,9 +71,13 @@ class PassPlan:
     guesses: list[int]
     source: str
     masks: int = 0
+    #: the mask rows form a tree: a block after the pending row and after every guess (width (k + 1)·D')
+    tree: bool = False
 
     @property
     def width(self) -> int:
+        if self.tree and self.masks:
+            return (1 + len(self.guesses)) * self.masks
         return 1 + len(self.guesses) + (self.masks - 1 if self.masks else 0)
 
 
@@ -65,7 +93,7 @@ class PassContext:
     drafter, another host drafter such as the oracle, a drafter of fused steps: mask-block or heads),
     None where absent; ``fused``: how ``masks`` drafts (``"masks"`` or ``"heads"``, its ``fused_drafts``:
     also the source name of its guesses); ``draft_cost``: what one heads draft costs relative to a
-    width-1 step (heads only; their drafts take no rows);
+    width-1 step (heads only; their drafts take no rows); ``tree``: the schedule is ``tree``;
     ``costs``: relative step cost by width at the current context (``costs[w]``, ``costs[1] == 1``;
     None when the planner does not need them).
     """
@@ -82,6 +110,7 @@ class PassContext:
     costs: Sequence[float] | None = None
     fused: str = ""
     draft_cost: float = 0.0
+    tree: bool = False
 
 
 class Planner:
@@ -95,9 +124,14 @@ class Planner:
 
 
 def fit(plan: PassPlan, max_width: int) -> PassPlan:
-    """``plan`` trimmed to ``max_width`` rows: guesses first kept, mask rows dropped when they do not fit."""
+    """``plan`` trimmed to ``max_width`` rows: guesses first kept, mask rows dropped when they do not fit
+    (a tree keeps its block size and verifies fewer guesses)."""
     if plan.width <= max_width:
         return plan
+    if plan.tree and plan.masks:
+        if plan.masks <= max_width:
+            return PassPlan(plan.guesses[: max_width // plan.masks - 1], plan.source, plan.masks, True)
+        plan = PassPlan(plan.guesses, plan.source, 0)
     if plan.masks and 1 + len(plan.guesses) + plan.masks - 1 > max_width:
         plan = PassPlan(plan.guesses, plan.source, 0)
     if plan.width > max_width:
@@ -124,4 +158,5 @@ class FixedPlanner(Planner):
                 plan = PassPlan(ctx.mask_guesses[: d - 1], ctx.fused)
             if ctx.masks is not None:
                 plan.masks = d
+                plan.tree = ctx.tree
         return fit(plan, ctx.max_width)

@@ -110,9 +110,13 @@ def check_min_prefix(min_prefix: Any) -> int | None:
     return min_prefix
 
 
-#: the decode loop's schedules: ``two-pass`` (a draft step, then a verify step) and ``one-pass`` (one
-#: step verifies the pending guesses and drafts the next; ``bitmtp.decoding.onepass``)
-SCHEDULES = ("two-pass", "one-pass")
+#: the decode loop's schedules: ``two-pass`` (a draft step, then a verify step), ``one-pass`` (one
+#: step verifies the pending guesses and drafts the next; ``bitmtp.decoding.onepass``) and ``tree``
+#: (one pass with a block of mask rows after the pending row and after every guess, so a next draft
+#: exists at any accept length; mask-block adapters)
+SCHEDULES = ("two-pass", "one-pass", "tree")
+#: the schedules run by the one-pass loop
+ONE_PASS_SCHEDULES = ("one-pass", "tree")
 
 
 def check_schedule(schedule: Any) -> str | None:
@@ -144,8 +148,9 @@ class ConfidenceParams:
 
 @dataclass(frozen=True)
 class SpeculativeParams:
-    """``schedule``: ``"two-pass"`` (draft step, then verify step) or ``"one-pass"`` (one step verifies
-    the guesses and drafts the next ones); None: two-pass."""
+    """``schedule``: ``"two-pass"`` (draft step, then verify step), ``"one-pass"`` (one step verifies
+    the guesses and drafts the next ones) or ``"tree"`` (one pass, mask rows after every AR row); None:
+    two-pass."""
 
     schedule: str | None = None
 

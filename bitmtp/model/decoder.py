@@ -79,6 +79,10 @@ class StepInputs:
     it is part of the replay state), and ``mask_block`` the adapter module (``model.adapters.MaskBlock``)
     that drives them: their input is its mask embedding (their token ids are ignored) and only they
     get its gated LoRA deltas.
+
+    ``slots``: the KV row each row writes (None: its position). Rows of a tree step share positions
+    (mask blocks after several rows), so all but one of them write to scratch slots past the step's
+    other rows; the mask decides who reads what. Positions still drive RoPE.
     """
 
     tokens: torch.Tensor
@@ -86,6 +90,7 @@ class StepInputs:
     mask: torch.Tensor
     mask_rows: int = 0
     mask_block: Any = None
+    slots: torch.Tensor | None = None
 
 
 class Decoder(nn.Module):
@@ -245,7 +250,7 @@ class Decoder(nn.Module):
                 k = rms_norm(k, layer.norm(Norm.K), a.rms_norm_eps)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
-            keys, values = kv.write(i, k, v, step.positions)
+            keys, values = kv.write(i, k, v, step.positions if step.slots is None else step.slots)
             out = attention(q, keys, values, step.mask, at.scale, backend=self.backend).reshape(m, a.q_size)
             if layer.norm(Norm.ATTN_SUB) is not None:
                 out = rms_norm(out, layer.norm(Norm.ATTN_SUB), a.rms_norm_eps)
@@ -296,7 +301,9 @@ class Decoder(nn.Module):
             return None, str(exc)
         except AttributeError as exc:  # a KV store without k/v buffer lists, a block without LoRA tables
             return None, f"{type(exc).__name__}: {exc}"
-        return plan.run(x, step.positions, cos, sin, step.mask, kv.k, kv.v, list(layers),
+        # the native layers take the KV rows to write (positions only index RoPE, done above)
+        at = step.positions if step.slots is None else step.slots
+        return plan.run(x, at, cos, sin, step.mask, kv.k, kv.v, list(layers),
                         attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
                         lora_scaling=scaling, kv_table=table), ""
 

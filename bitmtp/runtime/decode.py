@@ -32,8 +32,8 @@ import torch
 
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
-from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan
-from bitmtp.decoding.policies import Plan, Policy, Verify, resolve_policy
+from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan, tree_layout
+from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Plan, Policy, Verify, resolve_policy
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
@@ -164,7 +164,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
     d = int(block_size)
     pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule).bind(d)
-    one_pass = pol.drafts and pol.decode_schedule == "one-pass"
+    one_pass = pol.drafts and pol.decode_schedule in ONE_PASS_SCHEDULES
     if pol.drafts:
         _check_block(engine, d, drafter, pol)
         _check_drafter(engine, drafter, pol)
@@ -231,6 +231,10 @@ def _check_drafter(engine, drafter, policy: Policy) -> None:
     if fused and not engine.pool.fused_steps:
         raise BitMTPError(f"schedule: the one-pass schedule's {fused} drafts do not run on runtime={engine.runtime!r}; "
                           "use schedule='two-pass' or drafter='lookup'")
+    if policy.decode_schedule == "tree" and fused != "masks":
+        what = "heads draft at any accept length already" if fused == "heads" else "it has no mask rows"
+        raise BitMTPError(f"schedule: the tree schedule grows mask rows after every row and needs a mask-block "
+                          f"adapter; the {kind} drafter does not fit ({what}); use schedule='one-pass'")
 
 
 def _check_block(engine, d: int, drafter, policy: Policy) -> None:
@@ -400,7 +404,9 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     if masks is not None:
         pool.set_drafter(masks)
     index = lookup.index(ids + [first]) if lookup is not None else LookupIndex(ids + [first], ngram_max=1)
-    ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks, fused=fused)
+    ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks, fused=fused,
+                      tree=policy.decode_schedule == "tree")
+    layouts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # tree: position / slot offsets
     if fused == "heads":
         ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if costs is not None else HEADS_DRAFT_COST
     planner = policy.planner(engine.memory)
@@ -425,15 +431,25 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         guesses = plan.guesses
         k = len(guesses)
         w = plan.width
+        tree = plan.tree and plan.masks
         if plan.masks:
-            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "fused", plan.masks))
+            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "tree" if tree else "fused", plan.masks))
         else:
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))
         if k:
             runner.tokens[: k + 1].copy_(torch.tensor([tok, *guesses], dtype=torch.long))
         else:
             runner.tokens[:1].fill_(tok)
-        torch.add(arange[:w], n, out=runner.positions)
+        if tree:
+            offs = layouts.get((k + 1, plan.masks))
+            if offs is None:
+                pos_off, slot_off, *_ = tree_layout(k + 1, plan.masks)
+                offs = layouts[(k + 1, plan.masks)] = (torch.tensor(pos_off, device=arange.device),
+                                                       torch.tensor(slot_off, device=arange.device))
+            torch.add(offs[0], n, out=runner.positions)
+            torch.add(offs[1], n, out=runner.slots)
+        else:
+            torch.add(arange[:w], n, out=runner.positions)
         t0 = time.perf_counter()
         runner.run()
         if plan.masks:
@@ -454,7 +470,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         stats.committed.append(len(taken))
         stats.verified.append(k > 0)
         stats.widths[w] += 1
-        stats.choices[(plan.source or "ar") + (f"+{fused}" if plan.masks else "")] += 1
+        stats.choices[(plan.source or "ar") + (("+tree" if tree else f"+{fused}") if plan.masks else "")] += 1
         if k:
             stats.verifier_calls += 1
             stats.guesses += k
@@ -467,8 +483,12 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         tok = v[a]
         index.extend(taken)
         # the mask rows drafted the positions after the last guess: valid only if every guess was
-        # accepted; the heads drafted after the last accepted row: valid whatever was accepted
-        if plan.masks and (a == k or fused == "heads"):
+        # accepted; the heads drafted after the last accepted row: valid whatever was accepted; a tree
+        # has a block of mask rows after every row: block a's drafts follow v_a
+        if tree:
+            b = plan.masks - 1
+            ctx.mask_guesses, ctx.mask_probs = v[k + 1 + a * b : k + 1 + (a + 1) * b], drafts_p[a * b : (a + 1) * b]
+        elif plan.masks and (a == k or fused == "heads"):
             ctx.mask_guesses, ctx.mask_probs = v[k + 1 : w], drafts_p
         else:
             ctx.mask_guesses, ctx.mask_probs = [], []

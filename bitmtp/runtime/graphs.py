@@ -56,6 +56,8 @@ class StepRunner:
         self.drafter = drafter
         self.tokens = torch.zeros(m, dtype=torch.long, device=dev)
         self.positions = torch.zeros(m, dtype=torch.long, device=dev)
+        #: KV slot of each row (the tree role: rows that share a position write to scratch slots)
+        self.slots = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_token = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_prob = torch.zeros(m, dtype=torch.float32, device=dev)
         self.logits = torch.zeros(m, decoder.args.vocab_size, dtype=torch.float32, device=dev) if keep_logits else None

@@ -3,16 +3,18 @@
 A draft step of block size D over p pending rows has width ``p + D − 1`` (``block`` = D, so the
 runner knows which rows are pending and which are mask rows); so has a ``fused`` step, the one-pass
 schedule's verify-and-draft (its p AR rows are the pending token and the guesses, and every row's argmax
-is an output). Every other role has ``block`` = 0.
+is an output). A ``tree`` step (the one-pass schedule's tree variant) has k + 1 AR rows and a block of
+D − 1 mask rows after *each* of them: width (k + 1)·D, so p = width / D. Every other role has
+``block`` = 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROLES = ("prefill", "ar", "draft", "verify", "fused")
-#: roles whose steps run a drafter body (p pending rows, then D − 1 drafting rows)
-DRAFT_ROLES = ("draft", "fused")
+ROLES = ("prefill", "ar", "draft", "verify", "fused", "tree")
+#: roles whose steps run a drafter body (p pending rows, then drafting rows)
+DRAFT_ROLES = ("draft", "fused", "tree")
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,9 @@ class ReplayState:
 
     @property
     def pending(self) -> int:
-        """p: the pending rows of a draft step (width − (D − 1))."""
+        """p: the pending rows of a draft step (width − (D − 1); a tree step: width / D)."""
+        if self.role == "tree":
+            return self.width // self.block
         return self.width - (self.block - 1) if self.role in DRAFT_ROLES else self.width
 
     def __post_init__(self) -> None:
@@ -34,3 +38,5 @@ class ReplayState:
             raise ValueError(f"width/segment must be positive, got {self.width}/{self.segment}")
         if self.role in DRAFT_ROLES and not (2 <= self.block <= 16 and self.width >= self.block):
             raise ValueError(f"draft state: block must be in 2..16 and width >= block, got {self.width}/{self.block}")
+        if self.role == "tree" and self.width % self.block:
+            raise ValueError(f"tree state: width must be a multiple of the block, got {self.width}/{self.block}")

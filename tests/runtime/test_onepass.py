@@ -207,8 +207,9 @@ def test_heads_drafts_follow_any_accept_length(model, prompts, monkeypatch):
 def test_kv_rows_equal_fresh_prefill_after_one_pass(model, prompts):
     model.load_adapter(random_adapter(model.args, "mask-block", seed=5))
     eng = model.engine
-    for drafter in ("lookup", "lookup+adapter"):
-        out = _gen(model, prompts[-1], policy="speculative", schedule="one-pass", drafter=drafter, block_size=4)
+    for drafter, schedule in (("lookup", "one-pass"), ("lookup+adapter", "one-pass"), ("lookup+adapter", "tree"),
+                              ("adapter", "tree")):
+        out = _gen(model, prompts[-1], policy="speculative", schedule=schedule, drafter=drafter, block_size=4)
         n = eng.n
         text = (prompts[-1] + out.token_ids)[:n]
         ks = [k[:, :n].clone() for k in eng.kv.k]
@@ -251,6 +252,80 @@ def test_lookup_guesses_are_used_on_repetitive_text(model, prompts, ar_outputs):
     assert out.stats.choices.get("lookup", 0) > 0 and out.stats.accepted > 0
 
 
+@pytest.mark.parametrize("p,d", [(1, 2), (1, 8), (2, 2), (3, 4), (4, 3), (2, 8)])
+def test_tree_layout(p, d):
+    """Every row writes its own slot inside the step's width; mask rows never write over an AR row; block
+    b's rows sit at positions b + 1.. and see the AR rows up to b and their own block's slots."""
+    from bitmtp.decoding.onepass import tree_layout
+
+    pos, slot, anchor, lo, hi = tree_layout(p, d)
+    w = p * d
+    assert len(pos) == len(slot) == w and sorted(slot) == list(range(w))
+    assert pos[:p] == slot[:p] == anchor[:p] == list(range(p)) and all(lo[i] > hi[i] for i in range(p))
+    for b in range(p):
+        rows = range(p + b * (d - 1), p + (b + 1) * (d - 1))
+        assert [pos[r] for r in rows] == list(range(b + 1, b + d))
+        assert all(anchor[r] == b and slot[r] >= p for r in rows)
+        assert sorted(slot[r] for r in rows) == list(range(lo[rows[0]], hi[rows[0]] + 1))
+    assert [slot[r] for r in range(w - (d - 1), w)] == [pos[r] for r in range(w - (d - 1), w)]  # block k: in place
+
+
+@pytest.mark.parametrize("block", (2, 3, 4, 8))
+@pytest.mark.parametrize("drafter", ("adapter", "lookup+adapter"))
+def test_tree_equals_ar(model, prompts, ar_outputs, drafter, block):
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=30 + block))
+    for prompt, ref in zip(prompts, ar_outputs, strict=True):
+        out = _gen(model, prompt, policy="speculative", schedule="tree", drafter=drafter, block_size=block)
+        assert out.token_ids == ref, (drafter, block, prompt)
+        s = out.stats
+        assert s.schedule == "tree" and s.syncs == 1 + s.iterations and s.draft_steps == s.iterations
+        m_max = model.engine.kv.m_max
+        assert all(w % block == 0 and w <= m_max for w in s.widths)
+        assert all(c.endswith("+tree") for c in s.choices)
+        if drafter == "adapter":  # the tree always hands the next step D − 1 mask guesses (as many as fit)
+            assert s.guesses == (s.iterations - 1) * min(block - 1, m_max // block - 1)
+
+
+def test_tree_drafts_follow_any_accept_length(model, prompts, monkeypatch):
+    """Block a of a tree step (after the last accepted row) gives the next guesses; they equal the mask
+    drafts of a two-pass draft step whose pending rows are t, g_1..g_a, computed afresh on another engine:
+    the block attends exactly what that draft step does, whatever else shares its positions."""
+    from bitmtp.decoding import onepass
+    from bitmtp.runtime.states import ReplayState
+
+    block = 3
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=17))
+    records = []
+    orig = onepass.FixedPlanner.plan
+
+    def plan(self, ctx):
+        p = orig(self, ctx)
+        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
+        return p
+
+    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
+    _gen(model, prompts[-1] + [9, 9], policy="speculative", schedule="tree", block_size=block,
+         drafter="lookup+adapter")
+    monkeypatch.undo()
+    accepts = set()
+    for (seq, guesses, _, _), (nseq, _, nxt, nxt_p) in zip(records, records[1:], strict=False):
+        a = len(nseq) - len(seq) - 1
+        accepts.add((len(guesses), a))
+        rows = [seq[-1], *guesses[:a]]
+        eng = model.session().engine
+        eng.prefill(seq[:-1])
+        eng.pool.set_drafter(model.drafter)
+        p = len(rows)
+        r = eng.pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
+        r.tokens[:p].copy_(torch.tensor(rows))
+        torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
+        r.run()
+        assert r.out_token[-block] == nseq[-1]  # d_1 = v_a
+        assert r.out_token[-(block - 1):].tolist() == nxt
+        assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
+    assert any(a < k for k, a in accepts) and any(a == k > 0 for k, a in accepts)
+
+
 class _TwoPassOnly(OracleDrafter):
     """A device drafter with neither host guesses nor fused-step drafts."""
 
@@ -269,6 +344,12 @@ def test_bad_input(model, prompts):
     with pytest.raises(BitMTPError, match="one-pass schedule only"):
         model.load_adapter(random_adapter(model.args, "mask-block"))
         _gen(model, prompts[0], policy="speculative", drafter="lookup+adapter")
+    with pytest.raises(BitMTPError, match="tree schedule .* needs a mask-block adapter"):
+        _gen(model, prompts[0], policy="speculative", schedule="tree", drafter="lookup")
+    model.load_adapter(random_adapter(model.args, "heads"))
+    with pytest.raises(BitMTPError, match="heads draft at any accept length already"):
+        _gen(model, prompts[0], policy="speculative", schedule="tree")
+    model.load_adapter(random_adapter(model.args, "mask-block"))
     with pytest.raises(BitMTPError, match="schedule: expected one of"):
         _gen(model, prompts[0], policy="speculative", schedule="three-pass")
     with pytest.raises(BitMTPError, match="schedule: policy 'hybrid' has one schedule"):

@@ -411,8 +411,8 @@ class VulkanStepPool:
     def get(self, state: ReplayState) -> VulkanStepRunner:
         runner = self.runners.get(state)
         if runner is None:
-            if state.role == "fused":
-                raise BitMTPError("runtime='vulkan': one-pass steps with mask rows (role 'fused') run on "
+            if state.role in ("fused", "tree"):
+                raise BitMTPError(f"runtime='vulkan': one-pass steps with drafts (role {state.role!r}) run on "
                                   "runtime='torch'; here use the two-pass schedule or the lookup drafter")
             if state.role == "draft" and self.drafter is None:
                 raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
