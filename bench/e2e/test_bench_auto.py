@@ -8,8 +8,8 @@
   every prompt and round. Goals (issue "MTP that pays"): code ≥ 1.3, chat ≥ 1.0, no prompt < 0.97,
   docs ≥ 1.3.
 * ``test_one_pass_vs_two_pass_smollm2`` — speculative with the same drafter and D (2, 4, 8), one pass
-  over two passes (tokens/s ratio, alternated), for the shipped mask-block adapter, the shipped heads
-  adapter and lookup.
+  over two passes (tokens/s ratio, alternated), for the shipped mask-block adapter (also the tree
+  variant), the shipped heads adapter and lookup.
 * ``test_one_pass_vs_two_pass_oracle_bitnet2b`` — the oracle drafter at BitNet-2B shapes (30 layers):
   rows pending + D − 1 oracle guesses, no mask rows; one pass over two passes at D = 8 (goal ≥ 1.4).
 * ``test_one_pass_and_auto_gpu`` — the same oracle comparison and ``auto`` (lookup) over AR on a
@@ -129,16 +129,24 @@ def test_one_pass_vs_two_pass_smollm2(benchmark):
         model.load_adapter(heads_dir if label == "heads" else shipped)
         drafter = "lookup" if label == "lookup" else "adapter"
         for d in (2, 4, 8):
+            # the mask-block adapter also runs the tree variant (mask rows after every row)
+            schedules = ("one-pass", "tree", "two-pass") if label == "adapter" else ("one-pass", "two-pass")
             contenders = {s: dict(policy="speculative", drafter=drafter, block_size=d, schedule=s)
-                          for s in ("one-pass", "two-pass")}
+                          for s in schedules}
             contenders["ar"] = dict(policy="ar")
-            ratios, over_ar = [], []
+            ratios, over_ar, tree_ratios, tree_over_ar = [], [], [], []
             for ids in prompts:
                 tps = _alternate(model, ids, 3, contenders)
                 ratios.append(_median_ratio(tps, "one-pass", "two-pass"))
                 over_ar.append(_median_ratio(tps, "one-pass", "ar"))
+                if "tree" in tps:
+                    tree_ratios.append(_median_ratio(tps, "tree", "two-pass"))
+                    tree_over_ar.append(_median_ratio(tps, "tree", "ar"))
             figures[f"{label}_d{d}_one_over_two"] = statistics.median(ratios)
             figures[f"{label}_d{d}_one_pass_over_ar"] = statistics.median(over_ar)
+            if tree_ratios:
+                figures[f"{label}_d{d}_tree_over_two"] = statistics.median(tree_ratios)
+                figures[f"{label}_d{d}_tree_over_ar"] = statistics.median(tree_over_ar)
     model.load_adapter(shipped)
     record(benchmark, model="SmolLM2-135M cpu", threads=torch.get_num_threads(), new_tokens=NEW,
            gates={k: HIGHER for k in figures if k.endswith("_one_over_two")}, **figures)
