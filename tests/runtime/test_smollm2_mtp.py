@@ -128,6 +128,10 @@ def _schedule_configs(model):
                         dict(policy="speculative", drafter="lookup", schedule=schedule, block_size=block)))
         out.append((f"lookup+adapter one-pass D={block}", "mask-block",
                     dict(policy="speculative", drafter="lookup+adapter", schedule="one-pass", block_size=block)))
+        out.append((f"mask-block tree D={block}", "mask-block",
+                    dict(policy="speculative", schedule="tree", block_size=block)))
+        out.append((f"lookup+adapter tree D={block}", "mask-block",
+                    dict(policy="speculative", drafter="lookup+adapter", schedule="tree", block_size=block)))
         out.append((f"heads two-pass D={block}", "heads", dict(policy="speculative", block_size=block)))
         out.append((f"heads one-pass D={block}", "heads",
                     dict(policy="speculative", schedule="one-pass", block_size=block)))
@@ -162,7 +166,8 @@ def _every_drafter_and_schedule(smol, prompts_used: int) -> None:
 @pytest.mark.slow
 def test_smollm2_every_drafter_and_schedule_equals_ar(smol):
     """Lossless on 20 prompts × 128 tokens for D ∈ {2, 4, 8}, every drafter (mask-block, heads, lookup,
-    lookup+adapter, oracle), both schedules, and auto with and without an adapter (~25 min, 2 cores)."""
+    lookup+adapter, oracle), every schedule (two-pass, one-pass, tree), and auto with and without an
+    adapter (~35 min, 2 cores)."""
     _every_drafter_and_schedule(smol, len(PROMPTS_20))
 
 
