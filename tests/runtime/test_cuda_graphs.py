@@ -64,3 +64,38 @@ def test_mtp_graph_replay_equals_eager_and_ar(kind, monkeypatch):
             drafts = [r for r in model.engine.pool.runners.values() if r.state.role == "draft"]
             assert drafts and all(r.graph is not None for r in drafts)
     assert outs["graphs"] == outs["eager"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind,schedule", [("mask-block", "one-pass"), ("mask-block", "tree"), ("heads", "one-pass")])
+def test_one_pass_graph_replay_equals_ar(kind, schedule, monkeypatch):
+    """The one-pass schedule under CUDA graphs: fused steps (mask rows; heads with the accept count found
+    on the device), tree steps (scratch KV slots) and auto all replay as captured graphs, one read per
+    iteration, tokens equal to AR greedy's and to the eager run's stats."""
+    from tests.support.adapters import INIT_RANGE, random_adapter
+
+    monkeypatch.setenv("BITMTP_CACHE_DIR", str(__import__("tempfile").mkdtemp()))
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    ids = [5, 6, 7, 8] * 6 + list(range(3, 20))
+    committed = {}
+    for mode in ("eager", "graphs"):
+        if mode == "eager":
+            monkeypatch.setenv("BITMTP_EAGER", "1")
+        else:
+            monkeypatch.delenv("BITMTP_EAGER", raising=False)
+        model = bitmtp.load(hf, capacity=256, device="cuda", quantize="ternary")
+        model.load_adapter(random_adapter(model.args, kind, seed=6))
+        ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, policy="ar", eos_token_id=[])
+        for drafter in ("adapter", "lookup+adapter"):
+            out = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, policy="speculative", schedule=schedule,
+                                  block_size=4, drafter=drafter, eos_token_id=[])
+            assert out.token_ids == ar.token_ids, (mode, drafter)
+            assert out.stats.syncs == 1 + out.stats.iterations
+            committed[(mode, drafter)] = out.stats.committed
+        auto = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, eos_token_id=[])
+        assert auto.token_ids == ar.token_ids
+        if mode == "graphs":
+            roles = {r.state.role for r in model.engine.pool.runners.values() if r.graph is not None}
+            assert ("tree" if schedule == "tree" else "fused") in roles
+    for drafter in ("adapter", "lookup+adapter"):
+        assert committed[("graphs", drafter)] == committed[("eager", drafter)]
