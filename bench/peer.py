@@ -1,0 +1,109 @@
+"""bitmtp against llama.cpp's ``llama-bench`` on the same GGUF (issue "CPU runtime ahead of llama.cpp").
+
+Figures (tokens/s, each program with its default settings unless named — llama.cpp's KV cache is f16 by
+default, bitmtp's float32; ``kv_f32`` rows run llama.cpp with ``-ctk f32 -ctv f32``):
+
+* ``tg_d0`` — decode, short context (llama-bench ``-n N``; bitmtp: AR steps after a 16-token prompt);
+* ``pp512`` / ``pp2048`` — prefill of a 512 / 2048-token prompt (``-p N``; bitmtp: ``Engine.prefill``);
+* ``tg_d1024`` / ``tg_d4096`` — decode after 1024 / 4096 tokens of context (``-n N -d D``).
+
+Every figure alternates the two programs (llama-bench one repetition, then bitmtp once, per round) and
+reports the median of the per-round ratios bitmtp / llama.cpp — these machines' bandwidth and CPU share
+change for minutes at a time, so separate runs are not comparable. Prompt tokens are random ids, as
+llama-bench's are.
+
+``python scripts/peer_bench.py [--model X.gguf] [--threads 2] [--rounds 3] [--figures tg_d0,pp512]`` prints
+the table; ``bench/e2e/test_bench_peer.py`` records it in full mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.llama_cpp import ensure_llama_bench, llama_bench
+
+#: figure -> (llama-bench prompt, gen, depth)
+FIGURES: dict[str, tuple[int, int, int]] = {
+    "tg_d0": (0, 64, 0),
+    "pp512": (512, 0, 0),
+    "pp2048": (2048, 0, 0),
+    "tg_d1024": (0, 32, 1024),
+    "tg_d4096": (0, 32, 4096),
+}
+
+
+@dataclass
+class PeerRow:
+    figure: str
+    kv: str  # "default" (llama.cpp f16, bitmtp f32) or "f32" (both f32)
+    bitmtp_tps: float
+    llama_tps: float
+    ratio: float  # median over rounds of bitmtp / llama.cpp
+
+    def as_dict(self) -> dict:
+        return {"figure": self.figure, "kv": self.kv, "bitmtp_tps": self.bitmtp_tps, "llama_tps": self.llama_tps,
+                "ratio": self.ratio}
+
+
+def bitmtp_measure(model, figure: str, seed: int = 0) -> float:
+    """bitmtp's tokens/s for ``figure`` on ``model`` (a ``bitmtp.load``-ed model; AR, one thread count as
+    set by the caller)."""
+    prompt, gen, depth = FIGURES[figure]
+    eng = model.engine
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.args.vocab_size
+    lo, hi = (100, vocab - 100) if vocab > 400 else (0, vocab)  # away from special tokens where there is room
+    eng.reset()
+    if prompt:
+        ids = torch.randint(lo, hi, (prompt,), generator=g).tolist()
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        return prompt / (time.perf_counter() - t0)
+    ctx = torch.randint(lo, hi, (max(depth, 16),), generator=g).tolist()
+    tok = eng.prefill(ctx)
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        tok = eng.ar_step(tok)
+    return gen / (time.perf_counter() - t0)
+
+
+def compare(gguf: Path, *, threads: int = 2, rounds: int = 3, figures: tuple[str, ...] = tuple(FIGURES),
+            kv_f32: bool = True, log: Callable[[str], None] = print) -> list[PeerRow]:
+    """The peer table (module docstring). Raises ``bench.llama_cpp.PeerUnavailable`` without llama-bench."""
+    import bitmtp
+
+    binary = ensure_llama_bench(log=log)
+    torch.set_num_threads(threads)
+    need = max(p + g + d for p, g, d in (FIGURES[f] for f in figures)) + 64
+    model = bitmtp.load(str(gguf), capacity=need, adapter=None)
+    rows = []
+    for figure in figures:
+        p, g, d = FIGURES[figure]
+        for kv in ("default", "f32") if kv_f32 else ("default",):
+            extra = {"cache_type": "f32"} if kv == "f32" else {}
+            bitmtp_measure(model, figure)  # warm-up (first-step allocations)
+            ours, theirs = [], []
+            for r in range(rounds):
+                rec = llama_bench(binary, gguf, threads=threads, prompt=p, gen=g, depth=d, reps=1, **extra)
+                theirs.append(float(rec["avg_ts"]))
+                ours.append(bitmtp_measure(model, figure, seed=r))
+            ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+            row = PeerRow(figure, kv, statistics.median(ours), statistics.median(theirs), ratio)
+            log(f"{figure:10s} kv={kv:7s} bitmtp {row.bitmtp_tps:8.1f} tok/s  llama.cpp {row.llama_tps:8.1f} tok/s"
+                f"  ratio {ratio:.2f}")
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[PeerRow]) -> str:
+    out = ["| figure | KV | bitmtp tok/s | llama.cpp tok/s | bitmtp / llama.cpp |", "|---|---|---|---|---|"]
+    for r in rows:
+        kv = "bitmtp f32, llama.cpp f16 (defaults)" if r.kv == "default" else "both f32"
+        out.append(f"| {r.figure} | {kv} | {r.bitmtp_tps:.1f} | {r.llama_tps:.1f} | {r.ratio:.2f} |")
+    return "\n".join(out)

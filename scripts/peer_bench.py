@@ -1,0 +1,57 @@
+"""bitmtp against llama.cpp's llama-bench on one GGUF, alternated, on this machine.
+
+    python scripts/peer_bench.py                       # the embedded SmolLM2 GGUF, 2 threads, every figure
+    python scripts/peer_bench.py --model my.gguf --threads 4 --rounds 5 --figures tg_d0,pp512
+    python scripts/peer_bench.py --json out.json
+
+The first run builds llama-bench from the llama-cpp-python sdist (~6 min on 2 cores; cached in
+~/.cache/bitmtp/peers, or $BITMTP_PEER_DIR). Figures and method: bench/peer.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.llama_cpp import PeerUnavailable  # noqa: E402
+from bench.peer import FIGURES, compare, format_table  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both programs (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternations per figure (default 3)")
+    ap.add_argument("--figures", default=",".join(FIGURES), help=f"comma-separated, from {', '.join(FIGURES)}")
+    ap.add_argument("--no-f32", action="store_true", help="skip the both-f32-KV rows")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    figures = tuple(f for f in args.figures.split(",") if f)
+    bad = [f for f in figures if f not in FIGURES]
+    if bad:
+        ap.error(f"--figures: unknown {', '.join(bad)}; choose from {', '.join(FIGURES)}")
+    if args.model:
+        model = Path(args.model)
+        if not model.is_file():
+            ap.error(f"--model: {model} is not a file")
+    else:
+        from bitmtp.cli_common import default_model_path
+
+        model = Path(default_model_path())
+    try:
+        rows = compare(model, threads=args.threads, rounds=args.rounds, figures=figures, kv_f32=not args.no_f32)
+    except PeerUnavailable as exc:
+        print(f"peer_bench: llama-bench is not available here: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
