@@ -506,8 +506,17 @@ def _write(path: Path, table: CostTable) -> None:
                 os.unlink(tmp)
 
 
+def prior_cost_table(engine: Any) -> CostTable:
+    """A table to plan with before anything was measured: a step of width w costs 1 + 0.25·(w − 1) width-1
+    steps at any context (what a 2-core CPU measures for SmolLM2; llama.cpp: 1.24 / 1.77 / 2.97 at w = 2 /
+    4 / 8). Its seconds are nominal: :class:`LiveCosts` scales them by what the steps are seen to take."""
+    widths = tuple(sorted(set(DEFAULT_WIDTHS) | {int(engine.kv.m_max)}))
+    row = tuple(0.01 * (1 + 0.25 * (w - 1)) for w in widths)
+    return CostTable(widths, DEFAULT_CONTEXTS, (row, row), {"prior": "1 + 0.25 (w - 1)"})
+
+
 def load_cost_table(engine: Any, *, rebuild: bool = False, progress: bool = False,
-                    cache: Path | None = None) -> CostTable:
+                    cache: Path | None = None, measure: bool = True) -> CostTable | None:
     """The step-cost table of ``engine``: memoised in this process, else read from the cache file of its
     :func:`calibration_key`, else measured (:func:`measure_cost_table`, which resets ``engine.n``: the
     caller owns the KV store) and written there.
@@ -521,6 +530,9 @@ def load_cost_table(engine: Any, *, rebuild: bool = False, progress: bool = Fals
 
     Args:
         cache: the cache folder (default :func:`cache_dir`).
+        measure: False — return None instead of measuring when no valid table is memoised or cached
+            (a short generation does not pay a calibration: the decode loop plans with
+            :func:`prior_cost_table` then).
     """
     key = calibration_key(engine)
     path = cache_path(key, cache)
@@ -531,6 +543,8 @@ def load_cost_table(engine: Any, *, rebuild: bool = False, progress: bool = Fals
             if not rebuild:
                 table = _read(path, key, engine.kv.m_max)
             if table is None:
+                if not measure:
+                    return None
                 table = measure_cost_table(engine, progress=progress)
                 _write(path, table)
             _MEMO[memo_key] = table
@@ -566,6 +580,7 @@ __all__ = [
     "cache_path",
     "clear_memo",
     "load_cost_table",
+    "prior_cost_table",
     "format_cost_table",
 ]
 

@@ -39,6 +39,11 @@ from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
 
 
+#: generations asking for fewer new tokens than this plan ``auto`` with the prior step costs instead of
+#: calibrating first (``runtime.calibration``): the ~5 s measurement pays off over longer generations
+CALIBRATE_MIN_NEW_TOKENS = 64
+
+
 @dataclass
 class DecodeStats:
     """What a generation did.
@@ -176,11 +181,17 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     syncs0 = engine.syncs
     costs = None
     if one_pass and getattr(pol, "uses_costs", False):
-        from bitmtp.runtime.calibration import LiveCosts, load_cost_table
+        from bitmtp.runtime.calibration import LiveCosts, load_cost_table, prior_cost_table
 
         # measured once per machine/model/threads (cached; it overwrites KV rows), then corrected by the
-        # step times this generation observes
-        table = load_cost_table(engine)
+        # step times this generation observes. A short generation does not pay the ~5 s measurement (a
+        # one-token CLI call would spend most of its time there): it plans with the prior table,
+        # which the observed steps correct
+        table = load_cost_table(engine, measure=max_new_tokens >= CALIBRATE_MIN_NEW_TOKENS)
+        if table is None:
+            table = engine.memory.get("prior_costs")
+            if table is None:
+                table = engine.memory["prior_costs"] = prior_cost_table(engine)
         costs = engine.memory.get("live_costs")
         if costs is None or costs.table is not table:  # observations carry over to the engine's next generation
             costs = engine.memory["live_costs"] = LiveCosts(table, engine.kv.m_max)

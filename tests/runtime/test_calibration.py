@@ -435,3 +435,32 @@ def test_live_costs_of_off_row_drafts():
     live.observe_drafts(1, 1, 0.005, 128)  # faster than the rows alone (noise): counts as free, not negative
     assert live.draft_cost(0.3) == pytest.approx(0.2)  # median of 0.2, 0.2, 0.3, 0.0
     assert live.relative(128)[3] == pytest.approx(2.0)  # the rows' costs are not touched
+
+
+def test_short_generations_plan_with_the_prior_and_do_not_measure(model, engine, fake_measure, cache):
+    """A generation of fewer than CALIBRATE_MIN_NEW_TOKENS new tokens never measures (a one-token CLI
+    call must not spend seconds calibrating): auto plans with the prior table, output still AR's; a
+    longer one measures once and caches."""
+    from bitmtp.runtime.decode import CALIBRATE_MIN_NEW_TOKENS
+
+    assert cal.load_cost_table(engine, measure=False) is None and not list(cache.iterdir())
+    ids = prompt()
+    ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=CALIBRATE_MIN_NEW_TOKENS - 1, policy="ar",
+                         eos_token_id=[])
+    out = bitmtp.generate(model, input_ids=ids, max_new_tokens=CALIBRATE_MIN_NEW_TOKENS - 1, eos_token_id=[],
+                          block_size=4)
+    assert out.token_ids == ar.token_ids and fake_measure == [] and not list(cache.iterdir())
+    assert model.engine.memory["live_costs"].table.key.get("prior")
+    bitmtp.generate(model, input_ids=ids, max_new_tokens=CALIBRATE_MIN_NEW_TOKENS, eos_token_id=[], block_size=4)
+    assert len(fake_measure) == 1 and list(cache.iterdir())
+    assert cal.load_cost_table(engine, measure=False) is not None
+
+
+def test_prior_table_covers_m_max_and_is_linear():
+    class _E:
+        class kv:
+            m_max = 31
+
+    t = cal.prior_cost_table(_E)
+    assert t.widths[-1] == 31 and t.relative(1, 500) == 1.0
+    assert t.relative(5, 128) == pytest.approx(2.0) and t.relative(31, 4000) == pytest.approx(8.5)
