@@ -81,7 +81,8 @@ class StepPool(Protocol):
     ``drafter``: the drafter of draft states (None before one is set). ``capture``: its steps are
     captured CUDA graphs (the engine then serializes steps of sessions sharing the GPU).
     ``fused_steps``: it runs the one-pass schedule's ``fused`` steps (AR rows followed by a mask-block
-    drafter's mask rows, every row's argmax out).
+    drafter's mask rows or a heads drafter's output slots, every row's argmax out) and ``tree`` steps
+    (mask blocks after every AR row, written to the runner's ``slots``).
     """
 
     drafter: Any
