@@ -65,6 +65,17 @@ void require(bool ok, const std::string& msg) {
 
 }  // namespace
 
+bool bcast_layout_fits(int NG, int GW) { return (NG == 1 || GW % 4 == 0) && GW <= 65536; }
+
+void to_bcast_layout(int8_t* x, int64_t bytes) {
+  for (int64_t c = 0; c < bytes; c += 64) {
+    int32_t in[16], out[16];
+    std::memcpy(in, x + c, 64);
+    for (int l = 0; l < 16; ++l) out[l] = in[4 * (l % 4) + l / 4];
+    std::memcpy(x + c, out, 64);
+  }
+}
+
 int best_isa() { return has_avx512_vnni() ? kAvx512 : (has_avx2() ? kAvx2 : kScalar); }
 
 const char* isa_name(int isa) { return isa == kAvx512 ? "avx512_vnni" : (isa == kAvx2 ? "avx2" : "scalar"); }
@@ -102,6 +113,9 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
   std::vector<int32_t> xsum(static_cast<size_t>(kMaxWidth * NG), 0);
   void (*rows)(const W2A8Args&, int, int) = isa == kAvx512 ? rows_avx512 : (isa == kAvx2 ? rows_avx2 : rows_scalar);
   if (threads <= 0) threads = 1;
+  // The AVX-512 decode takes x with each 64-byte chunk's lanes transposed (w2a8_avx512.cpp): one
+  // transpose per activation row here saves a cross-lane permute and a shift per weight step.
+  const bool bcast = isa == kAvx512 && bcast_layout_fits(static_cast<int>(NG), gw);
 
   for (int64_t m0 = 0; m0 < M; m0 += kMaxWidth) {
     const int mc = static_cast<int>(std::min<int64_t>(kMaxWidth, M - m0));
@@ -116,6 +130,7 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
         for (int64_t k = lo; k < hi; ++k) s += src[k];
         xsum[m * NG + g] = s;
       }
+      if (bcast) to_bcast_layout(dst, stride);
     }
     W2A8Args a;
     a.x = xbuf.data();
@@ -134,6 +149,7 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
     a.y_stride = N;
     a.acc = acc ? acc + m0 * N * NG : nullptr;
     a.acc_stride_m = N * NG;
+    a.x_bcast = bcast;
     split_rows(N, threads, [&](int n0, int n1) { rows(a, n0, n1); });
   }
 }

@@ -18,6 +18,7 @@ struct Isa {
   using Acc = __m256i;
   static constexpr int kStepWords = 2;
   static constexpr int kFaccLanes = 4;
+  static constexpr bool kBcast = false;  // x always in the plain layout
   // 16 ymm: R*M accumulators + R codes + 1 activation + 4 constants must stay <= 16.
   static constexpr int rows_for(int m) { return m <= 1 ? 4 : (m <= 4 ? 2 : 1); }
 

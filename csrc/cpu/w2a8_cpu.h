@@ -41,7 +41,18 @@ struct W2A8Args {
   int64_t y_stride;
   int32_t* acc;             // [M][acc_stride_m] exact per-group accumulators [.., N, NG], or null
   int64_t acc_stride_m;
+  // x in the broadcast layout (AVX-512 only, see w2a8_avx512.cpp): in every 64-byte chunk of a row the
+  // sixteen int32 lanes are transposed as a 4x4 matrix (lane 4s + j holds bytes 16j + 4s .. + 3).
+  bool x_bcast = false;
 };
+
+// Whether the AVX-512 path takes x in the broadcast layout for this shape: chunks must line up with
+// every step, i.e. each scale group starts on a 4-word boundary, and a group's scaled lane sums
+// (codes up to 2 << 6, see w2a8_avx512.cpp) must fit int32: 65536 words = 1M weights per group.
+bool bcast_layout_fits(int NG, int GW);
+// Transposes the int32 lanes of each 64-byte chunk of x[0, bytes) in place as 4x4 matrices
+// (bytes % 64 == 0). Both are defined in linear_run.cpp, which sets W2A8Args::x_bcast.
+void to_bcast_layout(int8_t* x, int64_t bytes);
 
 // Each computes output rows [n0, n1) for all M tokens of the chunk.
 void rows_scalar(const W2A8Args& a, int n0, int n1);

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not ISAS, reason="native CPU extension not built
 
 WIDTHS = [1, 2, 3, 8, 15, 16, 33]
 SHAPES = [(24, 48), (200, 176), (7, 400), (131, 33), (5, 1040)]  # (N, K)
-SCALE_KINDS = ["tensor", "row", "group16", "group32", "group128"]
+SCALE_KINDS = ["tensor", "row", "group16", "group32", "group64", "group128"]
 
 
 def _scales(kind, n, k, g):
@@ -31,7 +31,7 @@ def _scales(kind, n, k, g):
         return torch.rand(1, 1, generator=g) + 0.1, k
     if kind == "row":
         return torch.rand(n, 1, generator=g) + 0.1, k
-    group = {"group16": 16, "group32": 32, "group128": 128}[kind]
+    group = {"group16": 16, "group32": 32, "group64": 64, "group128": 128}[kind]
     return torch.rand(n, -(-k // group), generator=g) + 0.1, group
 
 
@@ -54,6 +54,38 @@ def test_every_isa_exact(isa, m, n, k, scale_kind, rng):
         backend.w2a8_linear_q(x_q, s, packed, scales, k, group, bias, torch.float32, out=y)
     assert torch.equal(acc.to(torch.int64), reference.w2a8_accumulate_reference(x_q, packed, k, group))
     check_float(y, x_q, s, packed, scales, k, group, bias)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("scale_kind", ["tensor", "row", "group64", "group48"])
+@pytest.mark.parametrize("n,k", [(53, 2560), (29, 720)])
+def test_rows_do_not_depend_on_width(isa, scale_kind, n, k, rng):
+    """Every width 1..17 (token chunks of 4 + 5, 6 + 7 and 8 + 9 mix row blocks of 4 and 3 on the AVX-512
+    path), plus 24 and 33: accumulators exact, each float row bitwise equal to that row computed alone.
+    group64 takes the AVX-512 broadcast layout with many groups (double partials of the unswizzled
+    lanes), group48 (3 words per group) the plain layout; n = 53 leaves rows past the last block."""
+    backend = cpu_backend.CpuBackend()
+    packed = pack_t2(random_ternary(n, k, rng))
+    group = {"tensor": k, "row": k, "group64": 64, "group48": 48}[scale_kind]
+    ng = -(-k // group)
+    scales = torch.rand(1 if scale_kind == "tensor" else n, ng, generator=rng) + 0.1
+    x_q = random_int8(40, k, rng)
+    s = torch.rand(40, generator=rng) * 50 + 0.5
+    with cpu_backend.forced_isa(isa):
+        alone = []
+        for i in range(40):
+            y1 = torch.full((1, n), float("nan"))
+            backend.w2a8_linear_q(x_q[i : i + 1], s[i : i + 1], packed, scales, k, group, None, torch.float32, out=y1)
+            alone.append(y1[0])
+        for m in [*range(1, 18), 24, 33]:
+            acc = torch.full((m, n, ng), POISON_INT, dtype=torch.int32)
+            y = torch.full((m, n), float("nan"))
+            backend.w2a8_accumulate(x_q[:m], packed, k, group, out=acc)
+            backend.w2a8_linear_q(x_q[:m], s[:m], packed, scales, k, group, None, torch.float32, out=y)
+            assert torch.equal(acc.long(), reference.w2a8_accumulate_reference(x_q[:m], packed, k, group)), m
+            for i in range(m):
+                assert torch.equal(y[i], alone[i]), (m, i)
+    check_float(torch.stack(alone), x_q, s, packed, scales, k, group)
 
 
 @pytest.mark.parametrize("isa", ISAS)
