@@ -38,7 +38,6 @@ from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
 
-
 #: generations asking for fewer new tokens than this plan ``auto`` with the prior step costs instead of
 #: calibrating first (``runtime.calibration``): the ~5 s measurement pays off over longer generations
 CALIBRATE_MIN_NEW_TOKENS = 64
