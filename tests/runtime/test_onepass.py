@@ -48,6 +48,41 @@ def _gen(model, prompt, **kw):
     return bitmtp.generate(model, input_ids=prompt, max_new_tokens=NEW, eos_token_id=[], **kw)
 
 
+def _record_plans(monkeypatch, model, prompt, **kw) -> list[tuple[list, list, list, list]]:
+    """Generate with ``FixedPlanner`` recording, per iteration, (committed sequence before it, its
+    guesses, the adapter guesses it was handed, their probabilities)."""
+    from bitmtp.decoding import onepass
+
+    records = []
+    orig = onepass.FixedPlanner.plan
+
+    def plan(self, ctx):
+        p = orig(self, ctx)
+        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
+        return p
+
+    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
+    _gen(model, prompt, policy="speculative", **kw)
+    monkeypatch.undo()
+    return records
+
+
+def _independent_draft(model, seq: list[int], rows: list[int], block: int):
+    """A two-pass draft step of block ``block`` over pending ``rows``, on a fresh session engine after a
+    prefill of ``seq[:-1]`` (the text before the pending token); returns its runner."""
+    from bitmtp.runtime.states import ReplayState
+
+    eng = model.session().engine
+    eng.prefill(seq[:-1])
+    eng.pool.set_drafter(model.drafter)
+    p = len(rows)
+    r = eng.pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
+    r.tokens[:p].copy_(torch.tensor(rows))
+    torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
+    r.run()
+    return r
+
+
 @pytest.mark.parametrize("block", (2, 3, 4, 8))
 @pytest.mark.parametrize("drafter", ("lookup", "adapter", "lookup+adapter"))
 def test_one_pass_equals_ar(model, prompts, ar_outputs, drafter, block):
@@ -167,37 +202,16 @@ def test_heads_drafts_follow_any_accept_length(model, prompts, monkeypatch):
     guesses, whatever the previous step accepted; each equals d_2..d_D of a two-pass heads draft step whose
     pending rows are the previous step's t, g_1..g_a (the accepted ones), computed afresh on another
     engine — so the device-side accept count picks the right row."""
-    from bitmtp.decoding import onepass
-    from bitmtp.runtime.states import ReplayState
-
     block = 4
     model.load_adapter(random_adapter(model.args, "heads", seed=21))
-    records = []
-    orig = onepass.FixedPlanner.plan
-
-    def plan(self, ctx):
-        p = orig(self, ctx)
-        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
-        return p
-
-    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
     noisy = prompts[-1] + [9] * 4  # the lookup guesses sometimes hold, sometimes not
-    _gen(model, noisy, policy="speculative", schedule="one-pass", block_size=block, drafter="lookup+adapter")
-    monkeypatch.undo()
+    records = _record_plans(monkeypatch, model, noisy, schedule="one-pass", block_size=block, drafter="lookup+adapter")
     accepts = set()
     for (seq, guesses, _, _), (nseq, _, nxt, nxt_p) in zip(records, records[1:], strict=False):
         assert len(nxt) == block - 1
         a = len(nseq) - len(seq) - 1
         accepts.add((len(guesses), a))
-        rows = [seq[-1], *guesses[:a]]
-        eng = model.session().engine
-        eng.prefill(seq[:-1])
-        eng.pool.set_drafter(model.drafter)
-        p = len(rows)
-        r = eng.pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
-        r.tokens[:p].copy_(torch.tensor(rows))
-        torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
-        r.run()
+        r = _independent_draft(model, seq, [seq[-1], *guesses[:a]], block)
         assert r.out_token[-block] == nseq[-1]  # d_1: the committed v_a
         assert r.out_token[-(block - 1):].tolist() == nxt
         assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
@@ -290,36 +304,15 @@ def test_tree_drafts_follow_any_accept_length(model, prompts, monkeypatch):
     """Block a of a tree step (after the last accepted row) gives the next guesses; they equal the mask
     drafts of a two-pass draft step whose pending rows are t, g_1..g_a, computed afresh on another engine:
     the block attends exactly what that draft step does, whatever else shares its positions."""
-    from bitmtp.decoding import onepass
-    from bitmtp.runtime.states import ReplayState
-
     block = 3
     model.load_adapter(random_adapter(model.args, "mask-block", seed=17))
-    records = []
-    orig = onepass.FixedPlanner.plan
-
-    def plan(self, ctx):
-        p = orig(self, ctx)
-        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
-        return p
-
-    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
-    _gen(model, prompts[-1] + [9, 9], policy="speculative", schedule="tree", block_size=block,
-         drafter="lookup+adapter")
-    monkeypatch.undo()
+    records = _record_plans(monkeypatch, model, prompts[-1] + [9, 9], schedule="tree", block_size=block,
+                            drafter="lookup+adapter")
     accepts = set()
     for (seq, guesses, _, _), (nseq, _, nxt, nxt_p) in zip(records, records[1:], strict=False):
         a = len(nseq) - len(seq) - 1
         accepts.add((len(guesses), a))
-        rows = [seq[-1], *guesses[:a]]
-        eng = model.session().engine
-        eng.prefill(seq[:-1])
-        eng.pool.set_drafter(model.drafter)
-        p = len(rows)
-        r = eng.pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
-        r.tokens[:p].copy_(torch.tensor(rows))
-        torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
-        r.run()
+        r = _independent_draft(model, seq, [seq[-1], *guesses[:a]], block)
         assert r.out_token[-block] == nseq[-1]  # d_1 = v_a
         assert r.out_token[-(block - 1):].tolist() == nxt
         assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
@@ -365,36 +358,15 @@ def test_mask_guesses_equal_an_independent_draft_step(model, prompts, monkeypatc
     """The guesses a fused step hands to the next iteration are the drafts d_2..d_D of a two-pass draft
     step whose pending rows are that fused step's AR rows [t, g_1..g_k], computed afresh on another
     engine after a prefill of the text before t."""
-    from bitmtp.decoding import onepass
-    from bitmtp.runtime.states import ReplayState
-
     block = 4
     model.load_adapter(random_adapter(model.args, "mask-block", seed=13))
-    records = []  # (sequence before this iteration's plan, the plan's guesses, ctx.mask_guesses)
-    orig = onepass.FixedPlanner.plan
-
-    def plan(self, ctx):
-        p = orig(self, ctx)
-        records.append((list(ctx.index.tokens), list(p.guesses), list(ctx.mask_guesses), list(ctx.mask_probs)))
-        return p
-
-    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
-    _gen(model, prompts[1], policy="speculative", schedule="one-pass", block_size=block)
-    monkeypatch.undo()
+    records = _record_plans(monkeypatch, model, prompts[1], schedule="one-pass", block_size=block)
     checked = 0
     for (seq, guesses, _, _), (_, _, nxt, nxt_p) in zip(records, records[1:], strict=False):
         if not nxt:
             continue
-        rows = [seq[-1], *guesses]  # the fused step's AR rows: pending token t, then the guesses
-        eng = model.session().engine
-        eng.prefill(seq[:-1])
-        pool = eng.pool
-        pool.set_drafter(model.drafter)
-        p = len(rows)
-        r = pool.get(ReplayState(p + block - 1, eng.kv.segment_for(eng.n + p + block - 1), "draft", block))
-        r.tokens[:p].copy_(torch.tensor(rows))
-        torch.arange(eng.n, eng.n + p + block - 1, out=r.positions)
-        r.run()
+        # the fused step's AR rows: pending token t, then the guesses
+        r = _independent_draft(model, seq, [seq[-1], *guesses], block)
         assert r.out_token[-(block - 1):].tolist() == nxt
         assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
         checked += 1
