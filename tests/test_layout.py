@@ -7,8 +7,8 @@ Rules, checked on the checkout and (so each check is seen failing) on small fake
   namespace (``triton_kernels/`` → ``tests/triton_kernels/``, ``wgsl_fallback/`` → ``tests/wgsl_fallback/``).
   A top-level ``tests/test_<name>.py`` tests a top-level module ``bitmtp/<m>.py`` (``<name>`` is ``<m>`` or
   starts with ``<m>_``: test_api_inputs.py, test_cli_errors.py) or the repository as a whole
-  (:data:`REPO_WIDE`: packaging, layering, this layout, kernel headers, the benchmark gate, the golden
-  tokens).
+  (:data:`REPO_WIDE`: packaging, layering, this layout, kernel headers, the benchmark gate and the peer
+  benchmark's harness, the golden tokens).
 * Every folder of tests/ holding Python files has an ``__init__.py`` (tests import as the ``tests`` package,
   so two folders may hold test files of the same name).
 * Outside tests/support/, tests/ holds only test files, ``__init__.py`` and ``conftest.py`` (fixtures).
@@ -28,8 +28,8 @@ import pytest
 from tests.support.paths import REPO_ROOT
 
 #: Top-level test files about the repository as a whole rather than one module (golden_tokens: every
-#: policy's tokens on the real model against tests/golden/, end to end).
-REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "golden_tokens"}
+#: policy's tokens on the real model against tests/golden/, end to end; bench_peer: bench/'s llama.cpp harness).
+REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "bench_peer", "golden_tokens"}
 
 #: Folders whose modules may not import test modules (bench/ and scripts/ use tests.support too).
 CHECKED_FOLDERS = ("tests", "bench", "scripts")
