@@ -60,8 +60,6 @@ class Drafter(abc.ABC):
     kind = "drafter"
     #: guesses come from the host (:meth:`propose`), not from the model: lookup, oracle
     host_guesses = False
-    #: drafts from mask rows appended to a one-pass (``fused``) step
-    mask_rows = False
     #: how the drafter drafts in a one-pass ``fused`` step: ``"masks"`` (mask rows after the last guess,
     #: valid after a full accept), ``"heads"`` (from the last accepted row, valid at any accept length),
     #: ``""`` (it does not: host guesses, or two passes only)
@@ -110,7 +108,6 @@ class MaskBlockDrafter(Drafter):
     """Mask-conditioned block-causal drafting with a ``mask-block`` adapter."""
 
     kind = "mask-block"
-    mask_rows = True
     fused_drafts = "masks"
 
     def __init__(self, decoder: Decoder, block: MaskBlock):
