@@ -112,22 +112,6 @@ def _pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) ->
     return BlockWeight(fmt, data.reshape(n, -1).contiguous(), (n, k))
 
 
-def _fields(bw: BlockWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(q as float32 [N, B, 32], d float32 [N, B, 1], m float32 [N, B, 1] or None)``."""
-    n, k = bw.shape
-    raw = bw.data.reshape(n, k // BLOCK, BLOCK_BYTES[bw.fmt])
-    d = raw[..., 0:2].contiguous().view(torch.float16).float()
-    if bw.fmt == "q4_1":
-        m = raw[..., 2:4].contiguous().view(torch.float16).float()
-        qs = raw[..., 4:20]
-        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
-        return q, d, m
-    if bw.fmt == "q4_0":
-        qs = raw[..., 2:18]
-        return torch.cat([qs & 15, qs >> 4], dim=-1).float() - 8, d, None
-    return raw[..., 2:].contiguous().view(torch.int8).float(), d, None
-
-
 #: rows dequantized per chunk: ~1.2 MB of float32 at K = 576, so each in-place pass stays in L2
 _DEQUANT_ROWS = 512
 
