@@ -44,8 +44,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hf", ("bitmtp.hf",)),  # bitmtp.patch: wraps the api for transformers models
     ("facade", ("bitmtp",)),  # bitmtp/__init__.py: re-exports ops, api (load, generate) and hf (patch)
     ("train", ("bitmtp.train",)),  # trains adapters; evaluates through bitmtp.generate
+    ("serve", ("bitmtp.serve",)),  # the OpenAI-compatible server and its Ray Serve deployment, over bitmtp.generate
     ("cli", ("bitmtp.cli", "bitmtp.cli_common", "bitmtp.cli_presets", "bitmtp.cli_train", "bitmtp.cli_convert",
-             "bitmtp.__main__")),
+             "bitmtp.cli_serve", "bitmtp.__main__")),
 ]
 
 
