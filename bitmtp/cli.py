@@ -458,9 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     checked(gen.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
             at_least(1, "leave it out for torch's choice"))
     gen.set_defaults(func=_cmd_generate, check=_check_generate)
-    from bitmtp import cli_convert, cli_train
+    from bitmtp import cli_convert, cli_serve, cli_train
 
     cli_train.add_commands(sub)
+    cli_serve.add_commands(sub)
     cli_convert.add_commands(sub)
     _check_convert_options(sub.choices["convert"])
     for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
