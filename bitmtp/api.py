@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import numbers
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 
 from bitmtp.decoding.drafters import DRAFTER_NAMES, CombinedDrafter, Drafter, LookupDrafter, drafter_for
 from bitmtp.decoding.policies import Policy, resolve_policy
+from bitmtp.decoding.sampling import SamplingParams
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from bitmtp.formats.adapters import AdapterConfig, load_adapter
 from bitmtp.model.adapters import build_adapter
@@ -590,11 +592,15 @@ class GenerateOutput:
 
     text: str | None
     token_ids: list[int]
-    stop_reason: str
+    stop_reason: str  # "eos" | "max_new_tokens" | "capacity" | "stop" (a stop string; the text ends before it)
     stats: DecodeStats
     prompt_tokens: int
     prefill_seconds: float
     decode_seconds: float
+    #: per token id, the log-probability it was chosen with (``logprobs=True``), else None
+    logprobs: list[float] | None = None
+    #: the sampling seed (given or drawn; pass it again to reproduce the text), None when greedy
+    seed: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -658,8 +664,12 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
              input_ids: Any = None, max_new_tokens: int = 128, policy: str | Policy = "auto",
              block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
-             drafter: Drafter | str | None = None, schedule: str | None = None) -> GenerateOutput | TextStream:
-    """Greedy multi-token generation.
+             drafter: Drafter | str | None = None, schedule: str | None = None,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+             seed: int | None = None, stop: str | Sequence[str] | None = None,
+             logprobs: bool = False) -> GenerateOutput | TextStream:
+    """Multi-token generation, greedy or sampled.
 
     Args:
         model: from :func:`load`, with an adapter unless ``policy="ar"``.
@@ -695,6 +705,19 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             (e.g. an ``OracleDrafter``).
         schedule: ``speculative``'s schedule: ``"two-pass"`` (default: a draft step, then a verify
             step) or ``"one-pass"`` (one step verifies the previous guesses and drafts the next).
+        temperature: 0 (default) picks the most likely token; > 0 samples from softmax(logits / T). Every
+            verifying policy (auto, speculative, hybrid's verified blocks) then commits exactly the tokens AR
+            sampling with the same ``seed`` commits (``bitmtp.decoding.sampling``: one uniform per position,
+            shared by drafts and targets); confidence/hybrid's unverified drafts are samples of the drafter.
+        top_k, top_p, min_p: filters applied after the temperature, as in transformers (0, 1, 0: off).
+        repetition_penalty: transformers' penalty over prompt and output tokens (1: off).
+        presence_penalty, frequency_penalty: OpenAI's penalties over output tokens, in [-2, 2] (0: off).
+        seed: the sampling seed: the same seed gives the same text under every policy (None: a random
+            one, returned in the output's ``seed``).
+        stop: a string or strings that end generation when they appear in the text (matched in text, across
+            token boundaries); the returned text ends before it (``stop_reason="stop"``) and a stream holds
+            back text that could begin one. Needs a tokenizer.
+        logprobs: also return each token's log-probability under the distribution it was chosen from.
 
     Returns:
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
@@ -710,6 +733,12 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         raise BitMTPError("prompt/input_ids: give exactly one of them")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, seed=seed)
+    stops = _check_stop(stop, model)
+    if not isinstance(logprobs, bool):
+        raise BitMTPError(f"logprobs: must be True or False, got {logprobs!r}")
     pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
     drafter, notes = resolve_drafter(model, pol, drafter)
     pol, d = resolve_decoding(model, pol, block_size, drafter=drafter)
@@ -717,14 +746,47 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
         raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
-    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos,
-                                 policy=pol, block_size=d, drafter=drafter, notes=notes)
+    if not sampling.greedy:
+        model.engine.pool.set_sampling(sampling)  # a runtime that cannot sample so says it now, not mid-stream
+    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
+                                 drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
-        return TextStream(model, chunks)
+        return TextStream(model, chunks, stops)
+    if stops:
+        text_stream = TextStream(model, chunks, stops)
+        for _ in text_stream:
+            pass
+        return text_stream.result
     res = Engine.run(chunks)
     return _output(model, res)
+
+
+def _check_stop(stop: Any, model: BitMTPModel) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (None: none)."""
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x for x in items):
+        raise BitMTPError(f"stop: expected a non-empty string or a list of them, got {stop!r}")
+    if len(items) > 16:
+        raise BitMTPError(f"stop: at most 16 stop strings, got {len(items)}")
+    if items and model.tokenizer is None:
+        raise BitMTPError("stop: stop strings are matched in the text and need a tokenizer; this model has none "
+                          "(stop on token ids with eos_token_id instead)")
+    return tuple(items)
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters of ``text`` could be the start of a stop string (held back by a stream)."""
+    keep = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), keep, -1):
+            if text.endswith(s[:k]):
+                keep = k
+                break
+    return keep
 
 
 def _capacity_advice(model: BitMTPModel, prompt_len: int, max_new_tokens: int) -> str:
@@ -744,15 +806,16 @@ def _capacity_advice(model: BitMTPModel, prompt_len: int, max_new_tokens: int) -
 def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:
     text = model.tokenizer.decode(res.tokens, skip_special_tokens=True) if model.tokenizer is not None else None
     return GenerateOutput(text, res.tokens, res.stop_reason, res.stats, res.prompt_tokens, res.prefill_seconds,
-                          res.decode_seconds)
+                          res.decode_seconds, res.logprobs, res.seed)
 
 
 class TextStream:
     """The iterator ``generate(..., stream=True)`` returns: text pieces as they are committed.
 
     Decodes the whole output after each commit and yields the new suffix, holding back a trailing
-    replacement character (a multi-byte character split across tokens). Once exhausted,
-    :attr:`result` holds the same :class:`GenerateOutput` the call without ``stream`` returns.
+    replacement character (a multi-byte character split across tokens) and any trailing text that could
+    begin a stop string. Once exhausted, :attr:`result` holds the same :class:`GenerateOutput` the call
+    without ``stream`` returns.
 
     From its first piece until it is exhausted the stream owns the model's KV store: other threads'
     generations wait for it, and a generation started in the thread reading it raises BitMTPError.
@@ -760,13 +823,15 @@ class TextStream:
     the model; :attr:`result` then stays None.
     """
 
-    def __init__(self, model: BitMTPModel, chunks: Generation):
+    def __init__(self, model: BitMTPModel, chunks: Generation, stops: tuple[str, ...] = ()):
         # no generator over self here: a stream must not sit in a reference cycle, so that dropping
         # it releases the model at once (the Generation releases the store when it is freed)
         self._model, self._chunks = model, chunks
+        self._stops = stops
         self._tokens: list[int] = []
         self._sent = 0
         self._done = False
+        self._t0 = time.perf_counter()
         self.result: GenerateOutput | None = None
 
     def __iter__(self) -> TextStream:
@@ -799,10 +864,56 @@ class TextStream:
                 continue
             self._tokens.extend(chunk)
             text = tok.decode(self._tokens, skip_special_tokens=True)
+            if self._stops:
+                hit = self._find_stop(text)
+                if hit is not None:
+                    self._stop_at(*hit)
+                    piece = self.result.text[self._sent :]
+                    self._sent = len(self.result.text)
+                    if piece:
+                        return piece
+                    break
             if text.endswith("\ufffd"):
                 continue
-            if len(text) > self._sent:
-                piece = text[self._sent :]
-                self._sent = len(text)
+            upto = len(text) - _held_back(text, self._stops)
+            if upto > self._sent:
+                piece = text[self._sent : upto]
+                self._sent = upto
                 return piece
         raise StopIteration
+
+    def _find_stop(self, text: str) -> tuple[int, str] | None:
+        """The earliest stop string in ``text`` (searched from just before the text already sent)."""
+        start = max(0, self._sent - max(map(len, self._stops)))
+        best = None
+        for s in self._stops:
+            i = text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def _stop_at(self, at: int, stop: str) -> None:
+        """End the generation at a stop string found at ``at``: the text before it, the fewest tokens whose
+        text contains it, and the model released."""
+        tok = self._model.tokenizer
+        end = at + len(stop)
+        lo, hi = 1, len(self._tokens)  # the shortest token prefix whose text reaches the stop string's end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(tok.decode(self._tokens[:mid], skip_special_tokens=True)) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        report = self._chunks.report
+        self._done = True
+        self._chunks.close()
+        out = report.get("output")
+        logprobs = out.logprobs[:lo] if out is not None and out.logprobs is not None else None
+        prefill = report.get("prefill_seconds", 0.0)
+        decode_s = max(time.perf_counter() - self._t0 - prefill, 0.0)
+        stats = self._chunks.stats
+        stats.tokens = lo
+        stats.seconds = decode_s
+        text = tok.decode(self._tokens[:lo], skip_special_tokens=True)
+        self.result = GenerateOutput(text[:at], self._tokens[:lo], "stop", stats, report.get("prompt_tokens", 0),
+                                     prefill, decode_s, logprobs, report.get("seed"))

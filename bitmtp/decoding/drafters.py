@@ -54,6 +54,18 @@ def _argmax_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return tok, prob
 
 
+def _choose(runner, logits: torch.Tensor, positions: torch.Tensor, ar_rows: int = 0) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+    """Tokens and probabilities of ``logits`` rows at ``positions``: the argmax, or the runner's sampler
+    (``bitmtp.decoding.sampling``: row r samples the token at ``positions[r] + 1`` with that position's
+    uniform, so a draft guessing a position is coupled to the target sampled there). Rows ``[0, ar_rows)``
+    are the step's AR rows over ``runner.tokens`` (row 0 committed, the rest guesses)."""
+    sampler = getattr(runner, "sampler", None)
+    if sampler is None:
+        return _argmax_prob(logits)
+    return sampler.select(logits, positions, runner.tokens if ar_rows else None, ar_rows, 1)
+
+
 class Drafter(abc.ABC):
     """Base of the drafters: a name, the largest block size it supports, and the draft body."""
 
@@ -85,7 +97,8 @@ class Drafter(abc.ABC):
 
     def _write_first(self, runner, last_hidden: torch.Tensor, d: int) -> torch.Tensor:
         """d_1 from the last pending row's hidden state; returns d_1 as a 1-element device tensor."""
-        tok, prob = _argmax_prob(self.decoder.logits(last_hidden))
+        p = runner.state.pending
+        tok, prob = _choose(runner, self.decoder.logits(last_hidden), runner.positions[p - 1 : p])
         runner.out_token[-d : -d + 1].copy_(tok)
         runner.out_prob[-d : -d + 1].copy_(prob)
         return tok
@@ -137,7 +150,7 @@ class MaskBlockDrafter(Drafter):
         dec = self.decoder
         step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=p * (d - 1), mask_block=self.block,
                           slots=runner.slots)
-        tok, prob = _argmax_prob(dec.logits(dec.hidden_states(step, runner.kv)))
+        tok, prob = _choose(runner, dec.logits(dec.hidden_states(step, runner.kv)), runner.positions, p)
         runner.out_token.copy_(tok)
         runner.out_prob.copy_(prob)
 
@@ -159,7 +172,7 @@ class MaskBlockDrafter(Drafter):
         # pending rows' logits are never read in a draft step, and the LM head is the largest matrix
         # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
         lo = 0 if st.role == "fused" else p - 1
-        tok, prob = _argmax_prob(dec.logits(hidden[lo:]))
+        tok, prob = _choose(runner, dec.logits(hidden[lo:]), pos[lo:], p if lo == 0 else 0)
         runner.out_token[lo:].copy_(tok)
         runner.out_prob[lo:].copy_(prob)
 
@@ -175,12 +188,13 @@ class HeadsDrafter(Drafter):
         super().__init__(decoder, heads.block_size)
         self.heads = heads
 
-    def _run_heads(self, runner, state: torch.Tensor, tok: torch.Tensor, d: int) -> None:
-        """d_2..d_D from ``state`` (the hidden state whose argmax is ``tok`` = d_1) into the last D − 1
-        output slots."""
+    def _run_heads(self, runner, state: torch.Tensor, tok: torch.Tensor, d: int, position: torch.Tensor) -> None:
+        """d_2..d_D from ``state`` (the hidden state, at ``position``, whose chosen token is ``tok`` = d_1)
+        into the last D − 1 output slots (head k's draft sits where a row at ``position + 1 + k`` would
+        choose it)."""
         for k in range(d - 1):
             state = self.heads.step(k, state, self.decoder.embed[tok])
-            tok, prob = _argmax_prob(self.decoder.logits(state))
+            tok, prob = _choose(runner, self.decoder.logits(state), position + 1 + k)
             at = runner.out_token.shape[0] - d + 1 + k
             runner.out_token[at : at + 1].copy_(tok)
             runner.out_prob[at : at + 1].copy_(prob)
@@ -191,17 +205,18 @@ class HeadsDrafter(Drafter):
             # one pass: rows [t, g_1..g_k] verify (every row's argmax is an output); the heads draft
             # from the last row whose guess chain holds — found here, on the device, so the step stays
             # one captured graph and one host read: a = the leading guesses equal to the row before's argmax
-            tok, prob = _argmax_prob(self.decoder.logits(hidden))
+            tok, prob = _choose(runner, self.decoder.logits(hidden), runner.positions[:p], p)
             runner.out_token[:p].copy_(tok)
             runner.out_prob[:p].copy_(prob)
             match = (runner.tokens[1:p] == tok[: p - 1]).to(torch.long)
             a = torch.cumprod(match, 0).sum().reshape(1) if p > 1 else torch.zeros(1, dtype=torch.long,
                                                                                    device=tok.device)
-            self._run_heads(runner, hidden.index_select(0, a), tok.index_select(0, a), d)
+            self._run_heads(runner, hidden.index_select(0, a), tok.index_select(0, a), d,
+                            runner.positions.index_select(0, a))
             return
         state = hidden[p - 1 : p]
         tok = self._write_first(runner, state, d)
-        self._run_heads(runner, state, tok, d)
+        self._run_heads(runner, state, tok, d, runner.positions[p - 1 : p])
 
 
 class OracleDrafter(Drafter):

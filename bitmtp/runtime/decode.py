@@ -23,6 +23,7 @@ not materialized yet; it always ends with the last committed token):
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,8 @@ import torch
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan, tree_layout
-from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Plan, Policy, Verify, resolve_policy
+from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Commit, Plan, Policy, Verify, resolve_policy
+from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
@@ -120,6 +122,11 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     stats: DecodeStats
+    #: per token, the log-probability of the chosen token under the distribution it was chosen from
+    #: (asked for with ``logprobs=True``; see :func:`decode`)
+    logprobs: list[float] | None = None
+    #: the sampling seed used (None when decoding greedily)
+    seed: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -130,32 +137,46 @@ class GenerationResult:
 class _Output:
     """Committed tokens with the stop rules applied (EOS inclusive, max_new_tokens, capacity)."""
 
-    def __init__(self, max_new_tokens: int, eos: set[int], limit: int):
+    def __init__(self, max_new_tokens: int, eos: set[int], limit: int, sampler: Sampler | None = None,
+                 logprobs: bool = False):
         self.tokens: list[int] = []
         self.max_new, self.eos, self.limit = max_new_tokens, eos, limit
         self.reason: str | None = None
+        self.sampler = sampler  # counts the committed tokens for its penalties
+        self.logprobs: list[float] | None = [] if logprobs else None
 
-    def add(self, tokens: Sequence[int]) -> list[int]:
+    def add(self, tokens: Sequence[int], probs: Sequence[float] | None = None) -> list[int]:
         taken = []
-        for t in tokens:
+        for i, t in enumerate(tokens):
             if self.reason is not None:
                 break
             self.tokens.append(int(t))
             taken.append(int(t))
+            if self.logprobs is not None and probs is not None:
+                self.logprobs.append(math.log(probs[i]) if probs[i] > 0 else float("-inf"))
             if int(t) in self.eos:
                 self.reason = "eos"
             elif len(self.tokens) >= self.max_new:
                 self.reason = "max_new_tokens"
             elif len(self.tokens) >= self.limit:
                 self.reason = "capacity"
+        if self.sampler is not None:
+            self.sampler.commit(taken)
         return taken
 
 
 def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
            policy: str | Policy = "ar", block_size: int = 8, tau: float | None = None, min_prefix: int | None = None,
            drafter=None, report: dict[str, DecodeStats] | None = None, schedule: str | None = None,
-           notes: Sequence[str] = ()) -> Iterator[list[int]]:
-    """Generate greedily; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
+           notes: Sequence[str] = (), sampling: SamplingParams | None = None,
+           logprobs: bool = False) -> Iterator[list[int]]:
+    """Generate; yields each iteration's committed tokens, returns a :class:`GenerationResult`.
+
+    ``sampling``: how tokens are chosen (``bitmtp.decoding.sampling``; None or temperature 0 without
+    penalties: greedy). Every verifying policy commits exactly the tokens AR decoding with the same
+    parameters and seed commits. ``logprobs``: also return each committed token's log-probability under
+    the distribution it was chosen from (the model's for AR and verified tokens; the drafter's for the
+    tokens ``confidence`` / ``hybrid`` commit unverified after ``d_1``).
 
     ``policy``: a registered name (with the loose ``tau`` / ``min_prefix``; None: τ = 0.9, m =
     max(2, D // 2)) or a :class:`~bitmtp.decoding.Policy` (``bitmtp.decoding.resolve_policy``); it
@@ -194,23 +215,36 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         costs = engine.memory.get("live_costs")
         if costs is None or costs.table is not table:  # observations carry over to the engine's next generation
             costs = engine.memory["live_costs"] = LiveCosts(table, engine.kv.m_max)
+    params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
+    sampler = engine.pool.set_sampling(params)
     engine.reset()
     ids = list(input_ids)
+    if sampler is not None:
+        sampler.start(params.seed, ids)
     t0 = time.perf_counter()
-    first = engine._prefill(ids)
+    if logprobs:
+        first, first_p = engine._prefill(ids, with_prob=True)
+    else:
+        first, first_p = engine._prefill(ids), None
     t1 = time.perf_counter()
     # committed tokens may reach capacity + 1: the last one needs no KV row
-    out = _Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids))
-    yield out.add([first])
+    out = _Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids), sampler, logprobs)
+    if report is not None:  # what a caller that stops early (a stop string) still needs
+        report.update(output=out, seed=params.seed if params is not None else None, prefill_seconds=t1 - t0,
+                      prompt_tokens=len(ids))
+    yield out.add([first], [first_p])
 
     if not pol.drafts:
-        tok = first
+        tok, pr = first, None
         while out.reason is None:
-            tok = engine._ar_step(tok)
+            if logprobs:
+                tok, pr = engine._ar_step(tok, with_prob=True)
+            else:
+                tok = engine._ar_step(tok)
             stats.committed.append(1)
             stats.verified.append(False)
             stats.widths[1] += 1
-            yield out.add(pol.commit((tok,), (), None).tokens)
+            yield out.add(pol.commit((tok,), (), None).tokens, [pr])
     elif out.reason is None and one_pass:
         yield from _onepass_loop(engine, out, stats, ids, first, pol, d, drafter, costs)
     elif out.reason is None:
@@ -219,7 +253,8 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     stats.syncs = engine.syncs - syncs0
     stats.seconds = t2 - t1
     stats.tokens = len(out.tokens)
-    return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats)
+    return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats,
+                            out.logprobs, params.seed if params is not None else None)
 
 
 def _check_drafter(engine, drafter, policy: Policy) -> None:
@@ -271,10 +306,22 @@ class _Deferred:
     block: int
 
 
+def _commit_probs(commit: Commit, probs: Sequence[float], ver_probs: Sequence[float] | None) -> list[float]:
+    """The probabilities of a commit's tokens: d_1's from its draft row (AR-exact); a verified commit's
+    later tokens equal the verifier's outputs v_1.., whose rows chose them; unverified drafts carry the
+    drafter's probabilities."""
+    if commit.verified and ver_probs is not None:
+        return [probs[0], *ver_probs[: len(commit.tokens) - 1]]
+    return list(probs[: len(commit.tokens)])
+
 def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: int, policy: Policy, d: int,
               drafter) -> Iterator[list[int]]:
     """The MTP iterations: ``policy`` plans each one and decides what it commits (module docstring)."""
     pool, kv = engine.pool, engine.kv
+    sampler, logprobs = out.sampler, out.logprobs is not None
+    # penalties make a row's distribution depend on the committed text, which the host must then know
+    # before the next draft samples d_1: no verify resolved unseen on the device
+    defer_ok = sampler is None or not sampler.needs_history
     # a drafter that reads the committed text (lookup) gets it as an index kept up to date here
     index = drafter.index(ids + [first]) if getattr(drafter, "kind", "") == "lookup" else None
     pool.set_drafter(drafter)
@@ -328,19 +375,28 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
         verify = None
         if plan.verify is not Verify.NEVER:
             verify = pool.get(ReplayState(b, kv.segment_for(n_hi + b), "verify"))
+            if sampler is not None:
+                verify.fresh_from.fill_(0)  # d_1..d_D: none committed yet (their penalties count them)
             prepare_verify(runner, verify, arange)
         # -- the iteration's one read ------------------------------------------------------------
+        ver_p = None
         if plan.verify is Verify.ALWAYS:
             verify.run()
-            draft, probs, ver = engine.read(runner.out_token[-b:], runner.out_prob[-b:], verify.out_token)
+            if logprobs:
+                draft, probs, ver, ver_p = engine.read(runner.out_token[-b:], runner.out_prob[-b:], verify.out_token,
+                                                       verify.out_prob[:b])
+            else:
+                draft, probs, ver = engine.read(runner.out_token[-b:], runner.out_prob[-b:], verify.out_token)
         else:
             extra = (deferred.verify.out_token,) if deferred is not None else ()
+            if deferred is not None and logprobs:
+                extra += (deferred.verify.out_prob[: deferred.block],)
             draft, probs, *rest = engine.read(runner.out_token[-b:], runner.out_prob[-b:], *extra)
         if deferred is not None:
             # the previous iteration's verify, resolved on the device, is now seen by the host
             commit = policy.commit(deferred.draft, deferred.probs, rest[0])
             n = deferred.n + commit.exact_rows
-            taken = out.add(commit.tokens)
+            taken = out.add(commit.tokens, _commit_probs(commit, deferred.probs, rest[1] if logprobs else None))
             stats.committed.append(len(taken))
             stats.verified.append(commit.verified)
             if index is not None:
@@ -363,7 +419,7 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
             verify.run()
             stats.verifier_calls += 1
             stats.widths[b] += 1
-            if n + b + 1 <= cap:
+            if n + b + 1 <= cap and defer_ok:
                 # resolve on the device; the host reads the outcome with the next draft
                 plan = planned()
                 nb = plan.block
@@ -371,10 +427,14 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
                 resolve_verify(verify, next_draft, arange, policy.device_accept)
                 deferred = _Deferred(draft, probs, verify, n, b)
                 continue
-            (ver,) = engine.read(verify.out_token)  # the end of the store: read at once
+            # the end of the store (or penalties): read at once
+            if logprobs:
+                ver, ver_p = engine.read(verify.out_token, verify.out_prob[:b])
+            else:
+                (ver,) = engine.read(verify.out_token)
             stats.flushes += 1
             commit = policy.commit(draft, probs, ver)
-        taken = out.add(commit.tokens)
+        taken = out.add(commit.tokens, _commit_probs(commit, probs, ver_p))
         stats.committed.append(len(taken))
         stats.verified.append(commit.verified)
         if index is not None:
@@ -402,6 +462,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     """
     pool, kv = engine.pool, engine.kv
     cap, m_max = engine.capacity, kv.m_max
+    sampler, logprobs = out.sampler, out.logprobs is not None
     lookup = masks = host = None
     for one in (drafter.lookup, drafter.adapter) if isinstance(drafter, CombinedDrafter) else (drafter,):
         if one.kind == "lookup":
@@ -446,6 +507,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "tree" if tree else "fused", plan.masks))
         else:
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))
+            if sampler is not None and k:
+                runner.fresh_from.fill_(1)  # row 0 is the committed pending token; the guesses are new
         if k:
             runner.tokens[: k + 1].copy_(torch.tensor([tok, *guesses], dtype=torch.long))
         else:
@@ -462,8 +525,10 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
             torch.add(arange[:w], n, out=runner.positions)
         t0 = time.perf_counter()
         runner.run()
-        if plan.masks:
-            v, drafts_p = engine.read(runner.out_token[:w], runner.out_prob[k + 1 : w])
+        row_p = None
+        if plan.masks or logprobs:
+            v, row_p = engine.read(runner.out_token[:w], runner.out_prob[:w])
+            drafts_p = row_p[k + 1 : w]
         else:
             (v,) = engine.read(runner.out_token[:w])
         if costs is not None:
@@ -476,7 +541,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         a = 0
         while a < k and guesses[a] == v[a]:
             a += 1
-        taken = out.add([*guesses[:a], v[a]])
+        # the accepted guesses are the outputs of the rows before them: rows 0..a chose what commits
+        taken = out.add([*guesses[:a], v[a]], row_p[: a + 1] if logprobs else None)
         stats.committed.append(len(taken))
         stats.verified.append(k > 0)
         stats.widths[w] += 1

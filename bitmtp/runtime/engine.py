@@ -53,13 +53,20 @@ class Generation(Iterator[list[int]]):
         # stats are reported through a box, not through this object: the decode generator must not
         # reference its wrapper, or the pair becomes a cycle that only the cyclic GC frees (and an
         # abandoned generation would hold the store until then)
-        self._box: dict[str, DecodeStats] = {}
+        self._box: dict[str, Any] = {}
         self._gen = decode(engine, input_ids, report=self._box, **kwargs)
         self._state = "new"  # new → owner → done
 
     @property
     def stats(self) -> DecodeStats | None:
         return self._box.get("stats")
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """What the loop reported so far (``runtime.decode.decode``'s ``report``): ``stats``, and after the
+        prefill ``output`` (committed tokens, logprobs), ``seed`` and ``prefill_seconds`` — for a caller
+        that stops the generation early."""
+        return self._box
 
     def __iter__(self) -> Generation:
         return self
@@ -219,7 +226,7 @@ class Engine:
         self._check_free("prefill")
         return self._prefill(ids)
 
-    def _prefill(self, ids: Iterable[int]) -> int:
+    def _prefill(self, ids: Iterable[int], with_prob: bool = False) -> int | tuple[int, float]:
         ids_t = torch.as_tensor(list(ids), dtype=torch.long)
         if ids_t.numel() == 0:
             raise BitMTPError("input_ids: the prompt is empty")
@@ -232,6 +239,9 @@ class Engine:
             chunk = ids_t[lo : lo + self.prefill_chunk]
             runner = self._step("prefill", chunk, self.n)
             self.n += chunk.numel()
+        if with_prob:  # the chosen token's probability too, in the same read
+            last, prob = self.read(runner.out_token[-1:], runner.out_prob[-1:])
+            return last[0], prob[0]
         (last,) = self.read(runner.out_token[-1:])  # the one device→host read of the prefill
         return last[0]
 
@@ -240,11 +250,14 @@ class Engine:
         self._check_free("ar_step")
         return self._ar_step(token)
 
-    def _ar_step(self, token: int) -> int:
+    def _ar_step(self, token: int, with_prob: bool = False) -> int | tuple[int, float]:
         if self.n >= self.capacity:
             raise BitMTPError(f"capacity: the KV store is full ({self.capacity} tokens)")
         runner = self._step("ar", int(token), self.n)
         self.n += 1
+        if with_prob:
+            tok, prob = self.read(runner.out_token[:1], runner.out_prob[:1])
+            return tok[0], prob[0]
         (tok,) = self.read(runner.out_token[:1])  # the one device→host sync of this step
         return tok[0]
 

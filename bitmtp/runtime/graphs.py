@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
 from bitmtp.runtime.kv import KVStore
@@ -49,11 +50,18 @@ class StepRunner:
 
     def __init__(self, decoder: Decoder, kv: KVStore, state: ReplayState, mask_fn: MaskFn | None,
                  *, keep_logits: bool = False, capture: bool = False, mempool=None,
-                 drafter: DraftBody | None = None):
+                 drafter: DraftBody | None = None, sampler: Sampler | None = None):
         dev = decoder.device
         m = state.width
         self.decoder, self.kv, self.state, self.mask_fn = decoder, kv, state, mask_fn
         self.drafter = drafter
+        #: how rows choose their token (None: argmax; ``bitmtp.decoding.sampling``), fixed for the runner's
+        #: life: the pool drops its runners when the sampling program changes
+        self.sampler = sampler
+        #: a verify step's first input token not yet committed: 0 for a two-pass verify (all of d_1..d_D
+        #: are new), 1 when row 0 is the committed pending token (one pass); a device tensor, so a captured
+        #: graph reads the loop's current value (only penalties read it)
+        self.fresh_from = torch.ones((), dtype=torch.long, device=dev)
         self.tokens = torch.zeros(m, dtype=torch.long, device=dev)
         self.positions = torch.zeros(m, dtype=torch.long, device=dev)
         #: KV slot of each row (the tree role: rows that share a position write to scratch slots)
@@ -74,7 +82,13 @@ class StepRunner:
             return
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
         logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
-        prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+        if self.sampler is None:
+            prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+        else:
+            # prefill rows' history is the prompt, counted already; ar and verify rows are AR-causal over
+            # this step's tokens (the guesses among them count as the history of the rows after them)
+            ar_rows = 0 if self.state.role == "prefill" else self.state.width
+            tok, prob = self.sampler.select(logits, self.positions, self.tokens, ar_rows, self.fresh_from)
         self.out_token.copy_(tok)
         self.out_prob.copy_(prob)
         if self.logits is not None:
@@ -111,6 +125,7 @@ class GraphPool:
         self.runners: dict[ReplayState, StepRunner] = {}
         self.mask_fns: dict[str, MaskFn] = {"prefill": causal_mask, "ar": causal_mask, "verify": causal_mask}
         self.drafter: DraftBody | None = None
+        self.sampler: Sampler | None = None
         self.fused_steps = True
 
     def set_drafter(self, drafter: DraftBody | None) -> None:
@@ -118,6 +133,19 @@ class GraphPool:
         if drafter is not self.drafter:
             self.runners = {s: r for s, r in self.runners.items() if s.role not in DRAFT_ROLES}
             self.drafter = drafter
+
+    def set_sampling(self, params: SamplingParams | None) -> Sampler | None:
+        """Choose tokens by ``params`` from now on (None or greedy: the argmax path); returns the pool's
+        :class:`~bitmtp.decoding.sampling.Sampler` (None when greedy). Runners bake the sampling program
+        in (a captured graph especially), so a different program drops them all; the seed and the counts
+        live in the sampler's tensors and change without recapture."""
+        program = None if params is None or params.greedy else params.program()
+        current = self.sampler.params if self.sampler is not None else None
+        if program != current:
+            self.runners = {}
+            self.sampler = (Sampler(program, self.decoder.args.vocab_size, self.decoder.device)
+                            if program is not None else None)
+        return self.sampler
 
     def get(self, state: ReplayState) -> StepRunner:
         runner = self.runners.get(state)
@@ -127,10 +155,11 @@ class GraphPool:
                 if self.drafter is None:
                     raise BitMTPError("draft step: no drafter is set (load an adapter or pass a drafter)")
                 runner = StepRunner(self.decoder, self.kv, state, None, capture=capture, mempool=self.mempool,
-                                    drafter=self.drafter)
+                                    drafter=self.drafter, sampler=self.sampler)
             else:
                 runner = StepRunner(self.decoder, self.kv, state, self.mask_fns[state.role],
-                                    keep_logits=self.keep_logits, capture=capture, mempool=self.mempool)
+                                    keep_logits=self.keep_logits, capture=capture, mempool=self.mempool,
+                                    sampler=self.sampler)
             self.runners[state] = runner
         return runner
 

@@ -96,5 +96,10 @@ class StepPool(Protocol):
         """Use ``drafter`` for draft states from now on (runners of another drafter are dropped);
         BitMTPError when this runtime cannot run that drafter."""
 
+    def set_sampling(self, params: Any) -> Any:
+        """Choose tokens by ``params`` (a ``bitmtp.decoding.sampling.SamplingParams``; None: argmax) from now
+        on; returns the sampler whose ``start`` / ``commit`` the decode loop calls (None when greedy).
+        BitMTPError when this runtime cannot sample so."""
+
     def flush(self) -> None:
         """Make every run runner's outputs readable on the host (a no-op where they already are)."""
