@@ -38,6 +38,7 @@ import sys
 from bitmtp.cli_common import (
     Parser,
     UsageError,
+    add_sampling_arguments,
     at_least,
     backend_name,
     between,
@@ -45,6 +46,7 @@ from bitmtp.cli_common import (
     checked,
     default_model_path,
     existing,
+    sampling_kwargs,
     writable_file,
 )
 
@@ -286,7 +288,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             prompt = text if args.raw else [{"role": "user", "content": text}]
         kwargs = dict(input_ids=input_ids, max_new_tokens=args.max_new_tokens, policy=policy,
                       block_size=block_size, tau=args.tau, min_prefix=args.min_prefix, drafter=args.drafter,
-                      schedule=args.schedule)
+                      schedule=args.schedule, **sampling_kwargs(args))
         if args.json or model.tokenizer is None:
             out = bitmtp.generate(model, prompt, **kwargs)
         else:
@@ -299,22 +301,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps(_json_safe({
             "text": out.text, "token_ids": out.token_ids, "stop_reason": out.stop_reason,
             "prompt_tokens": out.prompt_tokens, "prefill_seconds": out.prefill_seconds,
-            "decode_seconds": out.decode_seconds, "stats": out.stats.as_dict(),
+            "decode_seconds": out.decode_seconds, "seed": out.seed, "stats": out.stats.as_dict(),
         }), ensure_ascii=False))
     else:
         if model.tokenizer is None:  # no text to show: the generated token ids
             write(" ".join(str(t) for t in out.token_ids))
-        print()
+        print(flush=True)
         drafted = "" if policy == "ar" else (f" D={out.stats.block_size}, "
                                              f"{_fmt(out.stats.mean_committed, '.2f')} tokens committed per iteration")
         print(f"[{len(out.token_ids)} tokens, {_fmt(out.tokens_per_second, '.1f')} tok/s decode, prefill "
               f"{out.prompt_tokens} tokens in {out.prefill_seconds * 1e3:.0f} ms, stop: {out.stop_reason}, "
-              f"policy: {policy}{drafted}]", file=sys.stderr)
+              f"policy: {policy}{drafted}{'' if out.seed is None else f', seed: {out.seed}'}]", file=sys.stderr)
     if args.stats:
         for line in stats_lines(out.stats):
             print(line, file=sys.stderr)
     if args.compare_ar and policy != "ar":
-        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar", "drafter": None, "schedule": None})
+        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar", "drafter": None, "schedule": None,
+                                               "seed": out.seed})
         same = "identical to" if ar.token_ids == out.token_ids else "differs from"
         speedup = out.tokens_per_second / ar.tokens_per_second
         print(f"compare-ar: ar {_fmt(ar.tokens_per_second, '.1f')} tok/s, {policy} "
@@ -370,8 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
             at_least(1, "leave it out for torch's choice"))
     info.set_defaults(func=_cmd_info, check=_check_info)
     gen = sub.add_parser(
-        "generate", help="generate text greedily: AR, or multi-token with an MTP adapter; streamed",
-        description="Greedy generation through bitmtp.generate(), streaming text as it is committed, then one "
+        "generate", help="generate text (greedy or sampled): AR, or multi-token with an MTP adapter; streamed",
+        description="Generation through bitmtp.generate() (greedy by default; --temperature samples), streaming "
+                    "text as it is committed, then one "
                     "summary line on stderr. By default (--policy auto) the output is exactly AR greedy's, and "
                     "each iteration drafts — by prompt lookup, and with the MTP adapter's mask drafts when one is "
                     "attached — only where this machine's measured step costs say drafting pays, else one token "
@@ -457,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
     checked(gen.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
             at_least(1, "leave it out for torch's choice"))
+    add_sampling_arguments(gen)
     gen.set_defaults(func=_cmd_generate, check=_check_generate)
     from bitmtp import cli_convert, cli_serve, cli_train
 

