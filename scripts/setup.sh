@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up bitmtp in ./.venv on a fresh machine: the pinned CPU torch first (a bare `torch`
 # requirement would pull a multi-GB CUDA build), then the package (editable) with its extras.
-#   bash scripts/setup.sh            # dev + hf + wgpu extras (tests, benchmarks, transformers, Vulkan)
+#   bash scripts/setup.sh            # dev + hf + wgpu extras (tests, benchmarks, transformers, Vulkan; dev
+#                                    # includes serve: FastAPI, uvicorn, httpx, and the openai client + pexpect)
 #   EXTRAS=dev bash scripts/setup.sh
+#   EXTRAS=dev,hf,wgpu,ray bash scripts/setup.sh   # + Ray Serve (~250 MB) for `serve --replicas N` and its test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-dev,hf,wgpu}"
