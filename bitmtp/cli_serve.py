@@ -11,14 +11,13 @@ the reply is printed and the command ends.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 
-from bitmtp.cli_common import at_least, between, checked, default_model_path, existing
+from bitmtp.cli_common import at_least, between, checked, default_model_path, existing, positive_float
 
 CHAT_HELP = "commands: /reset forgets the conversation, /exit quits (also Ctrl-D); Ctrl-C stops a reply"
-#: chat's sampling options → bitmtp.generate keywords (forwarded only when given)
-_SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed"}
+#: chat's sampling options, bitmtp.generate's keywords (forwarded only when given)
+_SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
 
 
 def _load(args: argparse.Namespace):
@@ -94,19 +93,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
 
 def _sampling(args: argparse.Namespace) -> dict:
     """The chat's sampling options as ``bitmtp.generate`` keywords (only those given)."""
-    import bitmtp
-    from bitmtp.errors import BitMTPError
-
-    accepted = inspect.signature(bitmtp.generate).parameters
-    out = {}
-    for key, flag in _SAMPLING_FLAGS.items():
-        value = getattr(args, key)
-        if value is None:
-            continue
-        if key not in accepted:
-            raise BitMTPError(f"{flag}: this bitmtp's generate() decodes greedily and takes no {key}; leave it out")
-        out[key] = value
-    return out
+    return {key: getattr(args, key) for key in _SAMPLING_FLAGS if getattr(args, key) is not None}
 
 
 class _Chat:
@@ -245,5 +232,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             between(0.0, 1.0, low_open=True))
     checked(chat.add_argument("--top-k", type=int, metavar="K", help="sample among the K most probable tokens "
                                                                      "(0: all)"), at_least(0))
-    chat.add_argument("--seed", type=int, help="random seed: the same seed gives the same replies")
+    checked(chat.add_argument("--min-p", type=float, metavar="P", help="drop tokens less likely than P x the most "
+                                                                       "likely one"), between(0.0, 1.0))
+    checked(chat.add_argument("--repetition-penalty", type=float, metavar="R",
+                              help="> 1 discourages tokens already in the conversation (1: off)"),
+            positive_float("1 is off; 1.1 discourages repeats"))
+    chat.add_argument("--seed", type=int, help="random seed: the same seed gives the same replies (default: a "
+                                               "fresh one)")
     chat.set_defaults(func=_cmd_chat, check=_check_common)

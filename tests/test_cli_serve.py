@@ -81,6 +81,12 @@ def test_chat_takes_piped_stdin_as_one_message(model):
                          input=text + "\n", capture_output=True, text=True, env=_env(), cwd=str(REPO_ROOT), timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout == ref + "\n"
+    sampled = bitmtp.generate(model, [{"role": "user", "content": text}], max_new_tokens=NEW, temperature=0.8,
+                              top_p=0.9, seed=3).text
+    run = subprocess.run([sys.executable, "-m", "bitmtp", "chat", "--capacity", "512", "--max-new-tokens", str(NEW),
+                          "--temperature", "0.8", "--top-p", "0.9", "--seed", "3"], input=text, capture_output=True,
+                         text=True, env=_env(), cwd=str(REPO_ROOT), timeout=300)
+    assert run.returncode == 0 and run.stdout == sampled + "\n", run.stderr
     empty = subprocess.run([sys.executable, "-m", "bitmtp", "chat", "--capacity", "512"], input="  \n",
                            capture_output=True, text=True, env=_env(), cwd=str(REPO_ROOT), timeout=300)
     assert empty.returncode == 2 and empty.stderr.strip().startswith("bitmtp: error: stdin: the piped message is empty")
@@ -137,6 +143,7 @@ def test_serve_without_fastapi_names_the_extra(monkeypatch, capsys):
     (["chat", "--temperature", "-1"], "--temperature: must be >= 0"),
     (["chat", "--top-p", "0"], "--top-p: must be in (0, 1]"),
     (["chat", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
+    (["chat", "--repetition-penalty", "0"], "--repetition-penalty: must be a finite number > 0"),
     (["chat", "--model", "/nonexistent.gguf"], "--model: /nonexistent.gguf does not exist"),
 ])
 def test_bad_options_are_one_line(capsys, argv, message):

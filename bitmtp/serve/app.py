@@ -175,8 +175,9 @@ def _usage(out: Any) -> dict[str, int]:
 
 
 def _extension(state: _State, out: Any) -> dict[str, Any]:
-    """The ``"bitmtp"`` field: which replica answered, why it stopped, timings and the decoding stats."""
-    return _json_safe({"replica": state.replica, "stop_reason": out.stop_reason,
+    """The ``"bitmtp"`` field: which replica answered, why it stopped, the sampling seed (given or drawn:
+    send it back to reproduce the text), timings and the decoding stats."""
+    return _json_safe({"replica": state.replica, "stop_reason": out.stop_reason, "seed": getattr(out, "seed", None),
                        "prefill_seconds": out.prefill_seconds, "decode_seconds": out.decode_seconds,
                        "tokens_per_second": out.tokens_per_second, "stats": out.stats.as_dict()})
 

@@ -11,7 +11,6 @@ store for chat. Every check fails with a 400 whose message starts with the field
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,30 +19,25 @@ from typing import Any
 from bitmtp.errors import BitMTPError
 from bitmtp.serve.errors import APIError, bad_request
 
-#: OpenAI name → (``generate`` keyword, check). Extensions beyond OpenAI's API: top_k, min_p, repetition_penalty.
+#: OpenAI name → (``generate`` keyword, JSON type). Extensions beyond OpenAI's API: top_k, min_p,
+#: repetition_penalty. The ranges are ``bitmtp.decoding.sampling.SamplingParams``'s (checked there).
 _SAMPLING: dict[str, tuple[str, str]] = {
-    "temperature": ("temperature", "nonneg"),
-    "top_p": ("top_p", "unit_open"),
+    "temperature": ("temperature", "number"),
+    "top_p": ("top_p", "number"),
     "top_k": ("top_k", "top_k"),
-    "min_p": ("min_p", "unit"),
-    "repetition_penalty": ("repetition_penalty", "positive"),
-    "presence_penalty": ("presence_penalty", "penalty"),
-    "frequency_penalty": ("frequency_penalty", "penalty"),
+    "min_p": ("min_p", "number"),
+    "repetition_penalty": ("repetition_penalty", "number"),
+    "presence_penalty": ("presence_penalty", "number"),
+    "frequency_penalty": ("frequency_penalty", "number"),
     "seed": ("seed", "int"),
     "stop": ("stop", "stop"),
 }
-
-#: the value of each sampling keyword that changes nothing (accepted even where generate lacks the keyword)
-_NEUTRAL = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 #: OpenAI fields bitmtp cannot honour, with the value that asks for nothing (anything else is a 400)
 _UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "logit_bias": None, "tools": None,
                 "tool_choice": None, "functions": None, "function_call": None, "parallel_tool_calls": None}
 
 _CHAT_ROLES = {"system", "developer", "user", "assistant"}
-#: stop strings a request may give (OpenAI allows 4)
-MAX_STOP = 4
 #: completions' default max_tokens (OpenAI's)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -73,71 +67,43 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check(name: str, value: Any, check: str) -> Any:
-    """``value`` of sampling field ``name`` checked by rule ``check``; returns the value generate takes."""
-    if check == "stop":
+def _check(name: str, value: Any, kind: str) -> Any:
+    """``value`` of sampling field ``name`` checked for its JSON type; returns the value generate takes."""
+    if kind == "stop":
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
             raise bad_request(name, f"expected a string or an array of strings, got {_kind(value)}")
-        if len(items) > MAX_STOP:
-            raise bad_request(name, f"at most {MAX_STOP} stop strings, got {len(items)}")
-        if any(s == "" for s in items):
-            raise bad_request(name, "a stop string is empty; give non-empty strings")
-        return list(items) or None
-    if check in ("int", "top_k"):
+        return list(items) or None  # [] asks for no stop string
+    if kind in ("int", "top_k"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad_request(name, f"expected an integer, got {_kind(value)}")
-        if check == "top_k":
-            if value < -1:
-                raise bad_request(name, f"must be >= 0 (0 or -1: no top-k cut), got {value}")
-            return max(value, 0)
-        return value
+        return max(value, 0) if kind == "top_k" and value == -1 else value  # -1: no top-k cut (vLLM's spelling)
     if not _is_number(value) or not math.isfinite(value):
         raise bad_request(name, f"expected a finite number, got {_kind(value) if not _is_number(value) else value}")
-    value = float(value)
-    ok, want = {
-        "nonneg": (value >= 0, ">= 0 (0: greedy)"),
-        "unit_open": (0 < value <= 1, "in (0, 1]"),
-        "unit": (0 <= value <= 1, "in [0, 1]"),
-        "positive": (value > 0, "> 0 (1: no penalty)"),
-        "penalty": (-2 <= value <= 2, "in [-2, 2]"),
-    }[check]
-    if not ok:
-        raise bad_request(name, f"must be {want}, got {value:g}")
     return value
-
-
-def _generate_params() -> set[str]:
-    """The keyword arguments this bitmtp's ``generate`` takes."""
-    import bitmtp
-
-    return set(inspect.signature(bitmtp.generate).parameters)
 
 
 def sampling_kwargs(body: Mapping[str, Any], *, chat: bool) -> tuple[dict[str, Any], bool]:
     """The OpenAI sampling fields of ``body`` → ``bitmtp.generate`` keyword arguments, and whether the
-    chosen tokens' logprobs are asked for. Fields that are absent or null are left to generate's
-    defaults. A field this bitmtp's ``generate`` does not take is dropped when it asks for nothing
-    (temperature 0, top_p 1, ...) and a 400 otherwise."""
-    accepted = _generate_params()
+    chosen tokens' logprobs are asked for: the one place the names map. Fields that are absent or null
+    take generate's defaults; values out of range are a 400 naming the field (the ranges are
+    ``SamplingParams``', checked here before the request waits for a KV store)."""
+    from bitmtp.decoding.sampling import SamplingParams
+
     kwargs: dict[str, Any] = {}
-    for name, (kwarg, check) in _SAMPLING.items():
+    for name, (kwarg, kind) in _SAMPLING.items():
         value = body.get(name)
-        if value is None:
-            continue
-        value = _check(name, value, check)
-        if value is None:
-            continue
-        if kwarg not in accepted:
-            if _NEUTRAL.get(kwarg) == value:
-                continue
-            raise bad_request(name, f"this bitmtp's generate() does not take {kwarg!r} (it decodes greedily); "
-                                    "leave the field out")
-        kwargs[kwarg] = value
+        if value is not None:
+            value = _check(name, value, kind)
+        if value is not None:
+            kwargs[kwarg] = value
+    try:
+        SamplingParams(**{k: v for k, v in kwargs.items() if k != "stop"})
+    except BitMTPError as exc:  # the message starts with the generate keyword, here the OpenAI name too
+        field_name = str(exc).split(":", 1)[0]
+        raise APIError(400, str(exc), param=field_name if field_name in _SAMPLING else None) from None
     logprobs = _logprobs(body, chat=chat)
     if logprobs:
-        if "logprobs" not in accepted:
-            raise bad_request("logprobs", "this bitmtp's generate() returns no logprobs; leave the field out")
         kwargs["logprobs"] = True
     return kwargs, logprobs
 

@@ -157,6 +157,9 @@ BAD = [  # (body, status, param, code): each an error response, then the server 
     ({"messages": _chat("x"), "stop": 3}, 400, "stop", None),
     ({"messages": _chat("x"), "n": 2}, 400, "n", None),
     ({"messages": _chat("x"), "presence_penalty": 3}, 400, "presence_penalty", None),
+    ({"messages": _chat("x"), "repetition_penalty": 0}, 400, "repetition_penalty", None),
+    ({"messages": _chat("x"), "seed": 1.5}, 400, "seed", None),
+    ({"messages": _chat("x"), "top_logprobs": 2}, 400, "top_logprobs", None),
     ({"model": "gpt-4o", "messages": _chat("x")}, 404, "model", "model_not_found"),
 ]
 
@@ -240,3 +243,75 @@ def test_missing_fastapi_names_the_extra(monkeypatch, smollm2):
     monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now raises ImportError
     with pytest.raises(BitMTPError, match=r"pip install 'bitmtp\[serve\]'"):
         create_app(smollm2)
+
+
+# --- sampling: the OpenAI fields reach bitmtp.generate -----------------------------------------------------
+
+def test_seeded_sampling_equals_generate_and_repeats(smollm2, openai_client):
+    kw = dict(temperature=0.8, top_p=0.9, seed=1234)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[5]), max_new_tokens=NEW, **kw)
+    resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW, **kw)
+    assert resp.choices[0].message.content == ref.text and resp.model_extra["bitmtp"]["seed"] == 1234
+    stream = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW,
+                                                   stream=True, **kw)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == ref.text
+    # extensions: top_k, min_p, repetition_penalty
+    ext = dict(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
+               frequency_penalty=0.3, seed=5)
+    ref2 = bitmtp.generate(smollm2, _chat(PROMPTS[5]), max_new_tokens=NEW, **ext)
+    resp2 = openai_client.chat.completions.create(
+        model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW, temperature=0.7, seed=5, presence_penalty=0.5,
+        frequency_penalty=0.3, extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2})
+    assert resp2.choices[0].message.content == ref2.text
+
+
+def test_an_unseeded_sample_reports_its_seed(openai_client):
+    resp = openai_client.completions.create(model=MODEL, prompt="My favourite animal is", max_tokens=NEW,
+                                            temperature=1.0)
+    seed = resp.model_extra["bitmtp"]["seed"]
+    assert isinstance(seed, int)
+    again = openai_client.completions.create(model=MODEL, prompt="My favourite animal is", max_tokens=NEW,
+                                             temperature=1.0, seed=seed)
+    assert again.choices[0].text == resp.choices[0].text
+
+
+def test_stop_strings_streamed_and_not(smollm2, server, openai_client):
+    prompt, stop = "Count: 1, 2, 3,", [" 6", "nine"]
+    ref = bitmtp.generate(smollm2, prompt, max_new_tokens=20, stop=stop)
+    assert ref.stop_reason == "stop" and " 6" not in ref.text
+    resp = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, stop=stop)
+    assert resp.choices[0].text == ref.text and resp.choices[0].finish_reason == "stop"
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
+                      json={"prompt": prompt, "max_tokens": 20, "stop": stop, "stream": True}) as s:
+        events = _sse(s.iter_lines())
+    assert "".join(e["choices"][0]["text"] for e in events) == ref.text  # the stop text is never sent
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_logprobs_of_the_chosen_tokens(smollm2, server, openai_client):
+    kw = dict(temperature=0.8, seed=9)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[6]), max_new_tokens=NEW, logprobs=True, **kw)
+    resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[6]), max_tokens=NEW,
+                                                 logprobs=True, **kw)
+    content = resp.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(ref.logprobs)
+    assert "".join(c.token for c in content) == ref.text and all(c.top_logprobs == [] for c in content)
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[6]), max_tokens=NEW,
+                                                        logprobs=True, stream=True, **kw))
+    streamed = [c.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for c in ch.choices[0].logprobs.content]
+    assert streamed == pytest.approx(ref.logprobs)
+    r = httpx.post(server.url + "/v1/completions", timeout=120,
+                   json={"prompt": "The sky is", "max_tokens": NEW, "logprobs": 0})
+    greedy = bitmtp.generate(smollm2, "The sky is", max_new_tokens=NEW, logprobs=True)
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == pytest.approx(greedy.logprobs) and "".join(lp["tokens"]) == greedy.text
+    assert lp["text_offset"][0] == 0 and all(v <= 0 for v in lp["token_logprobs"])
+
+
+def test_an_error_raised_by_generate_is_a_400_naming_the_field(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": _chat("x"), "stop": [f"s{i}" for i in range(17)]})  # generate takes 16
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+    assert r.json()["error"]["message"].startswith("stop: ")
+    _good_request(server)
