@@ -51,3 +51,8 @@ __all__ = [
     "BackendUnavailableError",
     "TokenIdError",
 ]
+
+
+class FallbackWarning(UserWarning):
+    """bitmtp could not run a call itself and handed it to another implementation (``bitmtp.patch``: a call
+    transformers' own ``generate`` runs, e.g. beam search or an arbitrary logits processor)."""

@@ -4,10 +4,22 @@ How it plugs in: the patched ``generate`` passes transformers' public ``custom_g
 so transformers still does everything it always does before decoding (merging the generation
 config, building stopping criteria and logits processors, validating arguments, ``streamer.put``
 of the prompt), and then calls :func:`_bitmtp_decode` instead of its own decoding loop. That
-function decodes with bitmtp when the prepared call is greedy, batch 1 and has nothing bitmtp
-does not reproduce (no logits processors, no scores/attentions requested, a full attention mask);
-otherwise it runs transformers' own loop, unchanged. Calls that are plainly not for bitmtp
-(sampling, beams, assistant models, a ``custom_generate`` of the caller's) skip the hook entirely.
+function decodes with bitmtp when the prepared call is batch 1 and has nothing bitmtp does not
+reproduce: greedy or sampled (``do_sample=True``) with transformers' repetition penalty, temperature,
+top-k, top-p and min-p processors — which map onto ``bitmtp.decoding.sampling`` — and no other logits
+processor, no scores/attentions requested, a full attention mask; otherwise it runs transformers' own
+loop, unchanged. Calls that are plainly not for bitmtp (beams, batches, assistant models, a
+``custom_generate`` of the caller's) skip the hook entirely. Every fall-through warns once per reason
+(:class:`bitmtp.errors.FallbackWarning`).
+
+Sampling through the patch draws its seed from torch's global generator, so ``torch.manual_seed(s)``
+before ``generate`` reproduces a call (the text differs from transformers' own sampling for the same
+seed — another random stream — but follows the same distribution, token by token, whatever the policy).
+
+Stop strings: transformers drops ``tokenizer`` before it calls a ``custom_generate`` callable, and then
+cannot build its stop-string criterion; the patched ``generate`` therefore takes ``stop_strings`` and
+``tokenizer`` out of the call and adds transformers' own ``StopStringCriteria`` to the stopping criteria
+inside the hook (so the output stops at the same token as unpatched).
 
 Weights: ``patch`` converts the HF module's weights once into a bitmtp decoder. Float tensors it
 can use as they are are shared with the HF module (no copy); q/k/v and gate/up are concatenated into
@@ -28,11 +40,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any
 
 import torch
 
-from bitmtp.errors import BitMTPError
+from bitmtp.errors import BitMTPError, FallbackWarning
 
 log = logging.getLogger("bitmtp.hf")
 
@@ -56,9 +69,10 @@ class _Patch:
 
     def fall_through(self, why: str) -> None:
         self.calls["transformers"] += 1
-        if why not in self.warned:  # logged once per reason
+        if why not in self.warned:  # warned once per reason
             self.warned.add(why)
-            log.info("bitmtp.patch: %s; running transformers' own generate", why)
+            warnings.warn(f"bitmtp.patch: {why}; running transformers' own generate (no bitmtp speedup)",
+                          FallbackWarning, stacklevel=4)
 
 
 def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int | None = None,
@@ -107,9 +121,17 @@ def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int
             state.fall_through(why)
             return original(*args, **kwargs)
         # transformers hands a custom_generate callable only the keyword arguments of its own signature
-        # that _sample lacks (the streamer is dropped), so the streamer travels in the partial
-        hook = functools.partial(_bitmtp_decode, state=state, call_streamer=kwargs.get("streamer"))
-        return original(*args, custom_generate=hook, **kwargs)
+        # that _sample lacks (the streamer and the tokenizer are dropped), so they travel in the partial;
+        # stop strings too, which transformers cannot turn into a criterion without the tokenizer
+        cfg = kwargs.get("generation_config") or model.generation_config
+        stops = kwargs.pop("stop_strings", None) or getattr(cfg, "stop_strings", None)
+        tokenizer = kwargs.pop("tokenizer", None)
+        if stops and tokenizer is None:
+            raise BitMTPError("stop_strings: pass the model's tokenizer too (generate(..., stop_strings=..., "
+                              "tokenizer=tokenizer)), as transformers requires")
+        hook = functools.partial(_bitmtp_decode, state=state, call_streamer=kwargs.get("streamer"),
+                                 call_stops=(stops, tokenizer) if stops else None)
+        return original(*args, custom_generate=hook, stop_strings=None, **kwargs)
 
     model.generate = generate
     setattr(model, _ATTR, state)
@@ -136,8 +158,6 @@ def _plainly_not_ours(args, kwargs, model) -> str | None:
         if kwargs.get(key) is not None:
             return f"{key} was given"
     cfg = kwargs.get("generation_config") or model.generation_config
-    if kwargs.get("do_sample", cfg.do_sample):
-        return "sampling (do_sample=True)"
     if kwargs.get("num_beams", cfg.num_beams or 1) > 1:
         return "beam search"
     if kwargs.get("num_return_sequences", cfg.num_return_sequences or 1) > 1:
@@ -150,15 +170,45 @@ def _plainly_not_ours(args, kwargs, model) -> str | None:
     return None
 
 
+def _sampling_of(processors, do_sample: bool):
+    """``(SamplingParams, None)`` for transformers' logits processors when they are ones bitmtp reproduces
+    (``bitmtp.decoding.sampling`` applies them in transformers' order: repetition penalty, temperature,
+    top-k, top-p, min-p), else ``(None, why not)``. The seed comes from torch's global generator."""
+    from bitmtp.decoding.sampling import SamplingParams
+
+    kw: dict[str, Any] = {"temperature": 1.0} if do_sample else {}
+    others = []
+    for p in processors or ():
+        name = type(p).__name__
+        keep = getattr(p, "min_tokens_to_keep", 1)
+        if name == "RepetitionPenaltyLogitsProcessor" and getattr(p, "prompt_ignore_length", None) is None:
+            kw["repetition_penalty"] = float(p.penalty)
+        elif do_sample and name == "TemperatureLogitsWarper":
+            kw["temperature"] = float(p.temperature)
+        elif do_sample and name == "TopKLogitsWarper" and keep <= p.top_k:
+            kw["top_k"] = int(p.top_k)
+        elif do_sample and name == "TopPLogitsWarper" and keep <= 1:
+            kw["top_p"] = float(p.top_p)
+        elif do_sample and name == "MinPLogitsWarper" and keep <= 1:
+            kw["min_p"] = float(p.min_p)
+        else:
+            others.append(name)
+    if others:
+        return None, f"logits processors ({', '.join(others)})"
+    if do_sample:
+        kw["seed"] = int(torch.randint(0, 2**62, (1,)).item())
+    try:
+        return SamplingParams(**kw), None
+    except BitMTPError as exc:
+        return None, str(exc)
+
+
 def _ineligible(state: _Patch, input_ids, logits_processor, generation_config, model_kwargs) -> str | None:
     gc = generation_config
     if input_ids.shape[0] != 1:
         return f"batch of {input_ids.shape[0]}"
-    if gc.do_sample or (gc.num_beams or 1) > 1:
-        return "not greedy"
-    if logits_processor is not None and len(logits_processor) > 0:
-        names = ", ".join(type(p).__name__ for p in logits_processor)
-        return f"logits processors ({names})"
+    if (gc.num_beams or 1) > 1:
+        return "beam search"
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(gc, flag, False):
             return f"{flag}=True"
@@ -171,12 +221,22 @@ def _ineligible(state: _Patch, input_ids, logits_processor, generation_config, m
 
 
 def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
-                   synced_gpus=False, streamer=None, *, state: _Patch, call_streamer=None, **model_kwargs):
+                   synced_gpus=False, streamer=None, *, state: _Patch, call_streamer=None, call_stops=None,
+                   **model_kwargs):
     """transformers' decoding step, through bitmtp (see the module docstring for when it declines)."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     streamer = streamer if streamer is not None else call_streamer
+    if call_stops is not None:  # the criterion transformers could not build without the tokenizer
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        stops, tokenizer = call_stops
+        stopping_criteria = StoppingCriteriaList([*(stopping_criteria or []),
+                                                  StopStringCriteria(tokenizer, stops)])
     why = _ineligible(state, input_ids, logits_processor, generation_config, model_kwargs)
+    sampling = None
+    if not why:
+        sampling, why = _sampling_of(logits_processor, bool(generation_config.do_sample))
     if why:
         state.fall_through(why)
         return type(model)._sample(model, input_ids, logits_processor=logits_processor,
@@ -196,7 +256,8 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
     bm = state.bm
     chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.resolved,
-                              block_size=state.block_size, drafter=state.drafter, notes=state.notes)
+                              block_size=state.block_size, drafter=state.drafter, notes=state.notes,
+                              sampling=sampling)
     seq = input_ids
     stopped = False
     try:  # the generation owns the engine's KV store until it ends: close it on every exit

