@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bitmtp.cli_common import at_least, between, checked, default_model_path, existing, positive_float
 
@@ -59,9 +60,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from bitmtp.serve.server import serve_forever
 
     model = _load(args)
-    app = create_app(model, model_name=args.model_name, sessions=args.sessions, queue_size=args.queue_size)
-    print(f"bitmtp: serving {model.source} as {args.model_name or 'its file name'} on http://{args.host}:{args.port}"
-          f"/v1 ({args.sessions} KV store(s), queue {args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
+    name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
+    app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size)
+    print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({args.sessions} "
+          f"KV store(s), queue {args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
     serve_forever(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
