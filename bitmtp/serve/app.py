@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -73,6 +74,8 @@ class _State:
         self.pool: SessionPool | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: set at shutdown: streams in flight stop after their next piece (the process can exit)
+        self.stopping = threading.Event()
 
     async def start(self) -> None:
         from bitmtp.api import BitMTPModel
@@ -96,13 +99,15 @@ class _State:
         self.model = model
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     def ready(self) -> SessionPool:
         if self.pool is None:
-            raise APIError(503, "the model is still loading; retry in a few seconds (GET /health says when it is "
-                                "ready)", code="model_loading")
+            raise APIError(503, "the model is not loaded yet: the app loads it at startup (its ASGI lifespan, which "
+                                "the server must run); retry in a few seconds (GET /health says when it is ready)",
+                           code="model_loading")
         return self.pool
 
 
@@ -123,7 +128,7 @@ def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None
             stream = bitmtp.generate(session, input_ids=req.input_ids, stream=True, **req.kwargs)
             emit(("start", None))
             for piece in stream:
-                if cancelled.is_set():  # the client went away: stop decoding for it
+                if cancelled.is_set() or state.stopping.is_set():  # the client went away, or the server stops
                     return
                 emit(("piece", piece))
             emit(("done", stream.result))
@@ -299,8 +304,11 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         created = int(time.time())
         if not req.stream:
             return JSONResponse(_full_response(state, req, payload, rid, created))
-        return StreamingResponse(_sse(state, req, events, cancelled, rid, created), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        body = _sse(state, req, events, cancelled, rid, created)
+        # a body never started (the client left before the first byte) runs no `finally`: stop the thread when
+        # the generator object is dropped instead
+        weakref.finalize(body, cancelled.set)
+        return StreamingResponse(body, media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Any:

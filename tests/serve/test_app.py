@@ -315,3 +315,13 @@ def test_an_error_raised_by_generate_is_a_400_naming_the_field(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
     assert r.json()["error"]["message"].startswith("stop: ")
     _good_request(server)
+
+
+def test_bad_app_options(smollm2):
+    from bitmtp.errors import BitMTPError
+    from bitmtp.serve import create_app
+
+    with pytest.raises(BitMTPError, match=r"^sessions: must be an integer >= 1, got 0"):
+        create_app(smollm2, sessions=0)
+    with pytest.raises(BitMTPError, match=r"^queue_size: must be an integer >= 0, got -1"):
+        create_app(smollm2, queue_size=-1)
