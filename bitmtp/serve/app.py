@@ -246,6 +246,11 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
                                        type="invalid_request_error", code="not_found" if exc.status_code == 404
                                        else None))
 
+    @app.exception_handler(Exception)
+    async def _bug(request: HTTPRequest, exc: Exception) -> JSONResponse:
+        # anything else is a bug in bitmtp: still an OpenAI-style body, and the server keeps serving
+        return error_response(_error_of(exc, chat=False))
+
     @app.middleware("http")
     async def _replica_header(request: HTTPRequest, call_next: Any) -> Any:
         response = await call_next(request)

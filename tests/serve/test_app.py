@@ -325,3 +325,17 @@ def test_bad_app_options(smollm2):
         create_app(smollm2, sessions=0)
     with pytest.raises(BitMTPError, match=r"^queue_size: must be an integer >= 0, got -1"):
         create_app(smollm2, queue_size=-1)
+
+
+def test_a_bug_is_an_openai_500_and_the_server_keeps_serving(server, monkeypatch):
+    import bitmtp.serve.app as app_module
+
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(app_module, "parse_request", boom)
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": _chat("x")}, timeout=60)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+    assert "ZeroDivisionError: planted" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    _good_request(server)
