@@ -102,6 +102,25 @@ def test_select_equals_the_reference_rule(params, rows, vocab):
         assert float(prob[r]) == pytest.approx(want_p, rel=1e-5)
 
 
+@pytest.mark.parametrize("scale", [3.0, 0.05], ids=["peaked", "flat"])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_top_p_over_a_large_vocabulary_equals_the_reference(scale, rows):
+    """V = 600 > the CPU's 256 top-p candidates: peaked rows take the candidates path, flat rows (the top 256
+    hold < top_p) the full sort."""
+    params = SamplingParams(temperature=1.0, top_p=0.8)
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 600, generator=g) * scale
+    positions = torch.arange(rows) * 7 + 3
+    s = Sampler(params, 600, torch.device("cpu"))
+    s.start(5, [])
+    tok, prob = s.select(logits, positions)
+    u = position_uniforms(seed_words(5), positions + 1).tolist()
+    for r in range(rows):
+        want, want_p = reference_sample(logits[r], params, [], 0, u[r])
+        assert int(tok[r]) == want
+        assert float(prob[r]) == pytest.approx(want_p, rel=1e-4)
+
+
 def test_draft_rows_see_only_the_committed_text():
     params = SamplingParams(temperature=1.0, frequency_penalty=2.0)
     logits = torch.zeros(4, 8)
