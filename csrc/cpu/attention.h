@@ -22,12 +22,15 @@ struct AttentionArgs {
 
 // Tiling of attention_body.inc (speed only: a pair's bits never depend on these).
 constexpr int kAttnTile = 16;      // KV rows per transposed K tile: the vector lanes of the scores
-constexpr int kAttnVTile = 64;     // KV rows per V tile (16 KiB at head dim 64: stays in L1)
+constexpr int kAttnChunk = 128;    // KV rows per softmax chunk (fixes the bits: see attention_body.inc);
+                                   // its V rows (32 KiB at head dim 64) stay in L1 for the PV loop
 constexpr int kAttnMaxPairs = 64;  // (row, head) pairs computed together: bounds the scratch
 
-// Floats of scratch one thread of attention_rows_* uses (attention.cpp; the caller allocates
-// threads times this, the ISA units carve it up the same way).
+// Floats of scratch one thread of attention_rows_* uses, and of the per-(pair, chunk) partials the
+// threads share (attention.cpp; the caller allocates threads times the first plus the second, the
+// ISA units carve it up the same way).
 int64_t attention_scratch_floats(const AttentionArgs& a);
+int64_t attention_partial_floats(const AttentionArgs& a);
 
 // Dispatches on a.isa (already checked against the CPU by the caller).
 void attention_rows(const AttentionArgs& a);

@@ -9,6 +9,7 @@ import torch
 from bitmtp.errors import ShapeError
 from bitmtp.ops import attention
 from bitmtp.ops.registry import availability
+from tests.support.attention_replay import CHUNK, attn_exp
 
 BACKENDS = [b for b in ("torch", "cpu", "triton") if availability(b, "cpu")[0]]
 DETERMINISTIC = [b for b in ("cpu", "triton") if b in BACKENDS]
@@ -82,33 +83,25 @@ def test_cpu_isa_paths_give_the_same_bits(d, rng):
 
 # --- the cpu kernel's exact operation sequence -------------------------------------------------------
 
-def _libm_expf():
-    """The C library's ``expf`` (the one the kernel calls), or None where it cannot be found."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("m")
-    if name is None:
-        return None
-    fn = ctypes.CDLL(name).expf
-    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
-    return fn
 
 
 def _kernel_sequence(q, k, v, mask, scale):
-    """What the cpu kernel computes for every (row, head), operation by operation, in numpy float32:
-    the 16 partial sums of the dot product (lane j sums d = j, j + 16, ... from 0), added in lane order
-    to 0 and times scale; the max over the allowed rows; expf(score - max) through the C library; the
-    double total in increasing l; acc += w * v in increasing l; acc * float(1 / total); zeros for a row
-    that sees nothing. Each numpy operation rounds to float32 on its own (no fused multiply-add)."""
+    """What the cpu kernel computes for every (row, head), operation by operation, in numpy float32
+    (attention_body.inc): the 16 partial sums of the dot product (lane j sums d = j, j + 16, ... from 0),
+    added in lane order to 0 and times scale; per chunk of CHUNK KV rows the pair sees: the max m_c over
+    its allowed rows, w = attn_exp(score - m_c) (0 where not allowed), the total in 16 lanes (lane i sums
+    rows i, i + 16, ... of the chunk) added in lane order, acc_c = sum of w * v in increasing row; then
+    over the chunks in order: M = max m_c, e_c = attn_exp(m_c - M), T = sum t_c e_c, A = sum acc_c e_c,
+    out = A * (1 / T); zeros for a row that sees nothing. Each numpy operation rounds to float32 on its
+    own (no fused multiply-add)."""
     import numpy as np
 
-    expf = _libm_expf()
+    f = np.float32
     m, h, d = q.shape
     kvh = k.shape[0]
     length = mask.shape[1]
     group = h // kvh
-    sc = np.float32(scale)
+    sc = f(scale)
     out = np.zeros((m, h, d), np.float32)
     msk = mask.numpy()
     with np.errstate(all="ignore"):  # lanes of rows a pair may not see can hold NaN/Inf: never used
@@ -122,20 +115,34 @@ def _kernel_sequence(q, k, v, mask, scale):
                 for e in range(j, d, 16):
                     part = part + qg[:, e:e + 1] * keys[None, :, e]
                 s = s + part
-            s = s * sc
-            mx = np.where(allowed, s, np.float32(-np.inf)).max(axis=1)
-            diff = s - mx[:, None]
-            w = np.zeros_like(diff)
-            for p, row in zip(*np.nonzero(allowed), strict=True):
-                w[p, row] = expf(float(diff[p, row]))
-            total = np.zeros(m * group, np.float64)
-            acc = np.zeros((m * group, d), np.float32)
-            for row in range(length):  # KV rows in increasing order
-                total = total + np.where(allowed[:, row], w[:, row].astype(np.float64), 0.0)
-                acc = np.where(allowed[:, row, None], acc + w[:, row, None] * values[None, row], acc)
-            seen = allowed.any(axis=1)
-            inv = np.where(seen, 1.0 / np.where(seen, total, 1.0), 0.0).astype(np.float32)
-            res = np.where(seen[:, None], acc * inv[:, None], np.float32(0))
+            s = np.where(allowed, s * sc, f(-np.inf))
+            parts = []  # per chunk: (seen, m_c, t_c, acc_c)
+            for c0 in range(0, length, CHUNK):
+                c1 = min(c0 + CHUNK, length)
+                seen = allowed[:, c0:c1].any(axis=1)
+                mc = np.where(seen, s[:, c0:c1].max(axis=1), f(0))
+                w = attn_exp(s[:, c0:c1] - mc[:, None])
+                lanes = np.zeros((m * group, 16), np.float32)
+                for x in range(c1 - c0):
+                    lanes[:, x % 16] = lanes[:, x % 16] + w[:, x]
+                tc = np.zeros(m * group, np.float32)
+                for i in range(16):
+                    tc = tc + lanes[:, i]
+                acc = np.zeros((m * group, d), np.float32)
+                for x in range(c1 - c0):  # KV rows in increasing order
+                    acc = np.where(allowed[:, c0 + x, None], acc + w[:, x, None] * values[None, c0 + x], acc)
+                parts.append((seen, mc, tc, acc))
+            big = np.stack([np.where(p[0], p[1], f(-np.inf)) for p in parts])
+            mx = big.max(axis=0)
+            total = np.zeros(m * group, np.float32)
+            res = np.zeros((m * group, d), np.float32)
+            for seen, mc, tc, acc in parts:
+                e = attn_exp(mc - mx)
+                total = np.where(seen, total + tc * e, total)
+                res = np.where(seen[:, None], res + acc * e[:, None], res)
+            any_seen = allowed.any(axis=1)
+            inv = np.where(any_seen, f(1) / np.where(any_seen, total, f(1)), f(0)).astype(np.float32)
+            res = np.where(any_seen[:, None], res * inv[:, None], f(0))
             out[:, g * group:(g + 1) * group] = res.reshape(m, group, d)
     return torch.from_numpy(out)
 
@@ -170,7 +177,6 @@ SEQUENCE_SHAPES = [(1, 9, 3, 64, 1000), (16, 9, 3, 64, 300), (64, 8, 2, 24, 130)
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
-@pytest.mark.skipif(_libm_expf() is None, reason="no C library expf to replay the kernel's exponentials")
 @pytest.mark.parametrize("m,h,kvh,d,length", SEQUENCE_SHAPES)
 def test_cpu_bits_are_the_lone_pair_sequence(m, h, kvh, d, length, rng):
     """Every ISA path and thread count gives, bit for bit, the per-(row, head) operation sequence the
