@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bitmtp.errors import BitMTPError
@@ -54,8 +54,8 @@ class Request:
     include_usage: bool = False
     #: return the chosen tokens' log-probabilities
     logprobs: bool = False
+    #: the model name the client gave (None: left out)
     model: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _kind(x: Any) -> str:
