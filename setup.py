@@ -39,6 +39,7 @@ PACKAGES = [
     "bitmtp.runtime.vulkan",
     "bitmtp.decoding",
     "bitmtp.train",
+    "bitmtp.serve",
     "bitmtp._csrc.cuda",
 ]
 
