@@ -160,3 +160,51 @@ def test_bad_sampling_arguments_name_the_argument(model, bad):
     (name,) = bad
     with pytest.raises(BitMTPError, match=f"^{name}: "):
         bitmtp.generate(model, input_ids=[3, 4], max_new_tokens=2, policy="ar", **bad)
+
+
+N_EMPIRICAL = 20_000
+
+
+def _exact_two_token_law(model, prompt: list[int], params: SamplingParams) -> torch.Tensor:
+    """``[V, V]``: the exact probability of each first-two-token continuation under ``params`` (the float64
+    reference rule's distribution, from the model's own logits; penalties see the first token)."""
+    from bitmtp.decoding.sampling import filtered_probs, process_scores
+
+    kv = model.session().engine.kv
+
+    def dist(seq: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model.decoder(_step(seq), kv)[-1:].double()
+        seen = torch.bincount(torch.tensor(seq), minlength=VOCAB).double()
+        gen = torch.bincount(torch.tensor(seq[len(prompt):], dtype=torch.long), minlength=VOCAB).double()
+        probs = filtered_probs(process_scores(logits, params, seen, gen), params)[0]
+        return probs / probs.sum()
+
+    first = dist(prompt)
+    return torch.stack([first[x] * dist(prompt + [x]) for x in range(VOCAB)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5], CONFIGS[10]],
+                         ids=lambda c: "-".join(x or "default" for x in c))
+def test_sampled_two_token_law_matches_the_model(model, config):
+    """20,000 seeds, two new tokens each: the joint distribution of (x1, x2) passes a chi-square test against
+    the exact law computed from the model (cells with expected count < 5 pooled), for AR and for MTP
+    (two-pass mask-block, one-pass heads, auto; D = 4). The other drafters and D commit the same tokens
+    as AR for every seed (test_every_verifying_policy_samples_exactly_ar), hence the same law."""
+    from tests.decoding.test_sampling import _chi2_rejects
+
+    policy, drafter, schedule, kind = config
+    model.load_adapter(random_adapter(model.args, kind, seed=11) if kind else None)
+    prompt = [3, 9, 4, 20, 7]
+    kw = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.3)
+    law = _exact_two_token_law(model, prompt, SamplingParams(**kw)).reshape(-1)
+    counts = torch.zeros(VOCAB * VOCAB, dtype=torch.long)
+    for seed in range(N_EMPIRICAL):
+        out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=2, eos_token_id=[], seed=seed, policy=policy,
+                              drafter=drafter, schedule=schedule, block_size=4 if kind else None, **kw)
+        counts[out.token_ids[0] * VOCAB + out.token_ids[1]] += 1
+    assert not _chi2_rejects(counts, law)
+    # and the test has power: the law at another temperature is rejected
+    hot = _exact_two_token_law(model, prompt, SamplingParams(**{**kw, "temperature": 1.2})).reshape(-1)
+    assert _chi2_rejects(counts, hot)
