@@ -10,7 +10,6 @@ stopping criteria and stop strings stop at the same token as transformers'.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -22,6 +21,7 @@ from bitmtp.formats.adapters import save_adapter
 from bitmtp.hf import patch_state
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import FAMILIES, tiny_model
+from tests.support.stats import two_sample_rejects
 
 transformers = pytest.importorskip("transformers")
 
@@ -129,20 +129,6 @@ def test_sampling_runs_through_bitmtp_reproducibly_and_losslessly(adapter_dir, p
         assert torch.equal(hf.generate(p, max_new_tokens=20, **SAMPLE), ar)  # the same seed: AR's sample
 
 
-def _two_sample_rejects(a: torch.Tensor, b: torch.Tensor, z: float = 4.75) -> bool:
-    """Pearson's two-sample chi-square (cells with < 10 samples in both pooled) beyond the Wilson–Hilferty
-    critical value at ``z`` (alpha ≈ 1e-6)."""
-    big = (a + b) >= 10
-    a = torch.cat([a[big], a[~big].sum().reshape(1)]).double()
-    b = torch.cat([b[big], b[~big].sum().reshape(1)]).double()
-    keep = (a + b) > 0
-    a, b = a[keep], b[keep]
-    na, nb = float(a.sum()), float(b.sum())
-    stat = float((((a * math.sqrt(nb / na) - b * math.sqrt(na / nb)) ** 2) / (a + b)).sum())
-    df = int(keep.sum()) - 1
-    return stat > df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 def test_patched_sampling_matches_transformers_in_distribution(adapter_dir):
     """1,500 two-token samples each, patched (speculative, D=4) and unpatched: the first and second tokens'
     distributions agree (and the test rejects a sampler at another temperature)."""
@@ -163,8 +149,8 @@ def test_patched_sampling_matches_transformers_in_distribution(adapter_dir):
     ours = counts()
     assert patch_state(hf).calls["bitmtp"] == n
     for r, o, h in zip(ref, ours, hot, strict=True):
-        assert not _two_sample_rejects(r, o)
-        assert _two_sample_rejects(r, h)
+        assert not two_sample_rejects(r, o)
+        assert two_sample_rejects(r, h)
 
 
 def test_stop_strings_and_tokenizer_pass_through():

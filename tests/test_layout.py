@@ -29,7 +29,8 @@ from tests.support.paths import REPO_ROOT
 
 #: Top-level test files about the repository as a whole rather than one module (golden_tokens: every
 #: policy's tokens on the real model against tests/golden/, end to end; bench_peer: bench/'s llama.cpp harness).
-REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "bench_peer", "golden_tokens"}
+REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "bench_peer", "bench_ternary_peer",
+             "golden_tokens"}
 
 #: Folders whose modules may not import test modules (bench/ and scripts/ use tests.support too).
 CHECKED_FOLDERS = ("tests", "bench", "scripts")

@@ -27,6 +27,7 @@ from bitmtp.decoding.sampling import (
     seed_words,
 )
 from bitmtp.errors import BitMTPError
+from tests.support.stats import chi2_rejects
 
 M32 = 0xFFFFFFFF
 
@@ -204,21 +205,6 @@ def test_known_lossy_rule_has_another_law(vocab, seed):
 N_EMPIRICAL = 20_000
 
 
-def _chi2_rejects(counts: torch.Tensor, p: torch.Tensor, z: float = 4.75) -> bool:
-    """Pearson's chi-square against ``p`` (cells with expected count < 5 pooled) beyond the Wilson–Hilferty
-    critical value at ``z`` (4.75: alpha ≈ 1e-6; the inputs are seeded, so the outcome is fixed)."""
-    n = float(counts.sum())
-    exp = p * n
-    big = exp >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].double().sum().reshape(1)])
-    e = torch.cat([exp[big], exp[~big].sum().reshape(1)])
-    keep = e > 0
-    stat = float(((obs[keep] - e[keep]) ** 2 / e[keep]).sum())
-    df = int(keep.sum()) - 1
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat > crit
-
-
 @pytest.mark.parametrize("vocab,seed", [(5, 1), (17, 2), (32, 3)])
 def test_empirical_lossless_and_the_lossy_rule_rejected(vocab, seed):
     p, q = _dists(vocab, seed)
@@ -230,7 +216,7 @@ def test_empirical_lossless_and_the_lossy_rule_rejected(vocab, seed):
     target, _ = sampler.select(logits_p, positions)
     draft, _ = sampler.select(logits_q, positions)  # the coupled draft (same uniform)
     committed = torch.where(draft == target, draft, target)  # greedy verification commits the target
-    assert not _chi2_rejects(torch.bincount(committed, minlength=vocab), p)
+    assert not chi2_rejects(torch.bincount(committed, minlength=vocab), p)
     assert float((draft == target).double().mean()) == pytest.approx(coupled_acceptance(p, q), abs=0.02)
     # rejection sampling, right and wrong, with a seeded generator
     g = torch.Generator().manual_seed(seed)
@@ -243,6 +229,6 @@ def test_empirical_lossless_and_the_lossy_rule_rejected(vocab, seed):
         return torch.where(ok, drafts, fallback)
 
     right = rejection(torch.multinomial(q.float(), N_EMPIRICAL, replacement=True, generator=g))
-    assert not _chi2_rejects(torch.bincount(right, minlength=vocab), p)
+    assert not chi2_rejects(torch.bincount(right, minlength=vocab), p)
     lossy = rejection(torch.full((N_EMPIRICAL,), int(q.argmax())))
-    assert _chi2_rejects(torch.bincount(lossy, minlength=vocab), p)
+    assert chi2_rejects(torch.bincount(lossy, minlength=vocab), p)

@@ -21,6 +21,7 @@ from bitmtp.decoding.sampling import SamplingParams, position_uniforms, referenc
 from bitmtp.errors import BitMTPError
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import tiny_model
+from tests.support.stats import chi2_rejects
 
 pytest.importorskip("transformers")
 
@@ -192,8 +193,6 @@ def test_sampled_two_token_law_matches_the_model(model, config):
     the exact law computed from the model (cells with expected count < 5 pooled), for AR and for MTP
     (two-pass mask-block, one-pass heads, auto; D = 4). The other drafters and D commit the same tokens
     as AR for every seed (test_every_verifying_policy_samples_exactly_ar), hence the same law."""
-    from tests.decoding.test_sampling import _chi2_rejects
-
     policy, drafter, schedule, kind = config
     model.load_adapter(random_adapter(model.args, kind, seed=11) if kind else None)
     prompt = [3, 9, 4, 20, 7]
@@ -204,7 +203,7 @@ def test_sampled_two_token_law_matches_the_model(model, config):
         out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=2, eos_token_id=[], seed=seed, policy=policy,
                               drafter=drafter, schedule=schedule, block_size=4 if kind else None, **kw)
         counts[out.token_ids[0] * VOCAB + out.token_ids[1]] += 1
-    assert not _chi2_rejects(counts, law)
+    assert not chi2_rejects(counts, law)
     # and the test has power: the law at another temperature is rejected
     hot = _exact_two_token_law(model, prompt, SamplingParams(**{**kw, "temperature": 1.2})).reshape(-1)
-    assert _chi2_rejects(counts, hot)
+    assert chi2_rejects(counts, hot)
