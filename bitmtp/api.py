@@ -746,8 +746,9 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
         raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
-    if not sampling.greedy:
-        model.engine.pool.set_sampling(sampling)  # a runtime that cannot sample so says it now, not mid-stream
+    # a runtime that cannot sample so says it now, not mid-stream (set_sampling itself runs inside the
+    # generation, which owns the pool: another thread's generation may be running right now)
+    model.engine.pool.check_sampling(sampling)
     chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
                                  drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
     if stream:

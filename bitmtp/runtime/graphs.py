@@ -147,6 +147,10 @@ class GraphPool:
                             if program is not None else None)
         return self.sampler
 
+    @staticmethod
+    def check_sampling(params: SamplingParams | None) -> None:
+        """Every sampling program runs here (``runtime.protocols.StepPool.check_sampling``)."""
+
     def get(self, state: ReplayState) -> StepRunner:
         runner = self.runners.get(state)
         if runner is None:

@@ -101,5 +101,9 @@ class StepPool(Protocol):
         on; returns the sampler whose ``start`` / ``commit`` the decode loop calls (None when greedy).
         BitMTPError when this runtime cannot sample so."""
 
+    def check_sampling(self, params: Any) -> None:
+        """BitMTPError when this runtime cannot sample by ``params`` (changes nothing: callers check before a
+        generation owns the pool)."""
+
     def flush(self) -> None:
         """Make every run runner's outputs readable on the host (a no-op where they already are)."""

@@ -48,21 +48,23 @@ def model():
 
 @pytest.fixture(scope="module")
 def jobs():
-    """20 (prompt, policy) pairs: prompts of random lengths, the three policies in turn."""
+    """20 (prompt, policy, sampling) triples: prompts of random lengths, the three policies in turn, every other
+    pair sampled (seeded, with a penalty: a sampler state shared by mistake shows) and the rest greedy."""
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"jobs seed {seed}")
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(20):
         n = int(torch.randint(2, 30, (1,), generator=g))
-        out.append((torch.randint(3, 95, (n,), generator=g).tolist(), POLICIES[i % 3]))
+        sampling = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.2, seed=i) if i % 4 >= 2 else {}
+        out.append((torch.randint(3, 95, (n,), generator=g).tolist(), POLICIES[i % 3], sampling))
     return out
 
 
 def _run(model, job):
-    prompt, policy = job
+    prompt, policy, sampling = job
     out = bitmtp.generate(model, input_ids=prompt, max_new_tokens=NEW, policy=policy, block_size=4, tau=TAU,
-                          eos_token_id=[])
+                          eos_token_id=[], **sampling)
     return out.token_ids, out.stats.committed
 
 
@@ -135,9 +137,9 @@ def test_a_session_runs_while_the_model_is_held(model, jobs, solo):
 
 
 def _stream(model, job):
-    prompt, policy = job
+    prompt, policy, sampling = job
     return bitmtp.generate(dataclasses.replace(model, tokenizer=Letters()), input_ids=prompt, max_new_tokens=NEW,
-                           policy=policy, block_size=4, tau=TAU, eos_token_id=[], stream=True)
+                           policy=policy, block_size=4, tau=TAU, eos_token_id=[], stream=True, **sampling)
 
 
 @pytest.mark.parametrize("second", ["generate", "stream"])

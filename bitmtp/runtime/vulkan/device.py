@@ -410,12 +410,17 @@ class VulkanStepPool:
 
     def set_sampling(self, params) -> None:
         """Greedy only: the WGSL step ends in an argmax (``runtime.protocols.StepPool.set_sampling``)."""
+        self.check_sampling(params)
+        return None
+
+    @staticmethod
+    def check_sampling(params) -> None:
+        """BitMTPError unless ``params`` is greedy (``runtime.protocols.StepPool.check_sampling``)."""
         if params is not None and not params.greedy:
             what = "temperature > 0" if params.samples else "repetition/presence/frequency penalties"
             raise BitMTPError(f"sampling: runtime='vulkan' decodes greedily only (its step shader ends in an argmax); "
                               f"{what} need runtime='torch' (the CPU or a CUDA GPU), or use temperature=0 without "
                               "penalties")
-        return None
 
     def get(self, state: ReplayState) -> VulkanStepRunner:
         runner = self.runners.get(state)
