@@ -74,6 +74,28 @@ def test_chat_in_a_terminal_multi_turn_reset_exit(model):
     assert child.exitstatus == 0
 
 
+def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(model):
+    pexpect = pytest.importorskip("pexpect")
+    short = _reply(model, [{"role": "user", "content": Q1}])  # the first NEW tokens of a fresh answer
+    child = pexpect.spawn(sys.executable, ["-m", "bitmtp", "chat", "--capacity", "512", "--max-new-tokens", "480"],
+                          env=_env(), encoding="utf-8", timeout=180, cwd=str(REPO_ROOT), dimensions=(40, 500))
+    try:
+        child.expect_exact("> ")
+        child.sendline("Write a very long story about a dragon, in twenty paragraphs.")
+        child.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+        child.sendintr()
+        child.expect_exact("(reply stopped)\r\n> ")
+        child.sendline(Q1)  # the stopped turn is not in the conversation: this answer is a fresh one's
+        child.expect_exact("\r\n> ")
+        out = child.before.replace("\r\n", "\n")
+        assert out.startswith(Q1 + "\n") and out[len(Q1) + 1:].startswith(short), out
+        child.sendeof()  # Ctrl-D quits like /exit
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+
+
 def test_chat_takes_piped_stdin_as_one_message(model):
     text = f"{Q1}\nAnswer in French."
     ref = _reply(model, [{"role": "user", "content": text}])
