@@ -189,6 +189,14 @@ def test_bad_vulkan_arguments(device_runner):
     oracle = OracleDrafter(dev.decoder, PROMPT + [0] * 40)
     with pytest.raises(BitMTPError, match="oracle drafter does not run on the device"):
         bitmtp.generate(dev, input_ids=PROMPT, max_new_tokens=5, policy="speculative", block_size=4, drafter=oracle)
+    # sampling: the step shader ends in an argmax; refused before anything runs, greedy still fine after
+    ref = bitmtp.generate(dev, input_ids=PROMPT, max_new_tokens=5, policy="ar").token_ids
+    for kw in (dict(temperature=0.7), dict(repetition_penalty=1.2)):
+        with pytest.raises(BitMTPError, match="^sampling: runtime='vulkan' decodes greedily only"):
+            bitmtp.generate(dev, input_ids=PROMPT, max_new_tokens=5, policy="ar", **kw)
+    assert not dev.engine.busy
+    assert bitmtp.generate(dev, input_ids=PROMPT, max_new_tokens=5, policy="ar", temperature=0.0, top_p=0.5,
+                           seed=3).token_ids == ref
 
 
 def test_cli_generate_and_plan(device_runner, tmp_path, capsys):
