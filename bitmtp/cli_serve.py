@@ -85,6 +85,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
         print(f"bitmtp: serving {path} from {args.replicas} Ray Serve replicas on http://{args.host}:{args.port}/v1; "
               "Ctrl-C stops", file=sys.stderr, flush=True)
         serve.run(app, route_prefix="/", blocking=True)
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: a normal end, as uvicorn's in-process one
+        pass
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -172,3 +172,33 @@ def test_bad_options_are_one_line(capsys, argv, message):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bitmtp: error: ") and message in err, err
+
+
+@pytest.mark.slow
+def test_serve_replicas_runs_on_ray_serve_and_stops_on_ctrl_c(model):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("ray", reason="pip install 'bitmtp[ray]'")
+    ref = bitmtp.generate(model, "The capital of France is", max_new_tokens=NEW).text
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bitmtp", "serve", "--replicas", "2", "--port", str(port),
+                             "--capacity", "512", "--model-name", "smol"], env=_env(), cwd=str(REPO_ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(3000):  # Ray starts, then both replicas load the model
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        r = httpx.post(url + "/v1/completions", timeout=120,
+                       json={"model": "smol", "prompt": "The capital of France is", "max_tokens": NEW})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == ref and r.headers["x-bitmtp-replica"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "from 2 Ray Serve replicas" in err
