@@ -45,8 +45,10 @@ namespace bitmtp_cpu {
 
 int64_t attention_scratch_floats(const AttentionArgs& a) {
   // one chunk's scores of kAttnMaxPairs pairs, one transposed K tile, one row of zeros (the
-  // stand-in for KV rows nobody may read)
-  return static_cast<int64_t>(kAttnMaxPairs) * kAttnChunk + static_cast<int64_t>(kAttnTile + 1) * a.D;
+  // stand-in for KV rows nobody may read); float16 K/V: one tile's K rows and one chunk's V rows
+  // widened to float32
+  const int64_t half = a.kv_half ? static_cast<int64_t>(kAttnTile + kAttnChunk) * a.D : 0;
+  return static_cast<int64_t>(kAttnMaxPairs) * kAttnChunk + static_cast<int64_t>(kAttnTile + 1) * a.D + half;
 }
 
 int64_t attention_partial_floats(const AttentionArgs& a) {

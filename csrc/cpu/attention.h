@@ -11,13 +11,15 @@ namespace bitmtp_cpu {
 struct AttentionArgs {
   const float* q;       // [M][H][D]
   const float* k;       // [KVH][S][D] (S = rows of the KV buffer; rows [0, L) are read)
-  const float* v;       // [KVH][S][D]
+  const float* v;       // [KVH][S][D]; with kv_half, both hold IEEE binary16 (read through uint16_t)
   const uint8_t* mask;  // [M][L], 1 = row may attend to that KV row
   float* out;           // [M][H][D]
   int M, H, KVH, D, S, L;
   float scale;
   int threads;
   int isa;              // 0 scalar (baseline), 1 AVX2, 2 AVX-512: the same bits, wider vectors
+  int kv_half = 0;      // 1: K/V are float16, widened exactly on load (the bits of float32 K/V holding
+                        // the same values): half the bytes a long KV store streams
 };
 
 // Tiling of attention_body.inc (speed only: a pair's bits never depend on these).

@@ -3,6 +3,7 @@
 // Reference: bitmtp.ops.reference.attention_reference
 // Test: tests/ops/test_attention.py, tests/runtime/test_masked_rows.py
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -86,7 +86,7 @@ void dense(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, ui
 }
 
 void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t out, int64_t M, int64_t H,
-               int64_t KVH, int64_t D, int64_t S, int64_t L, double scale, int threads, int isa) {
+               int64_t KVH, int64_t D, int64_t S, int64_t L, double scale, int threads, int isa, bool kv_half) {
   require(M >= 1 && H >= 1 && KVH >= 1 && D >= 1 && L >= 1 && S >= L, "attention: bad shape");
   require(H % KVH == 0, "attention: kv heads must divide heads");
   require(q && k && v && mask && out, "attention: null pointer");
@@ -94,7 +94,7 @@ void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t 
                   reinterpret_cast<const float*>(v), reinterpret_cast<const uint8_t*>(mask),
                   reinterpret_cast<float*>(out), static_cast<int>(M), static_cast<int>(H), static_cast<int>(KVH),
                   static_cast<int>(D), static_cast<int>(S), static_cast<int>(L), static_cast<float>(scale), threads,
-                  resolve_isa(isa)};
+                  resolve_isa(isa), kv_half ? 1 : 0};
   py::gil_scoped_release release;
   attention_rows(a);
 }
@@ -146,8 +146,9 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         "Dense multi-token GEMV with a row-independent summation order; fmt: 0 float32, 1 Q4_1, 2 Q8_0, 3 Q4_0 blocks");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
         py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
-        py::arg("threads"), py::arg("isa") = -1,
-        "Row-deterministic masked attention on float32 buffers (the same bits on every ISA path)");
+        py::arg("threads"), py::arg("isa") = -1, py::arg("kv_half") = false,
+        "Row-deterministic masked attention on float32 q/out and float32 (or, kv_half, float16) K/V buffers "
+        "(the same bits on every ISA path; float16 K/V give the bits of float32 K/V holding the same values)");
   m.def("fused_layers", &fused_layers_entry, py::arg("x"), py::arg("M"), py::arg("hidden"), py::arg("heads"),
         py::arg("kv_heads"), py::arg("head_dim"), py::arg("inter"), py::arg("table"), py::arg("kv"), py::arg("lora"),
         py::arg("lora_first_row"), py::arg("lora_scaling"), py::arg("layer_ids"), py::arg("num_layers_run"),

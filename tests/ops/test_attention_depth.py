@@ -24,7 +24,7 @@ SHAPES = [(9, 3, 64), (8, 2, 40)]
 
 
 def _run(q, k, v, mask, scale, isa, threads):
-    """The extension called directly, into an output poisoned with NaN."""
+    """The extension called directly, into an output poisoned with NaN (float16 K/V: kv_half)."""
     from bitmtp.ops.backends import cpu_backend
 
     ext = cpu_backend._load_extension()
@@ -34,7 +34,8 @@ def _run(q, k, v, mask, scale, isa, threads):
     mask_u8 = mask.contiguous().view(torch.uint8)
     out = torch.full_like(q, float("nan"))
     ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(), m, h, kvh, d,
-                  s_rows, mask.shape[1], float(scale), threads, cpu_backend.ISA_NAMES[isa])
+                  s_rows, mask.shape[1], float(scale), threads, cpu_backend.ISA_NAMES[isa],
+                  kv_half=k.dtype == torch.float16)
     return out
 
 
@@ -101,6 +102,38 @@ def test_bits_independent_of_isa_and_threads(width, rng):
     for isa, t, out in outs:
         assert torch.isfinite(out).all(), (isa, t)
         assert torch.equal(out, outs[0][2]), (isa, t)
+
+
+def _finite_halves(g, shape):
+    """float16 values from random bit patterns: every finite binade, subnormals and signed zeros included."""
+    bits = torch.randint(0, 1 << 16, shape, generator=g, dtype=torch.int32)
+    bits = torch.where((bits & 0x7C00) == 0x7C00, bits & 0x83FF, bits)  # Inf/NaN exponents -> subnormals
+    return bits.to(torch.int16).view(torch.float16)
+
+
+@pytest.mark.parametrize("h,kvh,d", SHAPES + [(4, 4, 70)])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_float16_kv_gives_the_bits_of_float32_kv(h, kvh, d, width, rng):
+    """float16 K/V are widened exactly on load: the output is bit for bit that of float32 K/V holding the
+    same values, on every ISA path and thread count. V covers every binade (random finite bit patterns);
+    KV rows nobody sees hold float16 NaN/Inf."""
+    from bitmtp.ops.backends import cpu_backend
+
+    n = 777
+    q, k32, _, mask = _decode_inputs(rng, width, h, kvh, d, n, n + width + 5)
+    k = k32.half()
+    v = _finite_halves(rng, k.shape)
+    k[:, n + width:] = float("nan")
+    v[:, n + width:] = float("inf")
+    want = None
+    for isa in cpu_backend.supported_isas():
+        for t in (1, 2):
+            out = _run(q, k, v, mask, d**-0.5, isa, t)
+            ref = _run(q, k.float(), v.float(), mask, d**-0.5, isa, t)
+            assert torch.isfinite(out).all(), (isa, t)
+            assert torch.equal(out, ref), (isa, t)
+            want = out if want is None else want
+            assert torch.equal(out, want), (isa, t)
 
 
 def test_kernel_exponential_is_accurate():
