@@ -197,9 +197,13 @@ def base_fingerprint(decoder: Any) -> str:
     a = decoder.args
     h.update(repr((a.family, a.hidden_size, a.intermediate_size, a.num_layers, a.num_heads, a.num_kv_heads,
                    a.head_dim, a.vocab_size)).encode())
-    samples = [decoder.embed[:8], decoder.lm_head.weight[:8]]
+    # rows only (``DenseLinear.rows``, ``embed[:8]``): a GGUF model's lazy weights dequantize just those rows
+    head = decoder.lm_head
+    samples = [decoder.embed[:8], head.rows(slice(0, 8)) if hasattr(head, "rows") else head.weight[:8]]
     first = decoder.layers[0].attn.qkv_proj
-    if hasattr(first, "weight"):
+    if hasattr(first, "rows"):  # a DenseLinear: the first 4096 weights are in its first ceil(4096 / K) rows
+        samples.append(first.rows(slice(0, -(-4096 // first.in_features))).reshape(-1)[:4096])
+    elif hasattr(first, "weight"):
         samples.append(first.weight.reshape(-1)[:4096])
     for t in samples:
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes() if t.is_floating_point()

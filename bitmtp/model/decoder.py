@@ -17,10 +17,22 @@ import torch
 from torch import nn
 
 from bitmtp.errors import BitMTPError
+from bitmtp.formats.ggml_blocks import BlockWeight
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.families import Activation, Norm, UnsupportedLayer
 from bitmtp.model.fuse import fuse_rows
-from bitmtp.model.layers import DenseLinear, apply_rope, gelu_tanh, relu2, rms_norm, rope_tables, silu
+from bitmtp.model.layers import (
+    BlockEmbedding,
+    DenseLinear,
+    LazyWeight,
+    apply_rope,
+    changes_tensors,
+    gelu_tanh,
+    relu2,
+    rms_norm,
+    rope_tables,
+    silu,
+)
 from bitmtp.ops import TernaryLinear, attention
 from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupported, fused_enabled, kv_pointer_table
 
@@ -96,14 +108,20 @@ class StepInputs:
 class Decoder(nn.Module):
     """Embeddings, layers, final norm and LM head of one checkpoint."""
 
-    def __init__(self, args: ModelArgs, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
+    def __init__(self, args: ModelArgs, embed: torch.Tensor | LazyWeight, layers: list[Layer], norm: torch.Tensor,
                  lm_head: DenseLinear, max_positions: int | None = None):
+        """``embed``: the token embedding ``[vocab, hidden]``, a float tensor or a :class:`LazyWeight` (a GGUF
+        file's blocks: :attr:`embed` then dequantizes only the rows looked up, see :class:`BlockEmbedding`)."""
         super().__init__()
         self.args = args
         self.spec = args.layer_spec
         self.spec.check("the torch decoder", TORCH_ACTIVATIONS, Norm)
         self._act = TORCH_ACTIVATIONS[self.spec.activation]
-        self.embed = nn.Parameter(embed, requires_grad=False)
+        self._embed_lazy: LazyWeight | None = None
+        if isinstance(embed, LazyWeight):
+            self._embed_lazy = embed
+        else:
+            self.embed = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(layers)
         self.norm = nn.Parameter(norm, requires_grad=False)
         self.lm_head = lm_head
@@ -122,8 +140,52 @@ class Decoder(nn.Module):
         self.path_counts: dict[str, int] = {FUSED: 0, PER_OP: 0}
         self._logged_reasons: set[str] = set()  # fallback reasons already logged (once each)
 
+    def _pending_embed(self) -> LazyWeight | None:
+        """The embedding's :class:`LazyWeight` while no float tensor is in place (adopting the shared tensor once
+        the tied LM head has materialized it)."""
+        lazy = self.__dict__.get("_embed_lazy")
+        if lazy is None:
+            return None
+        if "embed" in self._parameters:  # an embedding was assigned
+            self._embed_lazy = None
+            return None
+        if lazy.materialized is not None:
+            self.materialize_embed()
+            return None
+        return lazy
+
+    def materialize_embed(self) -> nn.Parameter:
+        """The embedding as a float Parameter (dequantized once from its blocks if it was lazy, the same tensor
+        as a tied LM head's weight); :attr:`embed` is that tensor from then on. Training, export to float and
+        the Vulkan upload get here through any tensor use of :attr:`embed`."""
+        lazy = self.__dict__.get("_embed_lazy")
+        if lazy is not None and "embed" not in self._parameters:
+            self._parameters["embed"] = lazy.materialize()
+        self._embed_lazy = None
+        return self._parameters["embed"]
+
+    @property
+    def embed_blocks(self) -> BlockWeight | None:
+        """The embedding's GGML blocks while it is held lazily (None once a float tensor exists)."""
+        lazy = self._pending_embed()
+        return None if lazy is None else lazy.blocks
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "embed":
+            lazy = self._pending_embed()
+            if lazy is not None:
+                return BlockEmbedding(self, lazy)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "embed":  # an assigned embedding replaces the lazy one
+            self.__dict__["_embed_lazy"] = None
+        super().__setattr__(name, value)
+
     def _apply(self, fn, recurse=True):
         self.invalidate_native()  # tensors move: the native table would dangle
+        if self._pending_embed() is not None and changes_tensors(fn):
+            self.materialize_embed()
         return super()._apply(fn, recurse)
 
     def invalidate_native(self) -> None:
@@ -144,23 +206,27 @@ class Decoder(nn.Module):
 
     def dense_summary(self) -> dict:
         """The dense projections (LM head included): ``formats`` (how many read each block format, or
-        ``"float"``), ``float_bytes`` (their weights as stored) and ``step_bytes`` (what a CPU step
-        reads of them: the blocks where packed)."""
+        ``"float"``), ``float_bytes`` (their weights as float tensors: stored, or made when asked for where
+        lazy) and ``step_bytes`` (what a CPU step reads of them: the blocks where packed). Reads no weight."""
         dense = [m for m in self.modules() if isinstance(m, DenseLinear)]
         formats: dict[str, int] = {}
         for m in dense:
             key = m.blocks.fmt if m.blocks is not None else "float"
             formats[key] = formats.get(key, 0) + 1
-        float_bytes = sum(m.weight.numel() * m.weight.element_size() for m in dense)
-        step_bytes = sum(m.blocks.nbytes if m.blocks is not None else m.weight.numel() * m.weight.element_size()
-                         for m in dense)
-        return {"formats": dict(sorted(formats.items())), "float_bytes": float_bytes, "step_bytes": step_bytes}
+
+        def float_bytes(m: DenseLinear) -> int:
+            return m.out_features * m.in_features * torch.empty(0, dtype=m.dtype).element_size()
+
+        step_bytes = sum(m.blocks.nbytes if m.blocks is not None else float_bytes(m) for m in dense)
+        return {"formats": dict(sorted(formats.items())), "float_bytes": sum(float_bytes(m) for m in dense),
+                "step_bytes": step_bytes}
 
     def drop_dense_blocks(self) -> None:
-        """Forget every block copy made by :meth:`pack_dense_blocks` (the float32 kernels run again)."""
+        """Forget every block copy made by :meth:`pack_dense_blocks` (the float32 kernels run again; lazy
+        weights are dequantized for them)."""
         for mod in self.modules():
             if isinstance(mod, DenseLinear):
-                mod._blocks = None
+                mod.drop_blocks()
         self.invalidate_native()
 
     def fused_plan(self) -> FusedPlan | None:
@@ -189,11 +255,12 @@ class Decoder(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        return torch.float32 if self._pending_embed() is not None else self.embed.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed.device
+        lazy = self._pending_embed()
+        return lazy.blocks.data.device if lazy is not None else self.embed.device
 
     @property
     def ternary(self) -> bool:

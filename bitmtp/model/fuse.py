@@ -4,7 +4,8 @@ One fused call instead of three (or two) saves the per-call cost — activation 
 Python dispatch, a thread fork-join — which on SmolLM2-sized layers (576×576, ~30 µs of weight
 streaming) is a large share of a decode step. Rows stay independent, so results are unchanged:
 ternary per-tensor scales become per-row scales of the fused matrix, and a dense matrix is the
-plain concatenation.
+plain concatenation. Dense parts held as GGML blocks fuse as their blocks' byte concatenation (lazy parts
+stay lazy: no float copy is made; float parts with exact blocks keep the concatenated blocks beside the floats).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bitmtp.formats.ggml_blocks import cat_rows
 from bitmtp.model.layers import DenseLinear
 from bitmtp.ops import TernaryLinear
 
@@ -37,11 +39,16 @@ def _bias(parts, n_rows, dtype):
 def fuse_rows(parts: list[nn.Module]) -> nn.Module:
     """A module computing ``cat([p(x) for p in parts], -1)`` with one projection when possible."""
     if all(isinstance(p, DenseLinear) for p in parts):
-        dtypes = {p.weight.dtype for p in parts}
+        dtypes = {p.dtype for p in parts}
         if len(dtypes) == 1 and len({p.in_features for p in parts}) == 1:
+            dtype = dtypes.pop()
+            b = _bias(parts, [p.out_features for p in parts], dtype)
+            kept = [p.blocks for p in parts]
+            blocks = cat_rows(kept) if all(bw is not None for bw in kept) else None
+            if blocks is not None and all(p.lazy for p in parts):  # GGUF blocks: concatenated, never dequantized
+                return DenseLinear(None, b, backend=parts[0].backend, blocks=blocks)
             w = torch.cat([p.weight for p in parts], dim=0)
-            b = _bias(parts, [p.out_features for p in parts], w.dtype)
-            return DenseLinear(w, b, backend=parts[0].backend)
+            return DenseLinear(w, b, backend=parts[0].backend, blocks=blocks)
     if all(isinstance(p, TernaryLinear) for p in parts):
         same = len({(p.in_features, p.group_size, p.scales.shape[1], p.backend) for p in parts}) == 1
         if same:

@@ -93,9 +93,12 @@ def _split(module: nn.Module, sizes: list[int], blocks: bool = False) -> list[Pa
             scales = module.scales if module.scales.shape[0] == 1 else module.scales[rows]
             out.append((_Ternary(codes, _compact(scales.detach().float().cpu()), module.group_size), bias))
         elif isinstance(module, DenseLinear):
-            weight = module.weight.detach()[rows].cpu()
-            bw = _rows_of(kept, rows) if kept is not None else pack_lossless(weight) if blocks else None
-            out.append((weight if bw is None else bw, bias))
+            if kept is not None:  # the blocks' rows: a lazy weight is never dequantized for the export
+                out.append((_rows_of(kept, rows), bias))
+            else:
+                weight = module.weight.detach()[rows].cpu()
+                bw = pack_lossless(weight) if blocks else None
+                out.append((weight if bw is None else bw, bias))
         else:
             raise BitMTPError(f"GGUF export: cannot write a projection of type {type(module).__name__}")
         start += n
@@ -105,6 +108,8 @@ def _split(module: nn.Module, sizes: list[int], blocks: bool = False) -> list[Pa
 def _embedding(decoder: Decoder, blocks: bool) -> BlockWeight | torch.Tensor:
     """The token embedding, as the blocks it came from where ``blocks`` and a lossless encoding exists: a
     tied head holds them already (same storage as the embedding), an untied embedding is fitted here."""
+    if blocks and decoder.embed_blocks is not None:  # held as the file's blocks (never dequantized)
+        return decoder.embed_blocks
     embed = decoder.embed.detach()
     if not blocks:
         return embed
@@ -448,8 +453,8 @@ def _is_ternary(contents: G.GGUFContents, name: str) -> bool:
 def _file_blocks(t: G.GGUFTensor, heads: int | None) -> BlockWeight | None:
     """A 2-D Q4_0 / Q4_1 / Q8_0 tensor as a :class:`BlockWeight` over the file's memory map (no copy; the q/k
     rows llama.cpp permutes are put back in order, a copy of those few rows' bytes); None for other tensors.
-    The decoder's CPU kernels read these blocks (``build_decoder`` takes them as tensors) instead of re-fitting
-    to the dequantized floats (``ggml_blocks.pack_lossless``, ~2 s of SmolLM2's load)."""
+    The decoder's CPU kernels read these blocks (``build_decoder`` keeps them as lazy weights) instead of
+    re-fitting them to dequantized floats (``ggml_blocks.pack_lossless``, ~2 s of SmolLM2's load)."""
     fmt = t.type_name.lower()
     if fmt not in BLOCK_BYTES or len(t.shape) != 2:
         return None
@@ -464,13 +469,13 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
 
     The file is parsed once (``formats.gguf.read_gguf``: a memory map, the header checked against its size,
     so a truncated or misaligned file is a FormatError here, never a SIGBUS later). Q4_0 / Q4_1 / Q8_0 dense
-    weights stay the file's blocks (:func:`_file_blocks`): the CPU kernels read them, and ``build_decoder``
-    dequantizes each to the float32 weight ``DenseLinear`` keeps, in place, when its module is built. Every
-    tensor is checked for Inf/NaN on its smallest representation (``formats.gguf.check_finite``: the float16
-    scales of block types, float tensors as stored) before it is decoded. On SmolLM2-135M Q4_1 (210 Q4_1 +
-    1 Q8_0 + 61 F32 tensors, 98 MB) on a loaded 2-core machine: the parse ~0.05 s, the checks ~0.1 s (mostly
-    reading pages the dequantization reads next), dequantizing and fusing ~0.5 s — the whole load ~1 s, down
-    from ~5 s when every block was dequantized by gguf-py and re-fitted by ``pack_lossless``.
+    weights stay the file's blocks (:func:`_file_blocks`) and, for a float32 load, nothing else: the CPU kernels
+    read them, the embedding lookup dequantizes the rows it needs, and no float copy exists unless a float path
+    asks for one (``model.layers.LazyWeight``). Every tensor is checked for Inf/NaN on its smallest representation
+    (``formats.gguf.check_finite``: the float16 scales of block types, float tensors as stored) before it is
+    decoded. On SmolLM2-135M Q4_1 (210 Q4_1 + 1 Q8_0 + 61 F32 tensors, 98 MB): the parse ~0.05 s, the checks
+    ~0.1 s, concatenating the fused q/k/v and gate/up blocks a few tens of ms; dequantizing to float32 (~0.5 s
+    and ~540 MB, what this load did before) no longer happens.
     """
     contents = G.read_gguf(path)
     src = str(contents.path)
@@ -478,8 +483,10 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
     family = get_family(args.family)
     hf: dict[str, torch.Tensor | BlockWeight] = {}
     mtp: dict[str, torch.Tensor] = {}
-    for t in contents.tensors.values():
+    for name, t in contents.tensors.items():
         G.check_finite(t, src)
+        if name in contents.extents:  # the check read every page (block scales are in every page): give them back,
+            contents.release([name])  # a step faults the ones it reads back in (the page cache has them)
     for name, t in contents.tensors.items():
         if name.startswith(G.SCALE_PREFIX):
             if G.weight_of_scale(name) not in contents.tensors:
@@ -507,7 +514,7 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
             hf[target.replace(".weight", ".weight_scale")] = scales.contiguous()
             continue
         bw = _file_blocks(t, heads)
-        if bw is not None:  # the file's blocks as they lie (rows unpermuted): build_decoder dequantizes them
+        if bw is not None:  # the file's blocks as they lie (rows unpermuted): build_decoder keeps them as they are
             hf[target] = bw
             continue
         value = G.dense_tensor(t)
@@ -530,8 +537,9 @@ def _release_copied(contents: G.GGUFContents, decoder: Decoder) -> None:
     if contents.buffer is None or not contents.extents:
         return
     base = np.frombuffer(contents.buffer, dtype=np.uint8, count=1).ctypes.data
-    used = sorted(m.blocks.data.data_ptr() for m in decoder.modules()
-                  if isinstance(m, DenseLinear) and m.blocks is not None)
+    used = sorted([m.blocks.data.data_ptr() for m in decoder.modules()
+                   if isinstance(m, DenseLinear) and m.blocks is not None]
+                  + ([decoder.embed_blocks.data.data_ptr()] if decoder.embed_blocks is not None else []))
     kept = set()
     for name, (start, n) in contents.extents.items():
         lo = base + start

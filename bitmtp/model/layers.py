@@ -1,14 +1,17 @@
-"""Small building blocks of the decoder: RMSNorm, activations, RoPE tables, dense linear module."""
+"""Small building blocks of the decoder: RMSNorm, activations, RoPE tables, dense linear module, lazy weights."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
-from bitmtp.formats.ggml_blocks import FORMATS, BlockWeight, pack_lossless
+from bitmtp.errors import ShapeError
+from bitmtp.formats.ggml_blocks import FORMATS, BlockWeight, dequantize, dequantize_rows, pack_lossless
 from bitmtp.ops import dense_linear
+from bitmtp.ops.linear import dense_reads_blocks
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,26 +79,255 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rot * sin[:, None, :]
 
 
+def changes_tensors(fn) -> bool:
+    """Whether ``Module._apply``'s ``fn`` makes new tensors of float32 CPU ones (``.to(bfloat16)``, ``.cuda()``)
+    rather than returning them as they are (``.to("cpu")``, ``.float()`` on float32): a lazy weight is
+    materialized only for the former, so ``decoder.to(device)`` on the CPU keeps the blocks alone."""
+    probe = torch.empty(0)
+    try:
+        return fn(probe) is not probe
+    except Exception:  # noqa: BLE001 - whatever fn does, it is not the identity: convert the float tensor
+        return True
+
+
+def _row_index(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], tuple] | None:
+    """``(rows int64 [R], leading output shape, index left for the columns)`` of ``tensor[index]`` on an ``[n, K]``
+    tensor, for the indices an embedding lookup uses (ints, slices, integer or boolean tensors, lists); None for
+    any other index (the caller takes the materialized tensor)."""
+    rest: tuple = ()
+    if isinstance(index, tuple):
+        if not index:
+            return None
+        index, rest = index[0], index[1:]
+        if any(r is None or r is Ellipsis for r in rest):
+            return None
+    if isinstance(index, bool):
+        return None
+    if isinstance(index, int):
+        return torch.arange(n)[index].reshape(1), (), rest
+    if isinstance(index, slice):
+        rows = torch.arange(n)[index]
+        return rows, (rows.numel(),), rest
+    if isinstance(index, list):
+        index = torch.tensor(index)
+    if isinstance(index, torch.Tensor):
+        if index.dtype == torch.bool:
+            rows = torch.arange(n)[index.cpu()]
+            return rows, (rows.numel(),), rest
+        if index.is_floating_point() or index.is_complex():
+            return None
+        return index.reshape(-1).cpu(), tuple(index.shape), rest
+    return None
+
+
+class LazyWeight:
+    """A float32 ``[N, K]`` weight held as its GGML blocks (``bitmtp.formats.ggml_blocks``) until a path that
+    computes from floats asks for it: the native CPU kernels read the blocks, so a GGUF model's float32 copy
+    (4-6x the file's bytes) is never made on the default path. :meth:`rows` dequantizes only the rows asked for
+    (embedding lookups); :meth:`materialize` the whole tensor, once, shared by every holder of this object (a tied
+    embedding and LM head get one tensor, as a float checkpoint's do). Both are ``ggml_blocks.dequantize`` bit
+    for bit."""
+
+    def __init__(self, blocks: BlockWeight):
+        self.blocks = blocks
+        self._tensor: nn.Parameter | None = None
+        self._record: tuple[int, int] = (0, 0)  # (data_ptr, _version) of the tensor when it was made
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self.blocks.shape)
+
+    @property
+    def materialized(self) -> nn.Parameter | None:
+        """The float tensor if :meth:`materialize` ran, else None."""
+        return self._tensor
+
+    def materialize(self) -> nn.Parameter:
+        """The dequantized float32 weight (a frozen Parameter), made on the first call."""
+        if self._tensor is None:
+            t = nn.Parameter(dequantize(self.blocks), requires_grad=False)
+            self._tensor, self._record = t, (t.data_ptr(), t._version)
+        return self._tensor
+
+    def record(self) -> tuple[BlockWeight, torch.Tensor, int, int]:
+        """``DenseLinear``'s record of blocks encoding the materialized tensor as it was made (an in-place change
+        since then drops them)."""
+        return self.blocks, self.materialize(), *self._record
+
+    def rows(self, index: Any) -> torch.Tensor:
+        """``materialize()[index]``, decoding only the rows ``index`` selects (the materialized tensor when it
+        exists)."""
+        if self._tensor is not None:
+            return self._tensor[index]
+        parsed = _row_index(index, self.blocks.shape[0])
+        if parsed is None:
+            return self.materialize()[index]
+        rows, lead, rest = parsed
+        out = dequantize_rows(self.blocks, rows).reshape(*lead, self.blocks.shape[1])
+        return out[(slice(None),) * len(lead) + rest] if rest else out
+
+
+class BlockEmbedding:
+    """What ``Decoder.embed`` is while the embedding is held as GGML blocks (:class:`LazyWeight`): lookups
+    (``embed[token_ids]``, ``embed[:8]``) dequantize only the rows they select, bit-identical to indexing the float
+    tensor; ``shape``, ``dtype``, ``device``, ``len()`` and ``size()`` read nothing. Anything else a tensor offers
+    (``.detach()``, ``.mean(0)``, ``.data = …``, passing it to a torch function) materializes the float embedding on
+    its decoder (``Decoder.materialize_embed``) and applies to that, so float paths (training, the Vulkan upload)
+    work unchanged and :attr:`Decoder.embed` is the plain Parameter afterwards."""
+
+    __slots__ = ("_decoder", "_lazy")
+
+    def __init__(self, decoder: nn.Module, lazy: LazyWeight):
+        object.__setattr__(self, "_decoder", decoder)
+        object.__setattr__(self, "_lazy", lazy)
+
+    def materialize(self) -> nn.Parameter:
+        """The float32 embedding (made once, then kept by the decoder)."""
+        return self._decoder.materialize_embed()
+
+    @property
+    def blocks(self) -> BlockWeight:
+        return self._lazy.blocks
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._lazy.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self._lazy.blocks.data.device
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def dim(self) -> int:
+        return 2
+
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self._lazy.rows(index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.materialize(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.materialize(), name, value)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def real(v: Any) -> Any:
+            if isinstance(v, BlockEmbedding):
+                return v.materialize()
+            if isinstance(v, (list, tuple)):
+                return type(v)(real(x) for x in v)
+            return v
+
+        return func(*real(tuple(args)), **{k: real(v) for k, v in (kwargs or {}).items()})
+
+    def __repr__(self) -> str:
+        return f"BlockEmbedding(shape={tuple(self.shape)}, blocks={self._lazy.blocks.fmt})"
+
+
 class DenseLinear(nn.Module):
     """A dense projection (embedding-side, LM head, non-ternary checkpoints) through ``ops.dense_linear``.
 
-    :meth:`pack_blocks` adds a GGML block copy of the weight when one reproduces it exactly
-    (``bitmtp.formats.ggml_blocks``): CPU kernels then read the blocks — bit-identical results, a
-    fraction of the bytes. ``weight`` stays the float tensor every other path uses; the blocks are
-    dropped by themselves when ``weight`` is replaced, moved or modified in place.
+    Built from a float ``weight``, or lazily from GGML blocks (``weight=None, blocks=``, a GGUF file's Q4_0 /
+    Q4_1 / Q8_0 tensor): then the module holds no float tensor — the CPU kernels read the blocks — until something
+    reads ``.weight`` (a float path: the torch reference backend, another device or dtype, training, export, the
+    Vulkan upload), which dequantizes it once (:class:`LazyWeight`) and keeps it, exactly as if it had been built
+    from the floats. :meth:`pack_blocks` adds a block copy of a float weight when one reproduces it exactly:
+    CPU kernels then read the blocks — bit-identical results, a fraction of the bytes. The blocks are dropped
+    by themselves when ``weight`` is replaced, moved or modified in place.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str | None = None):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, backend: str | None = None,
+                 *, blocks: BlockWeight | LazyWeight | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self._lazy: LazyWeight | None = None
+        self._blocks: tuple[BlockWeight, torch.Tensor, int, int] | None = None
+        if weight is None:
+            if blocks is None:
+                raise ShapeError("DenseLinear: pass a float weight, or its GGML blocks as blocks=")
+            self._lazy = blocks if isinstance(blocks, LazyWeight) else LazyWeight(blocks)
+            self.out_features, self.in_features = self._lazy.blocks.shape
+        else:
+            self.out_features, self.in_features = weight.shape
+            self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+            if blocks is not None:  # the caller guarantees blocks encode weight bit for bit
+                bw = blocks.blocks if isinstance(blocks, LazyWeight) else blocks
+                if tuple(bw.shape) != tuple(weight.shape):
+                    raise ShapeError(f"blocks: a {bw.shape} {bw.fmt} weight does not encode weight "
+                                     f"{tuple(weight.shape)}")
+                w = self.weight
+                self._blocks = (bw, w, w.data_ptr(), w._version)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.backend = backend
-        self._blocks: tuple[BlockWeight, torch.Tensor, int, int] | None = None
+
+    def _pending(self) -> LazyWeight | None:
+        """The lazy weight while no float tensor is in place; adopts the shared tensor once another holder
+        (the tied embedding) has materialized it."""
+        lazy = self.__dict__.get("_lazy")
+        if lazy is None:
+            return None
+        if "weight" in self._parameters:  # a weight was assigned: the blocks no longer describe it
+            self._lazy = None
+            return None
+        if lazy.materialized is not None:
+            self._adopt(lazy)
+            return None
+        return lazy
+
+    def _adopt(self, lazy: LazyWeight) -> nn.Parameter:
+        bw, w, ptr, version = lazy.record()
+        self._parameters["weight"] = w
+        self._blocks = (bw, w, ptr, version)
+        self._lazy = None
+        return w
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "weight" and self._pending() is not None:  # a float path: dequantize once, keep
+            return self._adopt(self._lazy)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":  # replacing the weight forgets the lazy one (nothing to dequantize for it)
+            self.__dict__["_lazy"] = None
+        super().__setattr__(name, value)
+
+    def _apply(self, fn, recurse=True):
+        if self._pending() is not None and changes_tensors(fn):
+            self._adopt(self._lazy)
+        return super()._apply(fn, recurse)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the weight is held only as blocks (no float tensor made yet)."""
+        return self._pending() is not None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weight's dtype (float32 while lazy), without materializing it."""
+        return torch.float32 if self._pending() is not None else self.weight.dtype
 
     @property
     def blocks(self) -> BlockWeight | None:
         """The weight's GGML blocks, if packed and still the weight's exact encoding."""
+        lazy = self._pending()
+        if lazy is not None:
+            return lazy.blocks
         if self._blocks is None:
             return None
         bw, w, ptr, version = self._blocks
@@ -104,17 +336,36 @@ class DenseLinear(nn.Module):
             return None
         return bw
 
+    def rows(self, index: Any) -> torch.Tensor:
+        """``weight[index]`` (float rows), dequantizing only those rows while the weight is lazy."""
+        lazy = self._pending()
+        return self.weight[index] if lazy is None else lazy.rows(index)
+
     def pack_blocks(self, formats: tuple[str, ...] = FORMATS) -> BlockWeight | None:
-        """Keep a block copy of the weight when one of ``formats`` encodes it losslessly; returns it."""
+        """Keep a block copy of the weight when one of ``formats`` encodes it losslessly; returns it (a lazy
+        weight's own blocks, in whatever format, without fitting anything)."""
+        lazy = self._pending()
+        if lazy is not None:
+            return lazy.blocks
         bw = pack_lossless(self.weight.detach(), formats)
         w = self.weight
         self._blocks = None if bw is None else (bw, w, w.data_ptr(), w._version)
         return bw
 
+    def drop_blocks(self) -> None:
+        """Forget the block copy (a lazy weight is materialized first): the float32 kernels run again."""
+        if self._pending() is not None:
+            self._adopt(self._lazy)
+        self._blocks = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense_linear(x, self.weight, self.bias, backend=self.backend, blocks=self.blocks)
+        blocks = self.blocks
+        weight = self._parameters.get("weight")
+        if weight is None and not dense_reads_blocks(x.device, self.backend):
+            weight = self.weight  # this path computes from the float weight: made once, kept
+        return dense_linear(x, weight, self.bias, backend=self.backend, blocks=blocks)
 
     def extra_repr(self) -> str:
         blocks = self.blocks
-        kept = "" if blocks is None else f", blocks={blocks.fmt}"
-        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}{kept}"
+        kept = "" if blocks is None else f", blocks={blocks.fmt}" + (" (lazy)" if self.lazy else "")
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}{kept}"

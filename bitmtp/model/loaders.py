@@ -19,14 +19,14 @@ import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
 from bitmtp.formats.bitnet import LINEAR_CLASSES, bitnet_scale_to_multiplier, bitnet_to_t2
-from bitmtp.formats.ggml_blocks import BlockWeight, cat_rows, dequantize
+from bitmtp.formats.ggml_blocks import BlockWeight, dequantize
 from bitmtp.formats.quantize import absmean_ternarize
 from bitmtp.formats.scales import check_finite
 from bitmtp.formats.ternary import pack_t2, words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
 from bitmtp.model.families import NORM_NAMES, get_family, norm_size
-from bitmtp.model.layers import DenseLinear
+from bitmtp.model.layers import DenseLinear, LazyWeight
 from bitmtp.ops import TernaryLinear
 
 QUANTIZE_MODES = (None, "ternary")
@@ -106,29 +106,18 @@ def _linear(ts: _Tensors, prefix: str, n: int, k: int, *, bias: bool, quantize: 
     return DenseLinear(w.to(dtype), b, backend=backend)
 
 
-def _attach_blocks(module: Any, bw: BlockWeight | None) -> bool:
-    """Give a float32 :class:`DenseLinear` the GGML blocks its weight was dequantized from (what
-    ``DenseLinear.pack_blocks`` would find, without re-fitting them: ``pack_lossless`` took ~2 s of SmolLM2's
-    load). The caller guarantees ``weight == ggml_blocks.dequantize(bw)`` bit for bit; the blocks drop
-    themselves if the weight is replaced or modified, as packed ones do."""
-    if bw is None or not isinstance(module, DenseLinear) or module.weight.dtype != torch.float32 \
-            or module.weight.device.type != "cpu" or tuple(module.weight.shape) != tuple(bw.shape):
-        return False
-    w = module.weight
-    module._blocks = (bw, w, w.data_ptr(), w._version)  # DenseLinear's own record of a packed copy
-    return True
-
-
 def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight], *, source: str,
                   quantize: str | None = None, dtype: torch.dtype = torch.float32, backend: str | None = None,
                   linear_class: str = "bitlinear", max_positions: int | None = None) -> Decoder:
     """Assemble a decoder from HF-named tensors (``model.layers.{i}.self_attn.q_proj.weight``, …).
 
     A dense weight may come as a :class:`~bitmtp.formats.ggml_blocks.BlockWeight` (a GGUF file's Q4_0 / Q4_1 /
-    Q8_0 tensor as it lies in the file): it is dequantized to float32 when its module is built, and a
-    projection kept in float32 uses those blocks as its packed copy (fused q/k/v and gate/up: the parts'
-    blocks concatenated). Other dense projections are fitted by ``DenseLinear.pack_blocks`` as before;
-    ``BITMTP_DENSE_BLOCKS=0`` keeps every dense projection on the float32 kernels.
+    Q8_0 tensor as it lies in the file). For a float32 model it stays those blocks (:class:`LazyWeight`): the
+    projection (fused q/k/v and gate/up: the parts' blocks concatenated), the embedding and the LM head hold no
+    float copy, the CPU kernels read the blocks, and a float path dequantizes a weight when it first asks for it.
+    Other dtypes and ``quantize="ternary"`` dequantize at build. Float dense projections are fitted by
+    ``DenseLinear.pack_blocks`` where a block encoding is lossless; ``BITMTP_DENSE_BLOCKS=0`` keeps every dense
+    projection on float32 weights and kernels (blocks dequantized at build).
     """
     if quantize not in QUANTIZE_MODES:
         raise BitMTPError(f"quantize: expected one of {QUANTIZE_MODES}, got {quantize!r}")
@@ -136,25 +125,32 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight
     a = args
     h = a.hidden_size
     use_blocks = os.environ.get("BITMTP_DENSE_BLOCKS", "").strip() != "0"
+    lazy_ok = use_blocks and dtype == torch.float32 and quantize is None
 
-    def given(name: str) -> BlockWeight | None:
-        return ts.blocks(name) if use_blocks else None
+    def lazy(name: str, shape: tuple[int, int]) -> LazyWeight | None:
+        """The tensor as a lazy weight where it is blocks this build keeps, else None."""
+        bw = ts.blocks(name) if lazy_ok else None
+        if bw is None:
+            return None
+        if tuple(bw.shape) != tuple(shape):
+            raise ShapeError(f"{ts.source}: tensor {name!r} has shape {tuple(bw.shape)}, expected {tuple(shape)}")
+        ts.used.add(name)
+        return LazyWeight(bw)
 
     def vec(name: str, size: int) -> torch.Tensor:
         return ts.get(name, (size,), floating=True).to(dtype)
 
     def lin(prefix: str, n: int, k: int, bias: bool = False):
-        mod = _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
-                      linear_class=linear_class)
-        _attach_blocks(mod, given(prefix + ".weight"))
-        return mod
+        src = None if ts.has(prefix + ".weight_scale") else lazy(prefix + ".weight", (n, k))
+        if src is not None:
+            b = ts.get(prefix + ".bias", (n,), floating=True).to(dtype) if bias else None
+            return DenseLinear(None, b, backend=backend, blocks=src)
+        return _linear(ts, prefix, n, k, bias=bias, quantize=quantize, dtype=dtype, backend=backend,
+                       linear_class=linear_class)
 
-    def fused(module: Any, parts: list[Any]) -> None:
-        if isinstance(module, DenseLinear) and all(isinstance(p, DenseLinear) and p.blocks is not None
-                                                   for p in parts):
-            _attach_blocks(module, cat_rows([p.blocks for p in parts]))
-
-    embed = ts.get("model.embed_tokens.weight", (a.vocab_size, h), floating=True).to(dtype)
+    embed_src = lazy("model.embed_tokens.weight", (a.vocab_size, h))
+    embed = embed_src if embed_src is not None else \
+        ts.get("model.embed_tokens.weight", (a.vocab_size, h), floating=True).to(dtype)
     slots = get_family(a.family).layer_norms
     layers = []
     for i in range(a.num_layers):
@@ -163,23 +159,23 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight
         qkv = [lin(p + "self_attn.q_proj", a.q_size, h, ab), lin(p + "self_attn.k_proj", a.kv_size, h, ab),
                lin(p + "self_attn.v_proj", a.kv_size, h, ab)]
         attn = Attention(a, *qkv, lin(p + "self_attn.o_proj", h, a.q_size, ab))
-        fused(attn.qkv_proj, qkv)
         gate_up = [lin(p + "mlp.gate_proj", a.intermediate_size, h, a.mlp_bias),
                    lin(p + "mlp.up_proj", a.intermediate_size, h, a.mlp_bias)]
         mlp = MLP(a, *gate_up, lin(p + "mlp.down_proj", h, a.intermediate_size, a.mlp_bias))
-        fused(mlp.gate_up_proj, gate_up)
-        del qkv, gate_up  # the parts' float weights go as soon as their fused copy exists
+        del qkv, gate_up  # the parts' float weights (if any) go as soon as their fused copy exists
         norms = {n: vec(p + NORM_NAMES[n][0], norm_size(n, a)) for n in slots}
         layers.append(Layer(a, attn, mlp, norms))
     norm = vec("model.norm.weight", h)
     if a.tie_word_embeddings:
-        if ts.has("lm_head.weight"):
+        if ts.has("lm_head.weight") and lazy("lm_head.weight", (a.vocab_size, h)) is None:
             ts.get("lm_head.weight", (a.vocab_size, h), floating=True)  # some tied checkpoints store it anyway
-        head = DenseLinear(embed, backend=backend)
-        _attach_blocks(head, given("model.embed_tokens.weight"))
+        # one weight for both: the lazy blocks (one float tensor if it is ever made) or the float embedding
+        head = DenseLinear(None, backend=backend, blocks=embed) if isinstance(embed, LazyWeight) else \
+            DenseLinear(embed, backend=backend)
     else:
-        head = DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h), floating=True).to(dtype), backend=backend)
-        _attach_blocks(head, given("lm_head.weight"))
+        head_src = lazy("lm_head.weight", (a.vocab_size, h))
+        head = DenseLinear(None, backend=backend, blocks=head_src) if head_src is not None else \
+            DenseLinear(ts.get("lm_head.weight", (a.vocab_size, h), floating=True).to(dtype), backend=backend)
     ts.check_all_used()
     decoder = Decoder(a, embed, layers, norm, head, max_positions=max_positions)
     decoder.backend = backend

@@ -51,7 +51,8 @@ class FusedUnsupported(BitMTPError):
 class FusedLayer:
     """One decoder layer as the fused kernel sees it. Projections are :class:`TernaryLinear` or any
     module with a float32 ``weight [N, K]`` and optional ``bias`` (``DenseLinear``; its GGML
-    ``blocks`` are read instead of the weight when present); norms are float32 ``[n]`` tensors or None."""
+    ``blocks`` are read instead of the weight when present, and ``weight`` is then never touched);
+    norms are float32 ``[n]`` tensors or None."""
 
     qkv: object
     o: object
@@ -147,16 +148,20 @@ class FusedPlan:
             w = mod.weight.contiguous()
             scales = _f32(f"{name}.scales", mod.scales)
             return [TERNARY, self._ptr(w), self._ptr(bias), self._ptr(scales), scales.shape[0], mod.group_size, k, n]
-        weight = getattr(mod, "weight", None)
-        if not isinstance(weight, torch.Tensor):
+        # blocks first: a lazy GGUF weight (model.layers.LazyWeight) has no float tensor, and asking for
+        # ``weight`` would dequantize the whole matrix just to be ignored
+        blocks = getattr(mod, "blocks", None)
+        if blocks is None and not isinstance(getattr(mod, "weight", None), torch.Tensor):
             raise FusedUnsupported(f"{name}: {type(mod).__name__} is neither ternary nor dense")
         if getattr(mod, "backend", None) not in (None, "cpu"):
             raise FusedUnsupported(f"{name}: pinned to backend {mod.backend!r}")
-        w = _f32(f"{name}.weight", weight, shape)
         bias = _f32(f"{name}.bias", getattr(mod, "bias", None), (n,))
-        blocks = getattr(mod, "blocks", None)
-        if blocks is not None:  # an exact encoding of w: the same results from fewer bytes
+        if blocks is not None:  # an exact encoding of the float32 weight: the same results from fewer bytes
+            if tuple(blocks.shape) != shape or blocks.data.device.type != "cpu":
+                raise FusedUnsupported(f"{name}: expected {shape} blocks on the CPU, got {tuple(blocks.shape)} on "
+                                       f"{blocks.data.device}")
             return [BLOCK_KINDS[blocks.fmt], self._ptr(blocks.data), self._ptr(bias), 0, 1, k, k, n]
+        w = _f32(f"{name}.weight", mod.weight, shape)
         return [DENSE, self._ptr(w), self._ptr(bias), 0, 1, k, k, n]
 
     def lora_table(self, deltas: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list]:

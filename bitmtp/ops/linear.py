@@ -92,7 +92,7 @@ def w2a8_linear(
 
 
 def dense_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str | None = None,
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None, *, backend: str | None = None,
     blocks: BlockWeight | None = None,
 ) -> torch.Tensor:
     """The dense fallback path: ``x @ weight.T (+ bias)`` in the weight's dtype (LM head, embeddings-side
@@ -100,8 +100,22 @@ def dense_linear(
 
     ``blocks``: the same weight in GGML blocks (``bitmtp.formats.ggml_blocks``, an exact encoding of
     ``weight``). For CPU tensors the ``dense_linear_blocks`` op runs instead; the ``cpu`` backend reads
-    the blocks (bit-identical to its float32 kernel, fewer bytes), other backends use ``weight``."""
+    the blocks (bit-identical to its float32 kernel, fewer bytes), other backends use ``weight``.
+    ``weight`` may be None when ``blocks`` are given (a GGUF weight never dequantized, ``model.layers.LazyWeight``):
+    a backend that computes from floats then dequantizes the blocks for this call (callers that run such a
+    backend repeatedly keep a float weight instead, see :func:`dense_reads_blocks`)."""
     x = validate.activations(x)
+    if weight is None:
+        if blocks is None:
+            raise ShapeError("weight: None needs blocks= (the weight's GGML blocks); pass one of them")
+        n, k = blocks.shape
+        if x.shape[-1] != k:
+            raise ShapeError(f"x: last dimension {x.shape[-1]} does not match the blocks' K={k}")
+        b = validate.bias_vector(bias, n)
+        device = validate.same_device(x=x, bias=b, blocks=blocks.data)
+        if device.type != "cpu":
+            raise ShapeError(f"blocks: GGML block weights run on the CPU, got tensors on {device}; pass a float weight")
+        return registry.select("dense_linear_blocks", device, backend)(x, None, blocks, b)
     w = validate.tensor("weight", weight)
     if w.dtype not in validate.FLOAT_DTYPES or w.dim() != 2:
         raise ShapeError(f"weight: expected a 2-D float [N, K] tensor, got {w.dtype} {tuple(w.shape)}")
@@ -115,6 +129,16 @@ def dense_linear(
                              f"weight {tuple(w.shape)} on {device}")
         return registry.select("dense_linear_blocks", device, backend)(x, w, blocks, b)
     return registry.select("dense_linear", device, backend)(x, w, b)
+
+
+def dense_reads_blocks(device: torch.device, backend: str | None = None) -> bool:
+    """Whether :func:`dense_linear` with ``blocks`` on ``device`` (and ``backend``) runs the native kernels that
+    read the blocks themselves (the ``cpu`` backend) — False where the op computes from a float weight (the torch
+    reference, another device, an injected override), so a caller holding only blocks makes that weight once."""
+    if device.type != "cpu":
+        return False
+    impl = registry.select("dense_linear_blocks", device, backend)
+    return getattr(getattr(impl, "__self__", None), "name", None) == "cpu"
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,

@@ -184,8 +184,9 @@ def test_truncated_real_model_fails_cleanly_in_a_subprocess(tmp_path):
 
 
 def test_copied_tensors_pages_are_released(block_file, monkeypatch):
-    """After the load, every tensor the decoder does not read from the map is released (its pages dropped
-    from the RSS); the blocks used as they lie (o_proj, down_proj, the tied embedding) stay."""
+    """Each tensor's pages are released once its finiteness check has read them; after the load, every tensor the
+    decoder does not read from the map is released again (its pages dropped from the RSS; the copies read them);
+    the blocks used as they lie (o_proj, down_proj, the tied embedding) stay."""
     from bitmtp.formats.gguf import GGUFContents
 
     path, _ = block_file
@@ -193,13 +194,137 @@ def test_copied_tensors_pages_are_released(block_file, monkeypatch):
     real = GGUFContents.release
     monkeypatch.setattr(GGUFContents, "release", lambda self, names: calls.append(list(names)) or real(self, []))
     model = bitmtp.load(path, adapter=None, capacity=16)
-    (released,) = calls
+    *checked, released = calls
     layers = model.decoder.args.num_layers
     kept = {"token_embd.weight"} | {f"blk.{i}.{t}.weight" for i in range(layers) for t in ("attn_output", "ffn_down")}
     from bitmtp.formats.gguf import read_gguf
 
     contents = read_gguf(path)
+    assert checked == [[name] for name in contents.tensors]
     assert set(released) == set(contents.tensors) - kept
     assert real(contents, released) > 0  # the real madvise accepts the page-aligned ranges
     again = bitmtp.load(path, adapter=None, capacity=16)  # released pages fault back in from the file
     assert torch.equal(logits(again.decoder), logits(model.decoder))
+
+
+# --- lazy float weights ----------------------------------------------------------------------------------------
+
+def _float_bytes(decoder) -> dict[str, int]:
+    """Bytes of every floating tensor the decoder holds (parameters and buffers), by name."""
+    tensors = dict(decoder.named_parameters()) | dict(decoder.named_buffers())
+    return {n: t.numel() * t.element_size() for n, t in tensors.items() if t.is_floating_point()}
+
+
+def test_loaded_model_holds_no_float_copy_of_a_quantized_weight(block_file):
+    """A float32 load keeps the file's blocks only: no DenseLinear and no embedding holds a float tensor, before
+    and after generating (the CPU step reads blocks; the embedding lookup decodes only its rows), and the floats the
+    decoder does hold are its norms, biases and RoPE tables."""
+    path, source = block_file
+    model = bitmtp.load(path, adapter=None, capacity=64)
+    dec = model.decoder
+    ids = [3, 17, 41, 5, 99, 12]
+    got = bitmtp.generate(model, input_ids=ids, max_new_tokens=8, policy="ar", eos_token_id=[]).token_ids
+    assert got == bitmtp.generate(source, input_ids=ids, max_new_tokens=8, policy="ar", eos_token_id=[]).token_ids
+    assert dec.fused_reason == "", dec.fused_reason
+    dense = _dense(dec)
+    assert all(m.lazy and "weight" not in m._parameters and m.blocks is not None for m in dense)
+    assert dec.embed_blocks is not None and "embed" not in dec._parameters
+    assert dec.dtype == torch.float32 and dec.device == torch.device("cpu")
+    held = _float_bytes(dec)
+    assert all(t.dim() == 1 for n, t in dec.named_parameters()), sorted(held)  # norms and biases
+    assert {n for n, _ in dec.named_buffers()} == {"rope_cos", "rope_sin"}
+    weights = dec.dense_summary()["float_bytes"] + dec.embed.numel() * 4
+    rope = dec.rope_cos.numel() * 4 * 2
+    assert sum(held.values()) - rope < weights / 50, (sum(held.values()), weights)
+
+
+def test_float_paths_get_the_exact_dequantized_weights(block_file):
+    """Asking for ``.weight`` / a tensor use of ``embed`` materializes ``dequantize(blocks)`` bit for bit, once; the
+    tied LM head and the embedding then share that tensor (as a float checkpoint's do) and the blocks stay attached."""
+    path, _ = block_file
+    dec = bitmtp.load(path, adapter=None, capacity=64).decoder
+    before = logits(dec)
+    o = dec.layers[0].attn.o_proj
+    bw = o.blocks
+    w = o.weight
+    assert not o.lazy and o.weight is w and o.blocks is bw  # made once, blocks kept
+    assert torch.equal(w.view(torch.int32), gb.dequantize(bw).view(torch.int32))
+    assert torch.equal(o.rows(slice(2, 5)), w[2:5])
+    head_bw = dec.lm_head.blocks
+    emb = dec.embed.detach()  # a tensor method on the lazy embedding: materializes it
+    assert torch.equal(emb.view(torch.int32), gb.dequantize(head_bw).view(torch.int32))
+    assert dec.embed_blocks is None and isinstance(dec.embed, torch.nn.Parameter)
+    assert dec.lm_head.weight is dec.embed and dec.lm_head.blocks is head_bw  # one tensor, blocks still valid
+    with torch.no_grad():
+        dec.embed.mul_(1.0)  # modified in place: the head's blocks no longer describe it
+    assert dec.lm_head.blocks is None
+    dec.invalidate_native()
+    assert torch.equal(logits(dec), before)  # float32 kernels on exact floats: the same logits
+
+
+@pytest.mark.parametrize("index", ["tensor", "2-D tensor", "negative", "int", "slice", "bool mask", "list",
+                                   "rows and columns"])
+def test_lazy_embedding_lookups_decode_only_their_rows(block_file, index, monkeypatch):
+    path, _ = block_file
+    dec = bitmtp.load(path, adapter=None, capacity=64).decoder
+    full = gb.dequantize(dec.embed_blocks)
+    v = full.shape[0]
+    idx = {"tensor": torch.tensor([5, 0, 5, v - 1]), "2-D tensor": torch.tensor([[1, 2], [3, 4]]),
+           "negative": torch.tensor([-1, -v]), "int": 7, "slice": slice(3, 40, 5),
+           "bool mask": torch.arange(v) % 7 == 0, "list": [9, 2],
+           "rows and columns": (slice(0, 4), slice(8, 16))}[index]
+    decoded = []
+    real = gb.dequantize
+    monkeypatch.setattr(gb, "dequantize", lambda bw, *a: decoded.append(bw.shape[0]) or real(bw, *a))
+    got = dec.embed[idx]
+    assert torch.equal(got, full[idx]) and got.dtype == torch.float32
+    assert decoded and max(decoded) <= max(1, full[idx].reshape(-1, full[idx].shape[-1]).shape[0])
+    assert dec.embed_blocks is not None  # still lazy
+    with pytest.raises(IndexError):
+        dec.embed[torch.tensor([v])]
+
+
+def test_lazy_weights_follow_moves_and_dtype_changes(block_file, monkeypatch):
+    """``.to("cpu")`` / float32 keep the blocks alone; a dtype change dequantizes first and converts, as for a
+    float model; the torch reference backend computes from the exact floats."""
+    path, _ = block_file
+    model = bitmtp.load(path, adapter=None, capacity=64)
+    dec = model.decoder
+    want = logits(dec)
+    dec.to("cpu").float()
+    assert all(m.lazy for m in _dense(dec)) and dec.embed_blocks is not None
+    from bitmtp.ops import dense_linear
+
+    bw = dec.layers[0].mlp.down_proj.blocks
+    x = torch.randn(3, bw.shape[1])
+    ref = dense_linear(x, gb.dequantize(bw), backend="torch")
+    assert torch.equal(dense_linear(x, None, blocks=bw, backend="torch"), ref)
+    assert torch.equal(dense_linear(x, None, blocks=bw, backend="cpu"),
+                       dense_linear(x, gb.dequantize(bw), blocks=bw, backend="cpu"))
+    with pytest.raises(bitmtp.errors.ShapeError, match="blocks="):
+        dense_linear(x, None)
+    half = bitmtp.load(path, adapter=None, capacity=64).decoder.to(torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and all(m.weight.dtype == torch.bfloat16 and m.blocks is None
+                                                for m in _dense(half))
+    assert torch.equal(half.embed, gb.dequantize(dec.embed_blocks).to(torch.bfloat16))
+    with monkeypatch.context() as env:
+        env.setenv("BITMTP_BACKEND", "torch")
+        dec.invalidate_native()
+        floats = bitmtp.load(path, adapter=None, capacity=64).decoder
+        for m in _dense(floats):
+            m.drop_blocks()  # float weights, no blocks: the reference path as a float checkpoint runs it
+        assert torch.equal(logits(dec), logits(floats))
+    assert not dec.lm_head.lazy  # the reference path made (and kept) the float weights it reads
+    assert torch.allclose(logits(dec), want, rtol=1e-5, atol=1e-5)
+
+
+def test_export_of_a_lazy_model_writes_the_blocks_without_dequantizing(block_file, tmp_path):
+    path, _ = block_file
+    model = bitmtp.load(path, adapter=None, capacity=64)
+    out = model.save_gguf(tmp_path / "again.gguf", progress=False)
+    assert all(m.lazy for m in _dense(model.decoder)) and model.decoder.embed_blocks is not None
+    from bitmtp.formats.gguf import read_gguf
+
+    a, b = read_gguf(path), read_gguf(out)
+    for name, t in a.tensors.items():
+        assert t.type_name == b.tensors[name].type_name and bytes(t.data) == bytes(b.tensors[name].data), name

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from bitmtp.errors import BackendUnavailableError, BitMTPError, LayoutError, ShapeError
+from bitmtp.formats.ggml_blocks import dequantize
 from bitmtp.ops import reference
 from bitmtp.ops.registry import NativeKernelsMissing
 
@@ -173,10 +174,11 @@ class CpuBackend:
     def dense_linear_blocks(self, x, weight, blocks, bias=None):
         """The same GEMV reading the weight from its GGML blocks (``bitmtp.formats.ggml_blocks``):
         each block is decoded with gguf-py's float32 operations, so the result is bit-identical to
-        :meth:`dense_linear` on ``weight`` while a Q4_1 row is 6.4x fewer bytes."""
+        :meth:`dense_linear` on ``weight`` while a Q4_1 row is 6.4x fewer bytes. ``weight`` may be None (the
+        blocks alone); the torch reference that other dtypes fall back to then dequantizes them for the call."""
         f32 = torch.float32
-        if x.dtype != f32 or weight.dtype != f32 or (bias is not None and bias.dtype != f32):
-            return reference.dense_linear_reference(x, weight, bias)
+        if x.dtype != f32 or (weight is not None and weight.dtype != f32) or (bias is not None and bias.dtype != f32):
+            return reference.dense_linear_reference(x, dequantize(blocks) if weight is None else weight, bias)
         return self._dense(x, blocks.data.data_ptr(), blocks.shape[0], bias, blocks.code)
 
     def _dense(self, x, w_ptr: int, n: int, bias, fmt: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from bitmtp.formats.ggml_blocks import dequantize
 from bitmtp.ops import reference
 
 
@@ -34,8 +35,9 @@ class TorchBackend:
         return reference.dense_linear_reference(x, weight, bias)
 
     def dense_linear_blocks(self, x, weight, blocks, bias=None):
-        """``blocks`` encode ``weight`` exactly (``bitmtp.formats.ggml_blocks``): the reference uses ``weight``."""
-        return reference.dense_linear_reference(x, weight, bias)
+        """``blocks`` encode ``weight`` exactly (``bitmtp.formats.ggml_blocks``): the reference uses ``weight``, or
+        the blocks dequantized for this call when ``weight`` is None."""
+        return reference.dense_linear_reference(x, dequantize(blocks) if weight is None else weight, bias)
 
     def attention(self, q, k, v, mask, scale):
         return reference.attention_reference(q, k, v, mask, scale)
