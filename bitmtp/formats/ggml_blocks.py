@@ -160,8 +160,23 @@ def take_rows(bw: BlockWeight, rows: torch.Tensor) -> BlockWeight:
 
 def dequantize_rows(bw: BlockWeight, rows: torch.Tensor) -> torch.Tensor:
     """float32 ``[R, K]``: rows ``rows`` of :func:`dequantize` (bw), bit for bit, decoding only those rows' blocks
-    (an embedding lookup of a few tokens reads a few KB instead of the whole matrix)."""
-    return dequantize(take_rows(bw, rows))
+    (an embedding lookup of a few tokens reads a few KB instead of the whole matrix). The same float32 operations
+    per weight as :func:`dequantize` (``d * q``, then ``+ m``), in fewer torch calls: this runs once per decode
+    step (and per draft head), where the call overhead is the cost."""
+    n, k = bw.shape
+    nb, bpb = k // BLOCK, BLOCK_BYTES[bw.fmt]
+    raw = bw.data.view(n, nb, bpb)[rows.reshape(-1).to(device=bw.data.device, dtype=torch.int64)]
+    d = raw[..., 0:2].contiguous().view(torch.float16).float()
+    if bw.fmt == "q8_0":
+        w = raw[..., 2:].view(torch.int8).float()
+        return w.mul_(d).view(-1, k)
+    qs = raw[..., 4:20] if bw.fmt == "q4_1" else raw[..., 2:18]
+    w = torch.cat((qs & 15, qs >> 4), dim=-1).float()
+    if bw.fmt == "q4_0":
+        w.sub_(8)
+        return w.mul_(d).view(-1, k)
+    w.mul_(d)
+    return w.add_(raw[..., 2:4].contiguous().view(torch.float16).float()).view(-1, k)
 
 
 def cat_rows(parts: list[BlockWeight]) -> BlockWeight | None:

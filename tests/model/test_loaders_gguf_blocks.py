@@ -262,23 +262,26 @@ def test_float_paths_get_the_exact_dequantized_weights(block_file):
     assert torch.equal(logits(dec), before)  # float32 kernels on exact floats: the same logits
 
 
-@pytest.mark.parametrize("index", ["tensor", "2-D tensor", "negative", "int", "slice", "bool mask", "list",
-                                   "rows and columns"])
+@pytest.mark.parametrize("index", ["tensor", "0-D tensor", "2-D tensor", "negative", "int", "slice", "bool mask",
+                                   "list", "rows and columns"])
 def test_lazy_embedding_lookups_decode_only_their_rows(block_file, index, monkeypatch):
     path, _ = block_file
     dec = bitmtp.load(path, adapter=None, capacity=64).decoder
     full = gb.dequantize(dec.embed_blocks)
     v = full.shape[0]
-    idx = {"tensor": torch.tensor([5, 0, 5, v - 1]), "2-D tensor": torch.tensor([[1, 2], [3, 4]]),
+    idx = {"tensor": torch.tensor([5, 0, 5, v - 1]), "0-D tensor": torch.tensor(6),
+           "2-D tensor": torch.tensor([[1, 2], [3, 4]]),
            "negative": torch.tensor([-1, -v]), "int": 7, "slice": slice(3, 40, 5),
            "bool mask": torch.arange(v) % 7 == 0, "list": [9, 2],
            "rows and columns": (slice(0, 4), slice(8, 16))}[index]
     decoded = []
-    real = gb.dequantize
-    monkeypatch.setattr(gb, "dequantize", lambda bw, *a: decoded.append(bw.shape[0]) or real(bw, *a))
+    real = gb.dequantize_rows
+    monkeypatch.setattr("bitmtp.model.layers.dequantize_rows", lambda bw, rows: decoded.append(rows.numel()) or
+                        real(bw, rows))
+    monkeypatch.setattr("bitmtp.model.layers.dequantize", lambda *a: pytest.fail("the whole matrix was decoded"))
     got = dec.embed[idx]
     assert torch.equal(got, full[idx]) and got.dtype == torch.float32
-    assert decoded and max(decoded) <= max(1, full[idx].reshape(-1, full[idx].shape[-1]).shape[0])
+    assert decoded == [full[idx].reshape(-1, full.shape[1]).shape[0] if not isinstance(idx, tuple) else 4]
     assert dec.embed_blocks is not None  # still lazy
     with pytest.raises(IndexError):
         dec.embed[torch.tensor([v])]
@@ -328,3 +331,22 @@ def test_export_of_a_lazy_model_writes_the_blocks_without_dequantizing(block_fil
     a, b = read_gguf(path), read_gguf(out)
     for name, t in a.tensors.items():
         assert t.type_name == b.tensors[name].type_name and bytes(t.data) == bytes(b.tensors[name].data), name
+
+
+@pytest.mark.parametrize("fmt", gb.FORMATS)
+def test_dequantize_rows_is_dequantize_indexed(fmt):
+    """Row decoding (embedding lookups) is ``dequantize(bw)[rows]`` bit for bit in every format, subnormal and
+    negative scales included; out-of-range rows raise IndexError."""
+    g = torch.Generator().manual_seed(5)
+    n, k = 40, 96
+    d = torch.randn(n, k // 32, generator=g) * 0.05
+    d.view(-1)[::7] = 3e-6  # float16 subnormals
+    lo, hi = (-128, 128) if fmt == "q8_0" else (0, 16)
+    m = torch.randn(n, k // 32, generator=g).half().float() if fmt == "q4_1" else None
+    bw = gb.pack(fmt, torch.randint(lo, hi, (n, k), generator=g), (d if fmt == "q4_0" else d.abs()).half().float(), m)
+    full = gb.dequantize(bw)
+    for rows in (torch.tensor([3, 3, 0, n - 1]), torch.tensor([-1, -n]), torch.arange(n), torch.tensor([], dtype=int)):
+        got = gb.dequantize_rows(bw, rows)
+        assert got.shape == (rows.numel(), k) and torch.equal(got.view(torch.int32), full[rows].view(torch.int32))
+    with pytest.raises(IndexError):
+        gb.dequantize_rows(bw, torch.tensor([n]))
