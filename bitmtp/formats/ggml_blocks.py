@@ -151,13 +151,6 @@ def dequantize(bw: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor
     return out
 
 
-def take_rows(bw: BlockWeight, rows: torch.Tensor) -> BlockWeight:
-    """Rows ``rows`` (int64 ``[R]``, negative counted from the end) of a block weight, as a new block weight
-    (blocks never cross rows, so this gathers ``R`` rows of bytes). IndexError for a row out of range."""
-    data = bw.data[rows.reshape(-1).to(device=bw.data.device, dtype=torch.int64)]
-    return BlockWeight(bw.fmt, data.contiguous(), (data.shape[0], bw.shape[1]))
-
-
 def dequantize_rows(bw: BlockWeight, rows: torch.Tensor) -> torch.Tensor:
     """float32 ``[R, K]``: rows ``rows`` of :func:`dequantize` (bw), bit for bit, decoding only those rows' blocks
     (an embedding lookup of a few tokens reads a few KB instead of the whole matrix). The same float32 operations
@@ -308,4 +301,4 @@ def check_block_scales(raw: np.ndarray, type_name: str, block_bytes: int, what: 
 
 __all__ = ["F16_SCALE_OFFSETS", "block_scales", "check_block_scales", "BLOCK",
            "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize", "dequantize_rows",
-           "take_rows", "cat_rows", "pack_lossless"]
+           "cat_rows", "pack_lossless"]
