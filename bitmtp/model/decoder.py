@@ -221,6 +221,17 @@ class Decoder(nn.Module):
         return {"formats": dict(sorted(formats.items())), "float_bytes": sum(float_bytes(m) for m in dense),
                 "step_bytes": step_bytes}
 
+    def parameter_count(self) -> int:
+        """Weights the model holds, lazy ones included (``parameters()`` lists only tensors that exist: a GGUF
+        model's block weights have no float tensor until a float path asks for one)."""
+        n = sum(p.numel() for p in self.parameters())
+        n += sum(m.out_features * m.in_features for m in self.modules() if isinstance(m, DenseLinear) and m.lazy)
+        lazy = self._pending_embed()
+        if lazy is not None and not any(m.lazy and m.blocks is lazy.blocks for m in self.modules()
+                                        if isinstance(m, DenseLinear)):  # a tied head counted it already
+            n += lazy.shape.numel()
+        return n
+
     def drop_dense_blocks(self) -> None:
         """Forget every block copy made by :meth:`pack_dense_blocks` (the float32 kernels run again; lazy
         weights are dequantized for them)."""
