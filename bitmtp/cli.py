@@ -87,7 +87,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         model = bitmtp.load(args.model or default_model_path(), capacity=args.capacity,
                             adapter=None if args.no_adapter else (args.adapter or "auto"))
         a = model.args
-        params = sum(p.numel() for p in model.decoder.parameters())
+        params = model.decoder.parameter_count()  # lazy GGUF-block weights included
         print(f"model: {model.source}\n  {a.family}, {a.num_layers} layers, hidden {a.hidden_size}, "
               f"{a.num_heads} heads / {a.num_kv_heads} KV heads, vocab {a.vocab_size}, {params / 1e6:.1f} M stored "
               f"parameters, dtype {model.decoder.dtype}")

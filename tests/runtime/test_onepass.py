@@ -315,7 +315,10 @@ def test_tree_drafts_follow_any_accept_length(model, prompts, monkeypatch):
         r = _independent_draft(model, seq, [seq[-1], *guesses[:a]], block)
         assert r.out_token[-block] == nseq[-1]  # d_1 = v_a
         assert r.out_token[-(block - 1):].tolist() == nxt
-        assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, abs=0)
+        # the tree's block rows read their own keys from scratch slots, the independent step from the rows
+        # right after the history: the CPU attention merges its softmax per fixed 128-slot chunk, so the same
+        # keys in other slots group differently (float rounding, ~1e-7); the tokens are exact
+        assert r.out_prob[-(block - 1):].tolist() == pytest.approx(nxt_p, rel=1e-5, abs=0)
     assert any(a < k for k, a in accepts) and any(a == k > 0 for k, a in accepts)
 
 
