@@ -1,7 +1,8 @@
 """bitmtp against llama.cpp's ``llama-bench`` on the same GGUF (issue "CPU runtime ahead of llama.cpp").
 
-Figures (tokens/s, each program with its default settings unless named — llama.cpp's KV cache is f16 by
-default, bitmtp's float32; ``kv_f32`` rows run llama.cpp with ``-ctk f32 -ctv f32``):
+Figures (tokens/s) in three KV settings (:data:`KV_MODES`): ``default`` — each program as a user runs it
+(llama.cpp's KV cache is f16 by default, bitmtp's float32); ``f16`` — both f16 (bitmtp ``kv_type="f16"``);
+``f32`` — both float32 (llama.cpp ``-ctk f32 -ctv f32``):
 
 * ``tg_d0`` — decode, short context (llama-bench ``-n N``; bitmtp: AR steps after a 16-token prompt);
 * ``pp512`` / ``pp2048`` — prefill of a 512 / 2048-token prompt (``-p N``; bitmtp: ``Engine.prefill``);
@@ -38,10 +39,18 @@ FIGURES: dict[str, tuple[int, int, int]] = {
 }
 
 
+#: KV setting -> (bitmtp's kv_type, llama-bench's extra arguments, label)
+KV_MODES: dict[str, tuple[str | None, dict, str]] = {
+    "default": (None, {}, "bitmtp f32, llama.cpp f16 (defaults)"),
+    "f16": ("f16", {}, "both f16"),
+    "f32": (None, {"cache_type": "f32"}, "both f32"),
+}
+
+
 @dataclass
 class PeerRow:
     figure: str
-    kv: str  # "default" (llama.cpp f16, bitmtp f32) or "f32" (both f32)
+    kv: str  # a KV_MODES key: "default" (llama.cpp f16, bitmtp f32), "f16" (both f16) or "f32" (both f32)
     bitmtp_tps: float
     llama_tps: float
     ratio: float  # median over rounds of bitmtp / llama.cpp
@@ -74,19 +83,25 @@ def bitmtp_measure(model, figure: str, seed: int = 0) -> float:
 
 
 def compare(gguf: Path, *, threads: int = 2, rounds: int = 3, figures: tuple[str, ...] = tuple(FIGURES),
-            kv_f32: bool = True, log: Callable[[str], None] = print) -> list[PeerRow]:
-    """The peer table (module docstring). Raises ``bench.llama_cpp.PeerUnavailable`` without llama-bench."""
+            kv_modes: tuple[str, ...] = tuple(KV_MODES), log: Callable[[str], None] = print) -> list[PeerRow]:
+    """The peer table (module docstring) for the KV settings ``kv_modes`` (:data:`KV_MODES` keys). Raises
+    ``bench.llama_cpp.PeerUnavailable`` without llama-bench."""
     import bitmtp
 
+    unknown = [k for k in kv_modes if k not in KV_MODES]
+    if unknown:
+        raise ValueError(f"kv_modes: unknown {unknown}; expected some of {list(KV_MODES)}")
     binary = ensure_llama_bench(log=log)
     torch.set_num_threads(threads)
     need = max(p + g + d for p, g, d in (FIGURES[f] for f in figures)) + 64
-    model = bitmtp.load(str(gguf), capacity=need, adapter=None)
+    models = {t: bitmtp.load(str(gguf), capacity=need, adapter=None, kv_type=t)
+              for t in {KV_MODES[k][0] for k in kv_modes}}
     rows = []
     for figure in figures:
         p, g, d = FIGURES[figure]
-        for kv in ("default", "f32") if kv_f32 else ("default",):
-            extra = {"cache_type": "f32"} if kv == "f32" else {}
+        for kv in kv_modes:
+            kv_type, extra, _ = KV_MODES[kv]
+            model = models[kv_type]
             bitmtp_measure(model, figure)  # warm-up (first-step allocations)
             ours, theirs = [], []
             for r in range(rounds):
@@ -104,6 +119,5 @@ def compare(gguf: Path, *, threads: int = 2, rounds: int = 3, figures: tuple[str
 def format_table(rows: list[PeerRow]) -> str:
     out = ["| figure | KV | bitmtp tok/s | llama.cpp tok/s | bitmtp / llama.cpp |", "|---|---|---|---|---|"]
     for r in rows:
-        kv = "bitmtp f32, llama.cpp f16 (defaults)" if r.kv == "default" else "both f32"
-        out.append(f"| {r.figure} | {kv} | {r.bitmtp_tps:.1f} | {r.llama_tps:.1f} | {r.ratio:.2f} |")
+        out.append(f"| {r.figure} | {KV_MODES[r.kv][2]} | {r.bitmtp_tps:.1f} | {r.llama_tps:.1f} | {r.ratio:.2f} |")
     return "\n".join(out)

@@ -455,6 +455,19 @@ def _source_args(source: Any, rows: int) -> ModelArgs | None:
         return None
 
 
+#: ``load(kv_type=...)``: the KV store's element types by name
+KV_TYPES = {"f32": torch.float32, "f16": torch.float16}
+
+
+def _kv_dtype(kv_type: str | None) -> torch.dtype | None:
+    if kv_type is None:
+        return None
+    if not isinstance(kv_type, str) or kv_type.lower() not in KV_TYPES:
+        raise BitMTPError(f"kv_type: expected one of {', '.join(map(repr, KV_TYPES))} (or None: the model's dtype), "
+                          f"got {kv_type!r}")
+    return KV_TYPES[kv_type.lower()]
+
+
 def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
     """The engine, with an allocator failure for its KV store reported against ``capacity``."""
     try:
@@ -462,7 +475,7 @@ def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
     except RuntimeError as exc:  # torch.OutOfMemoryError and the CPU allocator's "can't allocate memory"
         if "memory" not in str(exc).lower() and "alloc" not in str(exc).lower():
             raise
-        _, need = _capacity_bytes(decoder.args, capacity, m_max, decoder.dtype)
+        _, need = _capacity_bytes(decoder.args, capacity, m_max, kw.get("kv_dtype") or decoder.dtype)
         raise BitMTPError(f"capacity: allocating the KV store for {capacity} tokens ({need} bytes, {_gib(need)}) "
                           f"failed on {decoder.device} ({str(exc).splitlines()[0][:200]}); lower capacity") from exc
 
@@ -470,7 +483,7 @@ def _engine(decoder: Decoder, capacity: int, m_max: int, **kw: Any) -> Engine:
 def load(source: Any, *, backend: str | None = None, quantize: str | None = None, capacity: int = 2048,
          dtype: torch.dtype | None = None, device: str | torch.device = "cpu", m_max: int = 31,
          tokenizer: Any = None, adapter: str | Path | None = "auto", vram_budget: int | str | None = None,
-         cpu_layers: int | None = None, runtime: str = "torch") -> BitMTPModel:
+         cpu_layers: int | None = None, runtime: str = "torch", kv_type: str | None = None) -> BitMTPModel:
     """Load a model for bitmtp.
 
     Args:
@@ -500,15 +513,22 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             ``vram_budget`` on the CPU. A model whose layers compute something the Vulkan runtime does
             not implement (an activation, a norm) is refused with
             ``bitmtp.model.families.UnsupportedLayer``.
+        kv_type: the KV store's element type, :data:`KV_TYPES`: ``"f32"`` or ``"f16"`` (llama.cpp's default:
+            half the memory per token, and decode at depth reads half the bytes); default the model's dtype.
+            f16 rounds K/V once when written, so tokens may differ from f32's; speculative == AR still holds.
     """
     device = _device(device)
     _check_sizes(capacity, m_max)
     capacity, m_max = int(capacity), int(m_max)
-    early = _source_args(source, capacity + m_max)
-    if early is not None:  # before the loader builds RoPE tables of capacity + m_max rows
-        _check_capacity_fits(early, capacity, m_max, dtype or torch.float32, device)
+    kv_dtype = _kv_dtype(kv_type)
     runtime, backend = _runtime_of(runtime, backend)
     vulkan = runtime == "vulkan"
+    if vulkan and kv_dtype is not None and kv_dtype != (dtype or torch.float32):
+        raise BitMTPError(f"kv_type: runtime='vulkan' keeps K/V in the model's dtype; drop kv_type={kv_type!r} "
+                          "or use runtime='torch'")
+    early = _source_args(source, capacity + m_max)
+    if early is not None:  # before the loader builds RoPE tables of capacity + m_max rows
+        _check_capacity_fits(early, capacity, m_max, kv_dtype or dtype or torch.float32, device)
     if vulkan:
         if device.type != "cpu":
             raise BitMTPError("device: runtime='vulkan' loads the model on the CPU (the Vulkan device holds its "
@@ -568,9 +588,9 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
         # before the device is opened and the plan made: UnsupportedLayer names the feature
         decoder.args.layer_spec.check(EXECUTOR, VULKAN_ACTIVATIONS, VULKAN_NORMS)
         plan = _wgpu_plan(decoder, capacity, m_max, vram_budget, cpu_layers)
-    _check_capacity_fits(decoder.args, capacity, m_max, decoder.dtype, decoder.device)
+    _check_capacity_fits(decoder.args, capacity, m_max, kv_dtype or decoder.dtype, decoder.device)
     engine = _engine(decoder, capacity, m_max, runtime=runtime,
-                     gpu_layers=len(plan.gpu_layers) if plan is not None else None)
+                     gpu_layers=len(plan.gpu_layers) if plan is not None else None, kv_dtype=kv_dtype)
     model = BitMTPModel(decoder, tok if tokenizer is None else tokenizer, name, engine,
                         gguf_tokenizer_fields=gguf_fields, plan=plan)
     if adapter == "auto" and packed_adapter is not None:

@@ -267,7 +267,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         plan = {"vram_budget": args.vram_budget, "cpu_layers": args.cpu_layers} if vulkan else {}
         model = bitmtp.load(source, backend=args.backend, runtime=args.runtime, quantize=args.quantize,
                             capacity=args.capacity, adapter=None if args.no_adapter else (args.adapter or "auto"),
-                            **plan)
+                            kv_type=args.kv_type, **plan)
         # default: auto (lossless; drafts only where this machine's measured step costs say it pays)
         if args.policy is None:
             policy, block_size = model.recommended(None, args.block_size)
@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     checked(gen.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                              help="KV capacity in tokens: prompt + generated tokens must fit (default 2048)"),
             at_least(1, "give at least the prompt length + --max-new-tokens"))
+    gen.add_argument("--kv-type", choices=["f32", "f16"], default=None,
+                     help="KV store element type: f32 (the default: the model's dtype, exact) or f16 (llama.cpp's "
+                          "default: half the memory per token and faster decode at depth; tokens may differ)")
     checked(gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic); "
                                                "wgpu is the deprecated spelling of --runtime vulkan"),
             backend_name)

@@ -29,7 +29,8 @@ def _load(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     adapter = None if args.no_adapter else (args.adapter or "auto")
-    return bitmtp.load(args.model or default_model_path(), capacity=args.capacity, adapter=adapter)
+    return bitmtp.load(args.model or default_model_path(), capacity=args.capacity, adapter=adapter,
+                       kv_type=args.kv_type)
 
 
 def _check_common(args: argparse.Namespace) -> None:
@@ -76,7 +77,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
     from ray import serve
 
     path = args.model or default_model_path()
-    load_kwargs = {"capacity": args.capacity, "adapter": None if args.no_adapter else (args.adapter or "auto")}
+    load_kwargs = {"capacity": args.capacity, "adapter": None if args.no_adapter else (args.adapter or "auto"),
+                   "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
                   queue_size=args.queue_size, load_kwargs=load_kwargs)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
@@ -187,6 +189,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     checked(p.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                            help="KV capacity in tokens per conversation / request: prompt + reply must fit "
                                 "(default 2048)"), at_least(1))
+    p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
+                   help="KV store element type: f32 (default, exact) or f16 (half the memory per token)")
     checked(p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
             at_least(1, "leave it out for torch's choice"))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.llama_cpp import PeerUnavailable  # noqa: E402
-from bench.peer import FIGURES, compare, format_table  # noqa: E402
+from bench.peer import FIGURES, KV_MODES, compare, format_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,10 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for both programs (default 2)")
     ap.add_argument("--rounds", type=int, default=3, help="alternations per figure (default 3)")
     ap.add_argument("--figures", default=",".join(FIGURES), help=f"comma-separated, from {', '.join(FIGURES)}")
-    ap.add_argument("--no-f32", action="store_true", help="skip the both-f32-KV rows")
+    ap.add_argument("--kv", default=",".join(KV_MODES),
+                    help=f"comma-separated KV settings, from {', '.join(KV_MODES)} (default all): default = each "
+                         "program's own default (llama.cpp f16, bitmtp f32), f16 / f32 = both programs so")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
     figures = tuple(f for f in args.figures.split(",") if f)
+    kv_modes = tuple(k for k in args.kv.split(",") if k)
+    bad_kv = [k for k in kv_modes if k not in KV_MODES]
+    if bad_kv or not kv_modes:
+        ap.error(f"--kv: unknown {', '.join(bad_kv) or '(none given)'}; choose from {', '.join(KV_MODES)}")
     bad = [f for f in figures if f not in FIGURES]
     if bad:
         ap.error(f"--figures: unknown {', '.join(bad)}; choose from {', '.join(FIGURES)}")
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = Path(default_model_path())
     try:
-        rows = compare(model, threads=args.threads, rounds=args.rounds, figures=figures, kv_f32=not args.no_f32)
+        rows = compare(model, threads=args.threads, rounds=args.rounds, figures=figures, kv_modes=kv_modes)
     except PeerUnavailable as exc:
         print(f"peer_bench: llama-bench is not available here: {exc}", file=sys.stderr)
         return 2

@@ -212,20 +212,26 @@ class FusedPlan:
                 x.data_ptr(), m, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, self.table.data_ptr(),
                 kv_table.data_ptr(), 0 if lora is None else lora.data_ptr(), lora_first_row, float(lora_scaling),
                 ids.data_ptr(), ids.numel(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), mask_u8.data_ptr(), s,
-                mask.shape[1], float(d.eps), float(attn_scale), d.relu2, isa, torch.get_num_threads())
+                mask.shape[1], float(d.eps), float(attn_scale), d.relu2, isa, torch.get_num_threads(),
+                kv_k[0].dtype == torch.float16)
         except ValueError as exc:  # the native argument checks (positions, dimensions)
             raise BitMTPError(str(exc)) from exc
         return x
 
 
 def kv_pointer_table(kv_k: list[torch.Tensor], kv_v: list[torch.Tensor], dims: Dims) -> torch.Tensor:
-    """``int64 [layers, 2]`` of K/V buffer pointers, after checking each buffer's dtype and shape."""
+    """``int64 [layers, 2]`` of K/V buffer pointers, after checking each buffer's dtype and shape: all
+    float32, or all float16 (the native layers store rows rounded to float16, as ``KVStore.write`` does)."""
     rows = []
     s = kv_k[0].shape[1]
+    dtype = kv_k[0].dtype
     for i, (k, v) in enumerate(zip(kv_k, kv_v, strict=True)):
         for name, t in (("k", k), ("v", v)):
-            if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-                raise FusedUnsupported(f"kv.{name}[{i}]: needs a contiguous float32 CPU buffer, got {t.dtype}")
+            if t.dtype not in (torch.float32, torch.float16) or t.device.type != "cpu" or not t.is_contiguous():
+                raise FusedUnsupported(f"kv.{name}[{i}]: needs a contiguous float32 or float16 CPU buffer, "
+                                       f"got {t.dtype}")
+            if t.dtype != dtype:
+                raise FusedUnsupported(f"kv.{name}[{i}]: {t.dtype}, but kv.k[0] is {dtype} (one dtype for all)")
             if tuple(t.shape) != (dims.kv_heads, s, dims.head_dim):
                 raise FusedUnsupported(f"kv.{name}[{i}]: expected {(dims.kv_heads, s, dims.head_dim)}, "
                                        f"got {tuple(t.shape)}")

@@ -480,7 +480,9 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     layouts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # tree: position / slot offsets
     if fused == "heads":
         ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if costs is not None else HEADS_DRAFT_COST
-    planner = policy.planner(engine.memory)
+    # sampled guesses are accepted less often than greedy ones (a guess must match a sample, not the argmax):
+    # sampled generations keep their own acceptance estimates, so neither kind plans with the other's
+    planner = policy.planner(engine.memory if sampler is None else engine.memory.setdefault("sampled", {}))
     arange = engine.arange
     n = engine.n
     tok = first  # the pending token: committed, its KV row not written yet

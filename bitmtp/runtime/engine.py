@@ -35,6 +35,9 @@ from bitmtp.runtime.states import ReplayState
 #: NVIDIA GPU, through the kernel backends) and ``vulkan`` (``runtime/vulkan``: whole layers on a
 #: Vulkan device through WGSL shaders)
 RUNTIMES = ("torch", "vulkan")
+#: element types of the KV store: the model's float32, or float16 (half the bytes a step's attention reads
+#: at depth; the CPU kernels widen it exactly on load, the fused layers store rows rounded to nearest even)
+KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 #: CUDA graph capture (lazy, inside a step) must not overlap CUDA work of another thread, which
 #: torch's default capture mode forbids; engines that capture take this lock for each decode step,
@@ -127,14 +130,24 @@ class Engine:
             runtime's ``runtime.protocols.StepPool``.
         gpu_layers: ``runtime="vulkan"``: layers ``[0, gpu_layers)`` on the device (default all), the rest
             on the CPU (the offload plan's split).
+        kv_dtype: the KV store's element type (:data:`KV_DTYPES`; default the model's dtype). float16 K/V
+            are rounded once when written; every row's arithmetic still depends on its own inputs only, so
+            speculative == AR holds as with float32 K/V (the tokens may differ from float32 K/V's).
     """
 
     def __init__(self, decoder: Decoder, *, capacity: int = 2048, m_max: int = 16, prefill_chunk: int = 64,
                  eager: bool | None = None, keep_logits: bool = False, runtime: str = "torch",
-                 gpu_layers: int | None = None):
+                 gpu_layers: int | None = None, kv_dtype: torch.dtype | None = None):
         a = decoder.args
         self._config = dict(capacity=capacity, m_max=m_max, prefill_chunk=prefill_chunk, eager=eager,
-                            keep_logits=keep_logits, runtime=runtime, gpu_layers=gpu_layers)
+                            keep_logits=keep_logits, runtime=runtime, gpu_layers=gpu_layers, kv_dtype=kv_dtype)
+        kv_dtype = decoder.dtype if kv_dtype is None else kv_dtype
+        if kv_dtype not in KV_DTYPES:
+            raise BitMTPError(f"kv_dtype: expected one of {', '.join(map(str, KV_DTYPES))} (or None: the model's "
+                              f"dtype), got {kv_dtype!r}")
+        if runtime == "vulkan" and kv_dtype != decoder.dtype:
+            raise BitMTPError(f"kv_dtype: runtime='vulkan' keeps K/V in the model's dtype ({decoder.dtype}); "
+                              "drop kv_dtype / kv_type or use runtime='torch'")
         self._lock = threading.Lock()  # held by the Generation that owns the KV store
         self._holder: int | None = None  # the thread that last advanced that generation
         if capacity + m_max > decoder.rope_cos.shape[0]:
@@ -144,7 +157,7 @@ class Engine:
             )
         self.decoder = decoder
         self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity, m_max,
-                          dtype=decoder.dtype, device=decoder.device)
+                          dtype=kv_dtype, device=decoder.device)
         if runtime not in RUNTIMES:
             raise BitMTPError(f"runtime: expected one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}")
         self.runtime = runtime

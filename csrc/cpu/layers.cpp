@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "half.h"
 #include "dense_cpu.h"
 #include "linear_run.h"
 
@@ -159,6 +160,16 @@ void rope_heads(float* x, int heads, int D, const float* cos, const float* sin, 
   }
 }
 
+// Row g of the K (or V) buffer at position pos: D floats, stored as float32 or rounded to float16.
+void store_kv_row(int64_t buf, bool half, int64_t at, const float* src, int D) {
+  if (half) {
+    uint16_t* dst = ptr<uint16_t>(buf) + at;
+    for (int i = 0; i < D; ++i) dst[i] = f32_to_f16(src[i]);
+  } else {
+    std::memcpy(ptr<float>(buf) + at, src, sizeof(float) * D);
+  }
+}
+
 }  // namespace
 
 void fused_layers(const FusedStep& s) {
@@ -178,8 +189,7 @@ void fused_layers(const FusedStep& s) {
     const int64_t* t = s.table + layer * kLayerFields;
     const int64_t* lora = s.lora ? s.lora + layer * kNumProj * kLoraFields : nullptr;
     auto lora_of = [&](int proj) { return lora ? lora + proj * kLoraFields : nullptr; };
-    float* kbuf = ptr<float>(s.kv[layer * 2]);
-    float* vbuf = ptr<float>(s.kv[layer * 2 + 1]);
+    const int64_t kbuf = s.kv[layer * 2], vbuf = s.kv[layer * 2 + 1];
 
     // attention block
     rms_norm_rows(s.x, M, Hd, ptr<const float>(t[kInNorm]), s.eps, h.data());
@@ -202,12 +212,12 @@ void fused_layers(const FusedStep& s) {
       const int64_t pos = s.positions[m];
       for (int g = 0; g < s.kv_heads; ++g) {
         const int64_t at = (static_cast<int64_t>(g) * s.S + pos) * D;
-        std::memcpy(kbuf + at, kr + static_cast<int64_t>(g) * D, sizeof(float) * D);
-        std::memcpy(vbuf + at, vr + static_cast<int64_t>(g) * D, sizeof(float) * D);
+        store_kv_row(kbuf, s.kv_half, at, kr + static_cast<int64_t>(g) * D, D);
+        store_kv_row(vbuf, s.kv_half, at, vr + static_cast<int64_t>(g) * D, D);
       }
     }
-    AttentionArgs aa{q.data(), kbuf, vbuf, s.mask, att.data(), M, s.heads, s.kv_heads, D, s.S, s.L, s.attn_scale,
-                     s.threads, s.isa};
+    AttentionArgs aa{q.data(), ptr<const float>(kbuf), ptr<const float>(vbuf), s.mask, att.data(), M, s.heads,
+                     s.kv_heads, D, s.S, s.L, s.attn_scale, s.threads, s.isa, s.kv_half ? 1 : 0};
     attention_rows(aa);
     if (t[kAttnSubNorm]) rms_norm_rows(att.data(), M, qs, ptr<const float>(t[kAttnSubNorm]), s.eps, att.data());
     project(t + kO * kProjFields, lora_of(kO), s, att.data(), o.data(), w);

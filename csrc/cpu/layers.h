@@ -26,7 +26,9 @@ struct FusedStep {
   float* x;                   // [M][hidden] residual stream, updated in place
   int M, hidden, heads, kv_heads, head_dim, inter;
   const int64_t* table;       // [num_layers][kLayerFields]
-  const int64_t* kv;          // [num_layers][2]: K and V buffers, float32 [kv_heads][S][head_dim]
+  const int64_t* kv;          // [num_layers][2]: K and V buffers, [kv_heads][S][head_dim], float32 or
+                              // (kv_half) IEEE binary16
+  bool kv_half = false;       // K/V rows are stored rounded to float16 (nearest even, as torch's .half())
   const int64_t* lora;        // [num_layers][kNumProj][kLoraFields], or null
   int lora_first_row;         // rows >= this get the LoRA deltas (the mask rows of a draft step)
   float lora_scaling;

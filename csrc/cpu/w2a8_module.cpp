@@ -26,6 +26,7 @@
 #endif
 
 #include "attention.h"
+#include "half.h"
 #include "layers.h"
 #include "linear_run.h"
 
@@ -99,11 +100,20 @@ void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t 
   attention_rows(a);
 }
 
+// n float32 values rounded to float16 bits the way the fused layers store K/V (half.h); for tests.
+void round_to_half(uintptr_t src, uintptr_t dst, int64_t n) {
+  require(src && dst && n >= 0, "round_to_half: bad arguments");
+  const float* s = reinterpret_cast<const float*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+
 // Every layer of one decoder step (layers.cpp); pointers validated by bitmtp/ops/fused_layers.py.
 void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads, int head_dim, int inter,
                         uintptr_t table, uintptr_t kv, uintptr_t lora, int lora_first_row, double lora_scaling,
                         uintptr_t layer_ids, int num_layers_run, uintptr_t cos, uintptr_t sin, uintptr_t positions,
-                        uintptr_t mask, int S, int L, double eps, double attn_scale, bool relu2, int isa, int threads) {
+                        uintptr_t mask, int S, int L, double eps, double attn_scale, bool relu2, int isa, int threads,
+                        bool kv_half) {
   require(x && table && kv && layer_ids && cos && sin && positions && mask, "fused layers: null pointer");
   FusedStep s;
   s.x = reinterpret_cast<float*>(x);
@@ -131,6 +141,7 @@ void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads,
   s.relu2 = relu2;
   s.isa = resolve_isa(isa);
   s.threads = threads > 0 ? threads : 1;
+  s.kv_half = kv_half;
   py::gil_scoped_release release;
   fused_layers(s);
 }
@@ -154,7 +165,10 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         py::arg("lora_first_row"), py::arg("lora_scaling"), py::arg("layer_ids"), py::arg("num_layers_run"),
         py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("mask"), py::arg("S"), py::arg("L"),
         py::arg("eps"), py::arg("attn_scale"), py::arg("relu2"), py::arg("isa"), py::arg("threads"),
+        py::arg("kv_half") = false,
         "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout)");
+  m.def("round_to_half", &round_to_half, py::arg("src"), py::arg("dst"), py::arg("n"),
+        "float32 -> float16 bits as the fused layers store K/V (round to nearest even); for tests");
   m.def("stream_read", &stream_read, py::arg("ptr"), py::arg("nbytes"), py::arg("threads"),
         "Sum a buffer of uint64 with `threads` threads (a streaming-read bandwidth probe)");
   m.def("run", &run, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"), py::arg("KW"),

@@ -149,3 +149,51 @@ def test_kernel_exponential_is_accurate():
     assert attn_exp(np.float32(0.0)) == 1.0
     assert attn_exp(np.float32(-np.inf)) == 0.0 and attn_exp(np.float32(-100.0)) == 0.0
     assert np.isnan(attn_exp(np.float32(np.nan)))
+
+
+def _half_boundaries() -> torch.Tensor:
+    """float32 values at and around every kind of float16 rounding boundary: the midpoints between
+    neighbouring halves (ties to even, both parities) and one float32 ulp either side, over normal and
+    subnormal halves; the overflow threshold (65520) and its neighbours; zeros, Inf, NaN; both signs."""
+    halves = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).float()  # finite >= 0
+    mids = (halves[:-1].double() + halves[1:].double()) / 2  # exact in float32 (one more bit than a half)
+    mids = mids.float()
+    below = torch.nextafter(mids, torch.zeros_like(mids))
+    above = torch.nextafter(mids, torch.full_like(mids, float("inf")))
+    special = torch.tensor([0.0, 65504.0, 65519.996, 65520.0, 65536.0, 1e30, float("inf"), float("nan"),
+                            2.0**-25, 2.0**-26, 3 * 2.0**-26, 2.0**-24, 2.0**-14, 1e-45])
+    pos = torch.cat([halves, mids, below, above, special])
+    return torch.cat([pos, -pos])
+
+
+def test_kv_rounding_to_half_equals_torch():
+    """The fused layers' float32 -> float16 K/V rounding (csrc/cpu/half.h) gives torch's ``.to(float16)``
+    bits for every boundary case (NaN: any NaN, as torch's sign and payload are not a contract)."""
+    from bitmtp.ops.backends import cpu_backend
+
+    ext = cpu_backend._load_extension()
+    x = _half_boundaries().contiguous()
+    out = torch.full(x.shape, 0x1234, dtype=torch.int16)  # poisoned: not a value any input rounds to twice
+    ext.round_to_half(x.data_ptr(), out.data_ptr(), x.numel())
+    want = x.to(torch.float16)
+    got = out.view(torch.float16)
+    nan = torch.isnan(x)
+    assert torch.isnan(got[nan]).all()
+    bad = (got[~nan].view(torch.int16) != want[~nan].view(torch.int16)).nonzero().flatten()
+    assert bad.numel() == 0, [(x[~nan][i].item(), got[~nan][i].item(), want[~nan][i].item()) for i in bad[:5]]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_backend_attention_takes_float16_kv(width, rng):
+    """``cpu`` backend attention with float16 K/V and float32 q runs the kernel (kv_half), and equals the
+    float32 kernel on the widened K/V bit for bit."""
+    from bitmtp.ops.registry import backend
+
+    be = backend("cpu")
+    h, kvh, d, n = 9, 3, 64, 300
+    q, k, v, mask = _decode_inputs(rng, width, h, kvh, d, n, 512)
+    k16, v16 = k.half(), v.half()
+    got = be.attention(q, k16, v16, mask, 0.125)
+    want = be.attention(q, k16.float(), v16.float(), mask, 0.125)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want)

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.skipif(not ISAS, reason="native CPU extension not built
 
 FAMILIES = ["llama", "qwen3", "bitnet"]
 WIDTHS = [1, 3, 8, 15, 16]
+KV_DTYPES = [torch.float32, torch.float16]
 # hidden 72 (not a power of two), intermediate 100, head_dim 18, 4 heads over 2 KV heads
 SHAPE = dict(hidden_size=72, intermediate_size=100, num_attention_heads=4, num_key_value_heads=2, head_dim=18,
              num_hidden_layers=3, initializer_range=0.2)
@@ -56,9 +57,9 @@ def model(request):
     return bitmtp.load(tiny_model(family, seed=5, **shape), capacity=300, quantize=quantize, adapter=None)
 
 
-def _kv(model) -> KVStore:
+def _kv(model, dtype=torch.float32) -> KVStore:
     a = model.args
-    return KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity=300, m_max=16)
+    return KVStore(a.num_layers, a.num_kv_heads, a.head_dim, capacity=300, m_max=16, dtype=dtype)
 
 
 def _step(dec, kv, tokens, start, *, mask_rows=0, block=None, segment=None, path=None):
@@ -87,10 +88,10 @@ def _delta(dec, before: dict[str, int]) -> dict[str, int]:
     return {k: dec.path_counts[k] - before[k] for k in before}
 
 
-def _prefilled(model, fused: bool, monkeypatch, n=21, seed=0):
+def _prefilled(model, fused: bool, monkeypatch, n=21, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, model.args.vocab_size, (n,), generator=g).tolist()
-    kv = _kv(model)
+    kv = _kv(model, dtype)
     with monkeypatch.context() as mp:
         mp.setenv("BITMTP_FUSED", "1" if fused else "0")
         _step(model.decoder, kv, prompt, 0)
@@ -98,7 +99,7 @@ def _prefilled(model, fused: bool, monkeypatch, n=21, seed=0):
 
 
 def _clone(kv: KVStore) -> KVStore:
-    out = KVStore(len(kv.k), kv.k[0].shape[0], kv.k[0].shape[2], kv.capacity, kv.m_max)
+    out = KVStore(len(kv.k), kv.k[0].shape[0], kv.k[0].shape[2], kv.capacity, kv.m_max, dtype=kv.k[0].dtype)
     for a, b in zip(out.k + out.v, kv.k + kv.v, strict=True):
         a.copy_(b)
     return out
@@ -124,10 +125,13 @@ def test_fused_plan_is_used(model, monkeypatch):
     assert calls  # prefill and each AR step go through the native call
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_fused_step_matches_per_op_step(model, monkeypatch, width, isa):
-    kv_f, prompt = _prefilled(model, False, monkeypatch)
+def test_fused_step_matches_per_op_step(model, monkeypatch, width, isa, kv_dtype):
+    """With float16 K/V too: the native layers round K/V rows to float16 exactly as torch's ``.to(float16)``
+    in ``KVStore.write`` does (the stored halves are compared bit for bit)."""
+    kv_f, prompt = _prefilled(model, False, monkeypatch, dtype=kv_dtype)
     kv_p = _clone(kv_f)
     n = len(prompt)
     tokens = torch.randint(3, model.args.vocab_size, (width,), generator=torch.Generator().manual_seed(width)).tolist()
@@ -146,10 +150,11 @@ def test_fused_step_matches_per_op_step(model, monkeypatch, width, isa):
         _same(a[:, : n + width], b[:, : n + width])
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 @pytest.mark.parametrize("width", [3, 8, 15, 16])
-def test_fused_rows_do_not_depend_on_width(model, monkeypatch, width):
+def test_fused_rows_do_not_depend_on_width(model, monkeypatch, width, kv_dtype):
     monkeypatch.setenv("BITMTP_FUSED", "1")
-    kv_wide, prompt = _prefilled(model, True, monkeypatch, seed=1)
+    kv_wide, prompt = _prefilled(model, True, monkeypatch, seed=1, dtype=kv_dtype)
     kv_one = _clone(kv_wide)
     n = len(prompt)
     tokens = torch.randint(3, model.args.vocab_size, (width,), generator=torch.Generator().manual_seed(7)).tolist()

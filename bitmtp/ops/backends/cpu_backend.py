@@ -148,17 +148,20 @@ class CpuBackend:
     def attention(self, q, k, v, mask, scale):
         """Row-deterministic attention (csrc/cpu/attention.cpp): a row's output depends only on its
         own query and the KV rows its mask allows, never on the step's width or segment length."""
-        if q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
-            return reference.attention_reference(q, k, v, mask, scale)  # the kernel is float32 only
+        half = k.dtype == torch.float16 and v.dtype == torch.float16
+        if q.dtype != torch.float32 or not (half or (k.dtype == torch.float32 and v.dtype == torch.float32)):
+            # the kernel takes float32 q with float32 or float16 K/V
+            return reference.attention_reference(q, k, v, mask, scale)
         m, h, d = q.shape
         kvh, s_rows, _ = k.shape
         q = q.contiguous()
         mask_u8 = mask.contiguous().view(torch.uint8)
         out = torch.empty_like(q)
-        self._check("k", k, torch.float32)
-        self._check("v", v, torch.float32)
+        self._check("k", k, k.dtype)
+        self._check("v", v, v.dtype)
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
-                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads(), self._isa())
+                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads(), self._isa(),
+                            half)
         return out
 
     def dense_linear(self, x, weight, bias=None):
