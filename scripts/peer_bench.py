@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.llama_cpp import PeerUnavailable  # noqa: E402
-from bench.peer import FIGURES, KV_MODES, compare, format_table  # noqa: E402
+from bench.peer import DEFAULT_KV_MODES, FIGURES, KV_MODES, compare, format_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for both programs (default 2)")
     ap.add_argument("--rounds", type=int, default=3, help="alternations per figure (default 3)")
     ap.add_argument("--figures", default=",".join(FIGURES), help=f"comma-separated, from {', '.join(FIGURES)}")
-    ap.add_argument("--kv", default=",".join(KV_MODES),
-                    help=f"comma-separated KV settings, from {', '.join(KV_MODES)} (default all): default = each "
-                         "program's own default (llama.cpp f16, bitmtp f32), f16 / f32 = both programs so")
+    ap.add_argument("--kv", default=",".join(DEFAULT_KV_MODES),
+                    help=f"comma-separated KV settings, from {', '.join(KV_MODES)} (default "
+                         f"{','.join(DEFAULT_KV_MODES)}): default = each program's own default (llama.cpp f16, "
+                         "bitmtp f32), f16 / f32 = both programs so (llama-bench 0.3.36 refuses f32 KV)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
     figures = tuple(f for f in args.figures.split(",") if f)
