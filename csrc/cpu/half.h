@@ -1,6 +1,7 @@
-// float32 -> float16 rounding shared by the fused layers' K/V writes (layers.cpp) and its test hook.
+// float32 -> float16 rounding shared by the fused layers' K/V writes (layers.cpp) and its test hook: the
+// rounding of torch's .to(torch.float16) (nearest even) that the per-op path's KVStore.write applies.
 //
-// Reference: torch.Tensor.to(torch.float16) (round to nearest even)
+// Reference: bitmtp.runtime.kv.KVStore.write
 // Test: tests/ops/test_attention_depth.py (every rounding boundary, subnormals, overflow, NaN)
 #pragma once
 
