@@ -28,9 +28,10 @@ import pytest
 from tests.support.paths import REPO_ROOT
 
 #: Top-level test files about the repository as a whole rather than one module (golden_tokens: every
-#: policy's tokens on the real model against tests/golden/, end to end; bench_peer: bench/'s llama.cpp harness).
+#: policy's tokens on the real model against tests/golden/, end to end; bench_peer: bench/'s llama.cpp harness;
+#: mutants_apply: scripts/mutate.py's mutants still apply to the source).
 REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "bench_peer", "bench_ternary_peer",
-             "golden_tokens"}
+             "golden_tokens", "mutants_apply"}
 
 #: Folders whose modules may not import test modules (bench/ and scripts/ use tests.support too).
 CHECKED_FOLDERS = ("tests", "bench", "scripts")
