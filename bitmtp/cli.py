@@ -38,6 +38,7 @@ import sys
 from bitmtp.cli_common import (
     Parser,
     UsageError,
+    add_kv_type_argument,
     add_sampling_arguments,
     at_least,
     backend_name,
@@ -443,9 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     checked(gen.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                              help="KV capacity in tokens: prompt + generated tokens must fit (default 2048)"),
             at_least(1, "give at least the prompt length + --max-new-tokens"))
-    gen.add_argument("--kv-type", choices=["f32", "f16"], default=None,
-                     help="KV store element type: f32 (the default: the model's dtype, exact) or f16 (llama.cpp's "
-                          "default: half the memory per token and faster decode at depth; tokens may differ)")
+    add_kv_type_argument(gen)
     checked(gen.add_argument("--backend", help="kernel backend: torch, cpu, triton, cuda (default: automatic); "
                                                "wgpu is the deprecated spelling of --runtime vulkan"),
             backend_name)

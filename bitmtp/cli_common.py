@@ -171,6 +171,18 @@ def default_model_path():
     return path
 
 
+#: ``--kv-type`` choices: the names of ``bitmtp.api.KV_TYPES`` (spelled out here so that building the
+#: parser imports no torch; tests/test_cli.py checks they agree)
+KV_TYPE_NAMES = ("f32", "f16")
+
+
+def add_kv_type_argument(parser: argparse.ArgumentParser) -> None:
+    """``--kv-type`` (``bitmtp.load(kv_type=...)``) for the commands that load a model to decode with."""
+    parser.add_argument("--kv-type", choices=KV_TYPE_NAMES, default=None,
+                        help="KV store element type: f32 (the default: the model's dtype, exact) or f16 (llama.cpp's "
+                             "default: half the memory per token and faster decode at depth; tokens may differ)")
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """``--temperature``, ``--top-k``, ``--top-p``, ``--min-p``, the penalties, ``--seed``, ``--stop``: the
     sampling options of ``bitmtp.generate`` (``bitmtp.decoding.sampling``)."""

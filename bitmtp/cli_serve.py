@@ -14,7 +14,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from bitmtp.cli_common import at_least, between, checked, default_model_path, existing, positive_float
+from bitmtp.cli_common import (
+    add_kv_type_argument,
+    at_least,
+    between,
+    checked,
+    default_model_path,
+    existing,
+    positive_float,
+)
 
 CHAT_HELP = "commands: /reset forgets the conversation, /exit quits (also Ctrl-D); Ctrl-C stops a reply"
 #: chat's sampling options, bitmtp.generate's keywords (forwarded only when given)
@@ -189,8 +197,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     checked(p.add_argument("--capacity", type=int, default=2048, metavar="TOKENS",
                            help="KV capacity in tokens per conversation / request: prompt + reply must fit "
                                 "(default 2048)"), at_least(1))
-    p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
-                   help="KV store element type: f32 (default, exact) or f16 (half the memory per token)")
+    add_kv_type_argument(p)
     checked(p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
             at_least(1, "leave it out for torch's choice"))
 

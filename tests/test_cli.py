@@ -233,3 +233,11 @@ def test_info_calibrate_prints_the_step_cost_table(ckpt, capsys, tmp_path, monke
     assert "step costs (policy auto; 1 threads" in capsys.readouterr().out
     err = _fails(capsys, ["info", "--calibrate"])
     assert "--calibrate" in err and "--default-model" in err
+
+
+def test_kv_type_choices_are_the_loaders():
+    """The parser spells ``--kv-type``'s choices out (no torch import to build it): they must be ``load``'s names."""
+    from bitmtp.api import KV_TYPES
+    from bitmtp.cli_common import KV_TYPE_NAMES
+
+    assert set(KV_TYPE_NAMES) == set(KV_TYPES)
