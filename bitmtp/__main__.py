@@ -1,5 +1,3 @@
-import sys
+from bitmtp.cli import entry
 
-from bitmtp.cli import main
-
-sys.exit(main())
+entry()

@@ -241,3 +241,32 @@ def test_kv_type_choices_are_the_loaders():
     from bitmtp.cli_common import KV_TYPE_NAMES
 
     assert set(KV_TYPE_NAMES) == set(KV_TYPES)
+
+
+def _program(args: list[str], env_extra: dict | None = None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]), **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "bitmtp", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_program_exit_flushes_piped_output_and_keeps_the_status(ckpt, fast):
+    """`python -m bitmtp generate` ends without the interpreter's teardown (cli.entry): everything written
+    to the pipes (block-buffered there) still arrives, and the exit status is main()'s — with the fast exit
+    and with BITMTP_FAST_EXIT=0."""
+    import json
+
+    model_dir, _ = ckpt
+    ok = _program(["generate", "--model", model_dir, "--input-ids", IDS, "--max-new-tokens", "5", "--policy", "ar",
+                   "--json"], {"BITMTP_FAST_EXIT": fast})
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["token_ids"]) == 5
+    bad = _program(["generate", "--model", model_dir, "--input-ids", IDS, "--tau", "7"], {"BITMTP_FAST_EXIT": fast})
+    assert bad.returncode == 2 and "tau" in bad.stderr
+    info = _program(["info"], {"BITMTP_FAST_EXIT": fast})
+    assert info.returncode == 0 and "backends on cpu" in info.stdout
