@@ -290,6 +290,11 @@ def check_block_scales(raw: np.ndarray, type_name: str, block_bytes: int, what: 
     One vectorized single-threaded numpy pass over the scales' bits (exponent all ones = Inf or NaN):
     on a 2-core machine shared with other work, torch's threaded ``isfinite`` on float16 was 25× slower
     (7 s vs 0.2 s over SmolLM2's 2.4 M scales, most of which is reading the file's pages)."""
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, block_bytes)
+    # each field read in place through a strided uint16 view (no copy): 18 ms over SmolLM2's scales, where
+    # stacking the fields into a copy first took 53 ms (warm pages) — a tenth of the CLI's load
+    if not any(((blocks[:, o:o + 2].view("<u2") & 0x7C00) == 0x7C00).any() for o in F16_SCALE_OFFSETS[type_name]):
+        return
     d = block_scales(raw, type_name, block_bytes)
     bad = (d.view(np.uint16) & 0x7C00) == 0x7C00
     if bad.any():

@@ -175,3 +175,36 @@ def test_divine_keys_and_tensor_names():
         G.adapter_from_gguf(dict(meta, **{"divine.speculative.num_heads": 5}), divine, _base(), "d.gguf")
     with pytest.raises(FormatError, match="'mtp'"):
         G.adapter_from_gguf(dict(meta, **{"divine.speculative.architecture": "medusa"}), divine, _base(), "d.gguf")
+
+
+@pytest.mark.parametrize("endian", ["<", ">"])
+def test_string_arrays_native_reader_equals_python(endian, rng, monkeypatch):
+    """The extension's string-array reader (``gguf_strings``) returns exactly the Python reader's strings and
+    end offset — empty, ASCII, multi-byte and astral strings, either byte order — and refuses what it refuses."""
+    import struct
+    from pathlib import Path
+
+    native = G._native_strings()
+    if native is None:
+        pytest.skip("the native extension is not built (the Python reader is tested by every GGUF test)")
+    gen = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    alphabet = ["a", "Ġ", "é", "中", "😀", " ", "\n", "\x00"]
+    strings = ["".join(gen.choice(alphabet, size=int(gen.integers(0, 9)))) for _ in range(500)] + [""]
+    body = b"".join(struct.pack(endian + "Q", len(s.encode())) + s.encode() for s in strings)
+    buf = b"junk" + body + b"tail"
+    cur = G._Cursor(buf, len(buf), Path("x.gguf"))
+    cur.endian, cur.pos = endian, 4
+    got = cur.strings(len(strings))
+    assert got == strings and cur.pos == 4 + len(body)
+    monkeypatch.setenv("BITMTP_PURE_GGUF", "1")
+    assert G._native_strings() is None
+    cur.pos = 4
+    assert cur.strings(len(strings)) == strings and cur.pos == 4 + len(body)
+    # past the end, or one element too many: FormatError from both readers (the native one defers to Python)
+    for pure in ("0", "1"):
+        monkeypatch.setenv("BITMTP_PURE_GGUF", pure)
+        for size in (len(buf) - 4 - 3, len(buf)):
+            cur = G._Cursor(buf, size, Path("x.gguf"))
+            cur.endian, cur.pos = endian, 4
+            with pytest.raises(FormatError, match="past the end|not valid UTF-8"):
+                cur.strings(len(strings) + (size == len(buf)) * 2)

@@ -516,6 +516,8 @@ def _structural_cases(path: Path) -> dict[str, tuple[list[tuple[int, bytes]], st
                                      "metadata key 'test.strs': array count"),
         "array string length 2**60": ([(_part(offs, "test.strs", "item", 1)[0], U64(2**60))],
                                       "metadata key 'test.strs': array element length"),
+        "array string not UTF-8": ([(_part(offs, "test.strs", "item", 2)[0] + 8, b"\xff")],
+                                   "metadata key 'test.strs': array element is not valid UTF-8"),
         "value type 99": ([(_part(offs, "general.name", "type")[0], U32(99))], "unknown value type tag 99"),
         "array type 99": ([(_part(offs, "test.ints", "array_type")[0], U32(99))], "unknown array item type tag 99"),
         "nested array": ([(_part(offs, "test.ints", "array_type")[0], U32(9))], "nested arrays"),
@@ -541,14 +543,18 @@ def _structural_cases(path: Path) -> dict[str, tuple[list[tuple[int, bytes]], st
 
 STRUCTURAL_CASES = [
     "key length 2**60", "string value length 2**60", "int array count 2**60", "int array count > file",
-    "string array count 2**60", "array string length 2**60", "value type 99", "array type 99", "nested array",
+    "string array count 2**60", "array string length 2**60", "array string not UTF-8", "value type 99", "array type 99", "nested array",
     "kv count 2**60", "tensor count 2**60", "version 7", "magic", "tensor type 77", "n_dims 5", "dim 2**40",
     "dim 0", "offset misaligned", "offset past the end", "offset 2**64-32", "offset overlaps",
     "type shrinks the tensor"]
 
 
+@pytest.mark.parametrize("reader", ["native", "python"])
 @pytest.mark.parametrize("case", STRUCTURAL_CASES)
-def test_gguf_structure(case, gguf_arrays, tmp_path):
+def test_gguf_structure(case, reader, gguf_arrays, tmp_path, monkeypatch):
+    """Each corruption is the same FormatError whether string arrays are read natively (the extension's
+    ``gguf_strings``, when built) or in Python."""
+    monkeypatch.setenv("BITMTP_PURE_GGUF", "1" if reader == "python" else "0")
     edits, needle = _structural_cases(gguf_arrays)[case]
     bad = patched(gguf_arrays, tmp_path / "bad.gguf", edits)
     with pytest.raises(FormatError) as err:
