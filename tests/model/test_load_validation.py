@@ -543,7 +543,8 @@ def _structural_cases(path: Path) -> dict[str, tuple[list[tuple[int, bytes]], st
 
 STRUCTURAL_CASES = [
     "key length 2**60", "string value length 2**60", "int array count 2**60", "int array count > file",
-    "string array count 2**60", "array string length 2**60", "array string not UTF-8", "value type 99", "array type 99", "nested array",
+    "string array count 2**60", "array string length 2**60", "array string not UTF-8",
+    "value type 99", "array type 99", "nested array",
     "kv count 2**60", "tensor count 2**60", "version 7", "magic", "tensor type 77", "n_dims 5", "dim 2**40",
     "dim 0", "offset misaligned", "offset past the end", "offset 2**64-32", "offset overlaps",
     "type shrinks the tensor"]
