@@ -225,12 +225,57 @@ def _codes_from_blocks(data: np.ndarray, kind: str, n: int, k: int, name: str) -
     return torch.from_numpy(np.ascontiguousarray(w)), torch.from_numpy(dd)
 
 
-def _scales_from_blocks(w: torch.Tensor, d: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
-    """The most compact ``(scales, group_size)`` consistent with per-block scales ``d`` (blocks whose
-    weights are all zero carry no scale information)."""
-    n, k = w.shape
-    nb = d.shape[1]
-    live = w.reshape(n, nb, block).ne(0).any(-1)
+def _tq2_0_t2_words(data: np.ndarray, n: int, k: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(T2 words int32 [N, K/16], block scales float32 [N, K/256], live bool [N, K/256])`` straight from
+    TQ2_0 bytes, in uint8 arithmetic: no int8/int64 code matrix (``formats.ternary.pack_t2``'s route took
+    ~40 s for BitNet-2B's 2.1 G weights, this one a few seconds).
+
+    TQ2_0 keeps, per 256-weight block, 64 bytes where byte 32h + j holds weights 128h + 32s + j at bits 2s
+    (s = 0..3), codes c = w + 1 — T2's own codes; then a float16 scale. T2 puts weight 16j + 4s + b of a row at
+    bit 8b + 2s of word j, so each T2 byte gathers four codes 4 apart. ``live``: a block with a nonzero weight
+    (a code other than 1) — the others carry no scale information."""
+    nb = k // TQ_BLOCK
+    blocks = np.asarray(data, dtype=np.uint8).reshape(n, nb, 66)
+    qs = blocks[..., :64]
+    # code 3 (invalid) in any field: both bits of a field set
+    if ((qs & (qs >> 1)) & 0x55).any():
+        raise FormatError(f"tensor {name!r}: TQ2_0 data holds the invalid 2-bit code 3")
+    live = ((qs ^ 0x55) != 0).any(axis=-1)  # a field != 01 is a nonzero weight
+    d = np.ascontiguousarray(blocks[..., 64:]).view(np.float16).reshape(n, nb).astype(np.float32)
+    words = np.empty((n, k // 16), dtype="<i4")
+    native = _native("tq2_0_to_t2")
+    if native is not None:
+        src = np.ascontiguousarray(np.asarray(data, dtype=np.uint8).reshape(n, nb * 66))
+        native(src.ctypes.data, n, k, words.ctypes.data, max(1, torch.get_num_threads()))
+        return words, d, live
+    return _tq2_0_t2_words_numpy(qs, n, k, words), d, live
+
+
+def _tq2_0_t2_words_numpy(qs: np.ndarray, n: int, k: int, words: np.ndarray) -> np.ndarray:
+    """:func:`_tq2_0_t2_words`'s word packing in numpy (no extension; ~0.08 s per 17.7 M weights, the
+    extension's ``tq2_0_to_t2`` ~20x less): fills and returns ``words``."""
+    nb = k // TQ_BLOCK
+    out = words.view(np.uint8).reshape(n, k // 16, 4)
+    rows = max(1, (1 << 18) // k)  # row chunks of ~256 KiB of codes: the passes below stay in L2 (2x faster)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        # codes [r, nb, h, s, j] -> weights 128h + 32s + j of the block, i.e. k order within the block
+        codes = np.empty((r1 - r0, nb, 2, 4, 32), dtype=np.uint8)
+        q = qs[r0:r1].reshape(r1 - r0, nb, 2, 32)
+        for sh in range(4):
+            np.bitwise_and(q >> (2 * sh), 3, out=codes[:, :, :, sh, :])
+        c = codes.reshape(r1 - r0, k // 16, 4, 4)  # [r, word, s', b]: weight 16·word + 4s' + b
+        o = out[r0:r1]
+        np.left_shift(c[:, :, 3, :], 6, out=o)  # byte b of each word: the four codes 4 apart
+        for sh in (2, 1):
+            o |= c[:, :, sh, :] << (2 * sh)
+        o |= c[:, :, 0, :]
+    return words
+
+
+def _scales_from_live(live: torch.Tensor, d: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, int]:
+    """:func:`_scales_from_blocks` from the blocks' liveness (any nonzero weight) instead of the weights."""
+    n = d.shape[0]
     if not bool(live.any()):
         return torch.ones(1, 1), k
     if bool((d[live] <= 0).any()) or not bool(torch.isfinite(d[live]).all()):
@@ -243,6 +288,37 @@ def _scales_from_blocks(w: torch.Tensor, d: torch.Tensor, block: int) -> tuple[t
             return row[:1].reshape(1, 1).contiguous(), k
         return row.reshape(n, 1).contiguous(), k
     return torch.where(live, d, row[:, None]).contiguous(), block
+
+
+def decode_ternary_t2(data: np.ndarray, kind: str, n: int, k: int, name: str,
+                      exact_scales: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(T2 words int32 [N, K/16], scales float32, group_size)`` of a ternary tensor stored as ``kind``:
+    :func:`decode_ternary` followed by ``pack_t2``, with TQ2_0 (llama.cpp's ternary type, the common case)
+    converted byte to byte by :func:`_tq2_0_t2_words`. Same words, scales, group and errors as the long way."""
+    if kind != "TQ2_0" or k % TQ_BLOCK:
+        from bitmtp.formats.ternary import pack_t2
+
+        w, scales, group = decode_ternary(data, kind, n, k, name, exact_scales)
+        return pack_t2(w), scales, group
+    words, d_np, live_np = _tq2_0_t2_words(data, n, k, name)
+    words_t, d, live = torch.from_numpy(words), torch.from_numpy(d_np), torch.from_numpy(live_np)
+    if exact_scales is None:
+        scales, group = _scales_from_live(live, d, k, TQ_BLOCK)
+        return words_t, scales, group
+    group = _exact_group(exact_scales, n, k, name)
+    if group % TQ_BLOCK:
+        raise FormatError(f"tensor {name!r}: scale groups of {group} straddle {kind} blocks of {TQ_BLOCK}")
+    want = _block_scales(exact_scales, n, k, group, TQ_BLOCK).to(torch.float16).to(torch.float32)
+    if not bool((~live | (want == d)).all()):
+        raise FormatError(f"tensor {name!r}: its {SCALE_PREFIX}* scales disagree with the {kind} block scales")
+    return words_t, exact_scales, group
+
+
+def _scales_from_blocks(w: torch.Tensor, d: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
+    """The most compact ``(scales, group_size)`` consistent with per-block scales ``d`` (blocks whose
+    weights are all zero carry no scale information)."""
+    n, k = w.shape
+    return _scales_from_live(w.reshape(n, d.shape[1], block).ne(0).any(-1), d, k, block)
 
 
 def decode_ternary(data: np.ndarray, kind: str, n: int, k: int, name: str,
@@ -662,15 +738,20 @@ class _Cursor:
         return (arr != 0).tolist() if code == "?" else arr.tolist(), itype
 
 
-def _native_strings() -> Any:
-    """The native GGUF string-array reader (``bitmtp._cpu_w2a8.gguf_strings``), or None when the extension
-    is not built (or ``BITMTP_PURE_GGUF=1`` asks for the Python reader)."""
+def _native(name: str) -> Any:
+    """The extension's GGUF helper ``bitmtp._cpu_w2a8.<name>`` (``gguf_strings``, ``tq2_0_to_t2``), or None
+    when the extension is not built (or ``BITMTP_PURE_GGUF=1`` asks for the Python versions)."""
     if os.environ.get("BITMTP_PURE_GGUF") == "1":
         return None
     try:
-        return importlib.import_module("bitmtp._cpu_w2a8").gguf_strings
-    except (ImportError, AttributeError):  # not built, or an older build without the reader
+        return getattr(importlib.import_module("bitmtp._cpu_w2a8"), name)
+    except (ImportError, AttributeError):  # not built, or an older build without the helper
         return None
+
+
+def _native_strings() -> Any:
+    """The native GGUF string-array reader, or None (:func:`_native`)."""
+    return _native("gguf_strings")
 
 
 @dataclass

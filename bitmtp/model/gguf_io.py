@@ -25,7 +25,7 @@ from bitmtp.formats import gguf as G
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
 from bitmtp.formats.ggml_blocks import BLOCK_BYTES, BlockWeight, pack_lossless
 from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
-from bitmtp.formats.ternary import pack_t2, unpack_t2
+from bitmtp.formats.ternary import unpack_t2
 from bitmtp.model.args import ModelArgs, check_int, check_real
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.families import NORM_NAMES, Norm, family_of_gguf_arch, get_family, supported_gguf_archs
@@ -506,11 +506,12 @@ def read_model(path: str | Path, **build_kwargs: Any) -> GGUFModel:
                 raise FormatError(f"{src}: ternary tensor {name!r} must be 2-D, has shape {t.shape}")
             exact = contents.tensors.get(G.scale_name(name))
             exact_scales = None if exact is None else G.dense_tensor(exact).to(torch.float32)
-            codes, scales, _group = G.decode_ternary(t.data, t.type_name, t.shape[0], t.shape[1], name, exact_scales)
-            if heads is not None:
-                codes = G.unpermute_rows(codes, heads)
+            words, scales, _group = G.decode_ternary_t2(t.data, t.type_name, t.shape[0], t.shape[1], name,
+                                                         exact_scales)
+            if heads is not None:  # rows are independent in T2 words as in codes
+                words = G.unpermute_rows(words, heads)
                 scales = G.unpermute_rows(scales, heads) if scales.shape[0] > 1 else scales
-            hf[target] = pack_t2(codes)
+            hf[target] = words.contiguous()
             hf[target.replace(".weight", ".weight_scale")] = scales.contiguous()
             continue
         bw = _file_blocks(t, heads)

@@ -208,3 +208,60 @@ def test_string_arrays_native_reader_equals_python(endian, rng, monkeypatch):
             cur.endian, cur.pos = endian, 4
             with pytest.raises(FormatError, match="past the end|not valid UTF-8"):
                 cur.strings(len(strings) + (size == len(buf)) * 2)
+
+
+def _tq2_0_bytes(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """TQ2_0 bytes of ``codes uint8 [n, nb, 2, 4, 32]`` (w + 1) and block scales ``d [n, nb]``."""
+    n, nb = d.shape
+    qs = codes[:, :, :, 0] | codes[:, :, :, 1] << 2 | codes[:, :, :, 2] << 4 | codes[:, :, :, 3] << 6
+    dd = d.astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+    return np.concatenate([qs.reshape(n, nb, 64), dd], axis=-1).reshape(n, -1)
+
+
+@pytest.mark.parametrize("reader", ["native", "numpy"])
+@pytest.mark.parametrize("n,nb", [(1, 1), (3, 2), (17, 3), (16, 10)])
+@pytest.mark.parametrize("scales", ["per_tensor", "per_row", "per_block", "exact"])
+def test_tq2_0_straight_to_t2_equals_the_long_way(n, nb, scales, reader, rng, monkeypatch):
+    """``decode_ternary_t2`` (TQ2_0 bytes → T2 words: the extension's ``tq2_0_to_t2`` or uint8 numpy) gives
+    exactly ``decode_ternary`` + ``pack_t2``'s words, scales and group, all-zero blocks and rows included."""
+    from bitmtp.formats.ternary import pack_t2
+
+    if reader == "native" and G._native("tq2_0_to_t2") is None:
+        pytest.skip("the native extension is not built (the numpy packing is tested beside it)")
+    monkeypatch.setenv("BITMTP_PURE_GGUF", "1" if reader == "numpy" else "0")
+
+    gen = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    k = nb * 256
+    codes = gen.integers(0, 3, size=(n, nb, 2, 4, 32), dtype=np.uint8)
+    codes[0, 0] = 1  # an all-zero block
+    if n > 2:
+        codes[2] = 1  # an all-zero row
+    base = gen.uniform(0.25, 2.0, size=(n, 1)).astype(np.float16).astype(np.float32)
+    d = {"per_tensor": np.full((n, nb), base[0, 0]), "per_row": np.repeat(base, nb, 1),
+         "per_block": gen.uniform(0.25, 2.0, size=(n, nb)), "exact": np.repeat(base, nb, 1)}[scales]
+    d = d.astype(np.float16).astype(np.float32)
+    raw = _tq2_0_bytes(codes, d)
+    exact = torch.from_numpy(base) if scales == "exact" else None
+    words, sc, group = G.decode_ternary_t2(raw, "TQ2_0", n, k, "t", exact)
+    w, sc_ref, group_ref = G.decode_ternary(raw, "TQ2_0", n, k, "t", exact)
+    assert torch.equal(words, pack_t2(w)) and torch.equal(sc, sc_ref) and group == group_ref
+
+
+def test_tq2_0_straight_to_t2_refuses_what_the_long_way_refuses(rng):
+    gen = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    codes = gen.integers(0, 3, size=(4, 2, 2, 4, 32), dtype=np.uint8)
+    codes[1, 1, 0, 2, 7] = 3  # the invalid code
+    raw = _tq2_0_bytes(codes, np.ones((4, 2), np.float32))
+    for fn in (G.decode_ternary_t2, G.decode_ternary):
+        with pytest.raises(FormatError, match="invalid 2-bit code 3"):
+            fn(raw, "TQ2_0", 4, 512, "t", None)
+    codes[1, 1, 0, 2, 7] = 0
+    raw = _tq2_0_bytes(codes, np.ones((4, 2), np.float32))
+    wrong = torch.full((4, 1), 0.5)  # exact scales that disagree with the blocks'
+    for fn in (G.decode_ternary_t2, G.decode_ternary):
+        with pytest.raises(FormatError, match="disagree"):
+            fn(raw, "TQ2_0", 4, 512, "t", wrong)
+    neg = _tq2_0_bytes(codes, -np.ones((4, 2), np.float32))
+    for fn in (G.decode_ternary_t2, G.decode_ternary):
+        with pytest.raises(FormatError, match="finite and positive"):
+            fn(neg, "TQ2_0", 4, 512, "t", None)
