@@ -88,3 +88,43 @@ def test_store_shapes_and_states():
     assert kv.nbytes == 2 * 2 * 3 * 1015 * 8 * 4
     with pytest.raises(ValueError, match="role"):
         ReplayState(1, 256, "sample")
+
+
+def _rss_anon_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cpu_store_is_zero_separate_aligned_and_resident_only_where_written(dtype, rng):
+    """The CPU store's buffers sit in one anonymous map (runtime/kv.py ``_lazy_zeros``): every element reads
+    zero, each buffer starts on a page and none overlaps another, writes land where they are aimed, and a
+    256 MiB store costs resident memory only for the pages written."""
+    import mmap
+
+    layers, heads, d = 4, 8, 128
+    rows = (256 << 20) // (2 * layers * heads * d * torch.empty((), dtype=dtype).element_size())
+    before = _rss_anon_bytes()
+    kv = KVStore(layers, heads, d, capacity=rows - 7, m_max=7, dtype=dtype)
+    after = _rss_anon_bytes()
+    if before is not None:
+        assert after - before < (32 << 20), f"creating the store made {(after - before) >> 20} MiB resident"
+    bufs = kv.k + kv.v
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in bufs)
+    assert all(lo % mmap.PAGESIZE == 0 for lo, _ in spans)
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:], strict=False))
+    for t in bufs:
+        assert t.shape == (heads, rows, d) and t.dtype == dtype and t.is_contiguous()
+        assert not t[:, :: max(1, rows // 64)].any()  # zeros (sampled rows; the rest reads the zero page too)
+    pos = torch.tensor([0, 5, rows - 1])
+    k = torch.randn(3, heads, d, generator=rng).to(dtype)
+    v = torch.randn(3, heads, d, generator=rng).to(dtype)
+    kb, vb = kv.write(2, k, v, pos)
+    assert torch.equal(kb[:, pos].transpose(0, 1), k) and torch.equal(vb[:, pos].transpose(0, 1), v)
+    assert not kv.k[1].any() and not kv.v[3].any() and not kv.k[2][:, 1:5].any()  # nothing spilled
