@@ -284,11 +284,29 @@ def _gguf_tokenizer(path: Path, files: dict[str, Any] | None, meta: Mapping[str,
                 raise FormatError(f"{path}: the tokenizer stored in bitmtp.tokenizer.files cannot be loaded "
                                   f"({type(exc).__name__}: {exc})") from exc
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+        return _transformers_gguf_tokenizer(path)
     except Exception as exc:  # e.g. an architecture transformers' GGUF reader does not know
         log.warning("%s: no tokenizer could be built from the GGUF metadata (%s: %s); pass tokenizer= or input_ids",
                     path, type(exc).__name__, exc)
         return None
+
+
+def _transformers_gguf_tokenizer(path: Path) -> Any:
+    """transformers' tokenizer of a GGUF file. On transformers ≥ 5 every GGUF vocabulary becomes a
+    ``TokenizersBackend`` built from the file's ``tokenizer.*`` metadata, which ``PreTrainedTokenizerFast``
+    builds directly; ``AutoTokenizer`` builds the same one only after reading the model config through gguf-py's
+    full parse of the file (~20 s for a 128k-token vocabulary; ~1 s for a small one), and refuses an architecture
+    whose config transformers does not know (``bitnet``) although its vocabulary is an ordinary one. Older
+    transformers pick a model-specific tokenizer class, so they keep ``AutoTokenizer``."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
 
 
 #: whether ``backend="wgpu"``'s deprecation was reported in this process (it is, once)

@@ -237,3 +237,67 @@ def test_chat_template_sandbox_and_missing_template(trained):
     tok, _ = tokenizer_from_gguf(meta)
     with pytest.raises(ValueError, match="no tokenizer.chat_template"):
         tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def _write_sentencepiece(path: Path, arch: str, vocab: int = 600) -> Path:
+    """A GGUF holding only a SentencePiece-style ("llama") vocabulary — byte tokens, a few pieces, scores — for
+    architecture ``arch`` (its ``{arch}.*`` model keys are there; no tensors)."""
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces = ["▁the", "▁a", "▁lazy", "▁dog", "▁quick", "▁brown", "▁fox", "▁h", "ello", "▁w", "orld", "▁", "e", "t"]
+    tokens += pieces + [f"x{i}" for i in range(vocab - len(tokens) - len(pieces))]
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 8),
+                       ("feed_forward_length", 16), ("attention.head_count", 2)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(1, vocab - 258)])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template(TEMPLATE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+SP_TEXTS = ["hello world the lazy dog", " the  quick brown fox\n", "héllo <s> </s> wörld 🙂", ""]
+
+
+def test_sentencepiece_vocabulary_through_transformers_equals_autotokenizer(tmp_path):
+    """A vocabulary the builder declines (SentencePiece) gets transformers' tokenizer from the file's metadata
+    (``api._transformers_gguf_tokenizer``): the ids, text, special tokens and chat prompt AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    import bitmtp.api as api
+
+    path = _write_sentencepiece(tmp_path / "sp.gguf", "llama")
+    ours = api._gguf_tokenizer(path, None, read_gguf(path).meta)
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in SP_TEXTS:
+        ids = _ids(ours(text))
+        assert ids == _ids(ref(text)) and ours.decode(ids) == ref.decode(ids)
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        assert getattr(ours, attr) == getattr(ref, attr), attr
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False) == ref.apply_chat_template(chat, tokenize=False)
+
+
+def test_vocabulary_of_an_architecture_transformers_does_not_load(tmp_path):
+    """A ``bitnet`` GGUF with an ordinary SentencePiece vocabulary has a tokenizer (AutoTokenizer refused the
+    architecture, leaving the model without one): the same ids as the same vocabulary in a ``llama`` file."""
+    import bitmtp.api as api
+
+    bitnet = _write_sentencepiece(tmp_path / "bitnet.gguf", "bitnet")
+    (tmp_path / "llama").mkdir()
+    llama = _write_sentencepiece(tmp_path / "llama" / "sp.gguf", "llama")
+    a = api._gguf_tokenizer(bitnet, None, read_gguf(bitnet).meta)
+    b = api._gguf_tokenizer(llama, None, read_gguf(llama).meta)
+    assert a is not None
+    assert all(_ids(a(t)) == _ids(b(t)) for t in SP_TEXTS)
