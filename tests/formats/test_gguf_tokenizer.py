@@ -152,6 +152,11 @@ def _write(path: Path, tokens: list[str], merges: list[str] | None, types: list[
         w.add_add_bos_token(add_bos)
     if add_eos is not None:
         w.add_add_eos_token(add_eos)
+    return _finish(w, path)
+
+
+def _finish(w, path: Path) -> Path:
+    """The chat template, then the file written and closed."""
     w.add_chat_template(TEMPLATE)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -259,12 +264,7 @@ def _write_sentencepiece(path: Path, arch: str, vocab: int = 600) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    w.add_chat_template(TEMPLATE)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish(w, path)
 
 
 SP_TEXTS = ["hello world the lazy dog", " the  quick brown fox\n", "héllo <s> </s> wörld 🙂", ""]
