@@ -40,7 +40,8 @@ def test_generate_imports_no_transformers_and_compiles_nothing(tmp_path):
     roots = {m for m in HEAVY if "." not in m}
     prefixes = tuple(m for m in HEAVY if "." in m)
     code = _PROBE.format(heavy_roots=repr(roots), heavy_prefixes=repr(prefixes))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BITMTP_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BITMTP_CACHE_DIR": str(tmp_path),
+           "BITMTP_FAST_EXIT": "0"}  # the probe reads sys.modules after the program returns
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     line = [x for x in proc.stderr.splitlines() if x.startswith("PROBE ")]
     assert line, proc.stderr[-2000:]
