@@ -305,13 +305,20 @@ def decode_ternary_t2(data: np.ndarray, kind: str, n: int, k: int, name: str,
     if exact_scales is None:
         scales, group = _scales_from_live(live, d, k, TQ_BLOCK)
         return words_t, scales, group
+    return words_t, exact_scales, _check_exact_scales(exact_scales, live, d, kind, TQ_BLOCK, n, k, name)
+
+
+def _check_exact_scales(exact_scales: torch.Tensor, live: torch.Tensor, d: torch.Tensor, kind: str, block: int,
+                        n: int, k: int, name: str) -> int:
+    """The group size of ``exact_scales`` (the ``bitmtp.scale.*`` tensor), after checking that its groups do not
+    straddle ``kind``'s blocks and that it agrees (fp16 rounding apart) with the live blocks' scales ``d``."""
     group = _exact_group(exact_scales, n, k, name)
-    if group % TQ_BLOCK:
-        raise FormatError(f"tensor {name!r}: scale groups of {group} straddle {kind} blocks of {TQ_BLOCK}")
-    want = _block_scales(exact_scales, n, k, group, TQ_BLOCK).to(torch.float16).to(torch.float32)
+    if group % block:
+        raise FormatError(f"tensor {name!r}: scale groups of {group} straddle {kind} blocks of {block}")
+    want = _block_scales(exact_scales, n, k, group, block).to(torch.float16).to(torch.float32)
     if not bool((~live | (want == d)).all()):
         raise FormatError(f"tensor {name!r}: its {SCALE_PREFIX}* scales disagree with the {kind} block scales")
-    return words_t, exact_scales, group
+    return group
 
 
 def _scales_from_blocks(w: torch.Tensor, d: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
@@ -336,14 +343,8 @@ def decode_ternary(data: np.ndarray, kind: str, n: int, k: int, name: str,
         if exact_scales is None:
             scales, group = _scales_from_blocks(w, d, block)
             return w, scales, group
-        group = _exact_group(exact_scales, n, k, name)
-        if group % block:
-            raise FormatError(f"tensor {name!r}: scale groups of {group} straddle {kind} blocks of {block}")
-        want = _block_scales(exact_scales, n, k, group, block).to(torch.float16).to(torch.float32)
         live = w.reshape(n, -1, block).ne(0).any(-1)
-        if not bool((~live | (want == d)).all()):
-            raise FormatError(f"tensor {name!r}: its {SCALE_PREFIX}* scales disagree with the {kind} block scales")
-        return w, exact_scales, group
+        return w, exact_scales, _check_exact_scales(exact_scales, live, d, kind, block, n, k, name)
     if kind == "TQ1_0":
         gguf = _gguf()
         values = torch.from_numpy(np.ascontiguousarray(gguf.dequantize(data, gguf.GGMLQuantizationType.TQ1_0)))
@@ -675,7 +676,7 @@ class _Cursor:
         """``count`` strings in a row (an array's elements), read by the native extension when it is built
         (``gguf_strings`` in ``csrc/cpu/w2a8_module.cpp``: ~10 ms for SmolLM2's 49k tokens + 49k merges), else
         by :meth:`strings_python`; a bad element is named by the Python reader either way."""
-        native = _native_strings()
+        native = _native("gguf_strings")
         if native is not None and count:
             try:
                 out, pos = native(self.buf, self.pos, count, self.size, self.endian == ">")
@@ -747,11 +748,6 @@ def _native(name: str) -> Any:
         return getattr(importlib.import_module("bitmtp._cpu_w2a8"), name)
     except (ImportError, AttributeError):  # not built, or an older build without the helper
         return None
-
-
-def _native_strings() -> Any:
-    """The native GGUF string-array reader, or None (:func:`_native`)."""
-    return _native("gguf_strings")
 
 
 @dataclass

@@ -10,6 +10,7 @@ method of this class copies KV rows: there is no promotion, compaction or segmen
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
@@ -26,10 +27,7 @@ def _lazy_zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple
     only for the rows steps have written: a 1-token CLI call on SmolLM2 kept ~2 MB of its 96 MB store resident
     instead of all of it (torch.zeros writes every page), and the allocation is free. Huge pages are declined
     (``MADV_NOHUGEPAGE``), so touching a row never brings in 2 MB of neighbours."""
-    elt = torch.empty((), dtype=dtype).element_size()
-    nbytes = elt
-    for d in shape:
-        nbytes *= d
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     stride = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
     mapping = mmap.mmap(-1, max(stride * count, mmap.PAGESIZE))  # anonymous, private, zero-filled
     if hasattr(mmap, "MADV_NOHUGEPAGE"):

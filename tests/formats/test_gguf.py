@@ -184,7 +184,7 @@ def test_string_arrays_native_reader_equals_python(endian, rng, monkeypatch):
     import struct
     from pathlib import Path
 
-    native = G._native_strings()
+    native = G._native("gguf_strings")
     if native is None:
         pytest.skip("the native extension is not built (the Python reader is tested by every GGUF test)")
     gen = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng)))
@@ -197,7 +197,7 @@ def test_string_arrays_native_reader_equals_python(endian, rng, monkeypatch):
     got = cur.strings(len(strings))
     assert got == strings and cur.pos == 4 + len(body)
     monkeypatch.setenv("BITMTP_PURE_GGUF", "1")
-    assert G._native_strings() is None
+    assert G._native("gguf_strings") is None
     cur.pos = 4
     assert cur.strings(len(strings)) == strings and cur.pos == 4 + len(body)
     # past the end, or one element too many: FormatError from both readers (the native one defers to Python)
