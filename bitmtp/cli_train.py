@@ -89,7 +89,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(out=args.out, mode=args.mode, block_size=args.block_size, rank=args.rank,
                       lora_alpha=args.lora_alpha, seq_len=args.seq_len, batch_size=args.batch_size,
-                      anchors=args.anchors, gamma=args.gamma, lr=args.lr, max_steps=args.max_steps,
+                      anchors=args.anchors, short_anchors=args.short_anchors, gamma=args.gamma, lr=args.lr,
+                      max_steps=args.max_steps,
                       time_budget=parse_duration(args.time_budget), seed=args.seed,
                       self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype,
@@ -300,13 +301,18 @@ def add_commands(sub) -> None:
                          "STE) written as one GGUF with its adapter - meant for a GPU (--device cuda)")
     checked(tr.add_argument("--block-size", type=int, default=8, metavar="D",
                             help="tokens drafted per iteration, 2..16 (default 8)"), between(2, 16))
-    checked(tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8)"), at_least(1))
+    checked(tr.add_argument("--rank", type=int, default=8, help="LoRA / head rank (default 8); with --init-from, "
+                            "a mask-block adapter may grow to a higher rank"), at_least(1))
     checked(tr.add_argument("--lora-alpha", type=float, help="LoRA alpha (scaling alpha/rank; default: scaling 1)"),
             positive_float())
     checked(tr.add_argument("--seq-len", type=int, default=256, metavar="TOKENS",
                             help="training window in tokens, at least D + 2 (default 256)"), at_least(4))
     checked(tr.add_argument("--batch-size", type=int, default=1, help="windows per step (default 1)"), at_least(1))
     checked(tr.add_argument("--anchors", type=int, default=16, help="blocks per window (default 16)"), at_least(1))
+    checked(tr.add_argument("--short-anchors", type=int, default=0, metavar="N",
+                            help="N more blocks per window of one mask row each, as a D = 2 step drafts: cheap "
+                                 "training of the first drafted position (mask-block, full; default 0)"),
+            at_least(0))
     checked(tr.add_argument("--gamma", type=float, default=0.8,
                             help="loss discount in (0, 1]: block position k weighs gamma^k (default 0.8)"),
             between(0.0, 1.0, low_open=True))

@@ -85,6 +85,7 @@ CASES = [
     (["train", "--out", "ad", "--seq-len", "6"], ["--seq-len", "at least 10"]),
     (["train", "--out", "ad", "--batch-size", "0"], ["--batch-size", ">= 1"]),
     (["train", "--out", "ad", "--anchors", "0"], ["--anchors", ">= 1"]),
+    (["train", "--out", "ad", "--short-anchors", "-2"], ["--short-anchors", ">= 0"]),
     (["train", "--out", "ad", "--max-steps", "0"], ["--max-steps", ">= 1"]),
     (["train", "--out", "ad", "--max-tokens", "-1"], ["--max-tokens", ">= 1"]),
     (["train", "--out", "ad", "--time-budget", "0"], ["--time-budget", "longer than 0"]),

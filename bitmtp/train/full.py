@@ -135,13 +135,13 @@ class FullParams(nn.Module):
 
 
 def full_loss(view: TrainView, params: FullParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
-              gamma: float, self_distill: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """NTP cross-entropy over the sequence rows + the discounted block loss; per-position accuracy."""
+              gamma: float, self_distill: bool, widths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """NTP cross-entropy over the sequence rows + the discounted block loss; per-position accuracy
+    (``widths``: mask rows per anchor's block, default D − 1)."""
     bsz, t_len = tokens.shape
-    lay = packed_layout(t_len, anchors, block_size, device=tokens.device)
-    w = block_size - 1
+    lay = packed_layout(t_len, anchors, block_size, device=tokens.device, widths=widths)
     emb = view.embed[tokens]
-    x = torch.cat([emb, params.mask_embedding.to(emb.dtype).expand(bsz, len(anchors) * w, -1)], dim=1)
+    x = torch.cat([emb, params.mask_embedding.to(emb.dtype).expand(bsz, lay.block_k.numel(), -1)], dim=1)
     hidden = view.hidden(x, lay.positions, lay.mask[None])
     seq_logits = view.logits(hidden[:, :t_len])
     ntp = F.cross_entropy(seq_logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
@@ -150,7 +150,7 @@ def full_loss(view: TrainView, params: FullParams, tokens: torch.Tensor, anchors
         targets = seq_logits.detach().argmax(-1)[:, lay.block_targets - 1]
     else:
         targets = tokens[:, lay.block_targets]
-    mtp, acc = weighted_block_ce(logits, targets, lay.block_k, block_size, gamma)
+    mtp, acc = weighted_block_ce(logits, targets, lay.block_k, block_size, gamma, n_blocks=len(anchors))
     return ntp + mtp, acc
 
 

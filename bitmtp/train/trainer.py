@@ -57,6 +57,9 @@ class TrainConfig:
     seq_len: int = 256
     batch_size: int = 1
     anchors: int = 16
+    #: more anchors per window whose block is one mask row (what a D = 2 step drafts): cheap signal
+    #: for the first drafted position, the one every draft's acceptance starts with
+    short_anchors: int = 0
     gamma: float = 0.8
     lr: float = 2e-3
     warmup: int = 20
@@ -85,6 +88,11 @@ class TrainConfig:
             raise BitMTPError(f"block_size: D must be in 2..16, got {self.block_size}")
         if self.max_steps < 1:
             raise BitMTPError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if self.short_anchors < 0:
+            raise BitMTPError(f"short_anchors: must be >= 0, got {self.short_anchors}")
+        if self.short_anchors and self.mode == "heads":
+            raise BitMTPError("short_anchors (--short-anchors): one-row mask blocks train mask rows; heads draft in "
+                              "a chain from their anchor, so a heads run takes --anchors only")
         if not 0 < self.gamma <= 1:
             raise BitMTPError(f"gamma: must be in (0, 1], got {self.gamma}")
         if Path(self.out).exists() and not self.overwrite and not self.resume:
@@ -221,13 +229,14 @@ def _resume_from(state: dict[str, Any], cfg: TrainConfig, decoder: Decoder, fing
 
 
 def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
-                    block_size: int, gamma: float, self_distill: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss and per-position top-1 accuracy ``[D−1]`` of one batch ``tokens [B, T]`` (shared anchors)."""
+                    block_size: int, gamma: float, self_distill: bool, widths: list[int] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss and per-position top-1 accuracy ``[D−1]`` of one batch ``tokens [B, T]`` (shared anchors;
+    ``widths``: mask rows per anchor's block, default D − 1)."""
     bsz, t_len = tokens.shape
-    lay = packed_layout(t_len, anchors, block_size, device=tokens.device)
-    w = block_size - 1
+    lay = packed_layout(t_len, anchors, block_size, device=tokens.device, widths=widths)
     emb = view.embed[tokens]
-    mask_rows = params.mask_embedding.to(emb.dtype).expand(bsz, len(anchors) * w, -1)
+    mask_rows = params.mask_embedding.to(emb.dtype).expand(bsz, lay.block_k.numel(), -1)
     x = torch.cat([emb, mask_rows], dim=1)
     hidden = view.hidden(x, lay.positions, lay.mask[None], lora=params, gate_from=t_len)
     logits = view.logits(hidden[:, t_len:])  # [B, A·w, V]
@@ -237,7 +246,19 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
         targets = greedy[:, lay.block_targets - 1]
     else:
         targets = tokens[:, lay.block_targets]
-    return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma)
+    return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma, n_blocks=len(anchors))
+
+
+def anchors_and_widths(seq_len: int, block_size: int, full: int, short: int,
+                       generator: torch.Generator) -> tuple[list[int], list[int] | None]:
+    """One step's anchors: ``full`` blocks of D − 1 mask rows, then ``short`` blocks of one row (distinct
+    among themselves; a short block may share its anchor with a full one — blocks never see each other).
+    Widths are None when every block is full (the layout's default)."""
+    anchors = sample_anchors(seq_len, block_size, full, generator)
+    if not short:
+        return anchors, None
+    extra = sample_anchors(seq_len, 2, short, generator)
+    return anchors + extra, [block_size - 1] * len(anchors) + [1] * len(extra)
 
 
 def base_states(view: TrainView, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,18 +330,43 @@ def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, ancho
 
 
 def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decoder) -> dict[str, torch.Tensor]:
-    """The tensors of ``cfg.init_from``, checked to be the adapter this run would make."""
+    """The tensors of ``cfg.init_from``, checked to be the adapter this run would make. A mask-block
+    adapter of a lower rank grows to this run's rank (:func:`grow_lora_rank`)."""
     from bitmtp.formats.adapters import load_adapter
 
     old, tensors = load_adapter(cfg.init_from)
     old.check_base(decoder.args)
-    for name in ("kind", "block_size", "rank"):
+    for name in ("kind", "block_size"):
         if getattr(old, name) != getattr(config, name):
             raise BitMTPError(f"init_from: {cfg.init_from} has {name}={getattr(old, name)!r}, this run "
                               f"{getattr(config, name)!r}")
     if old.kind == "mask-block" and sorted(old.targets) != sorted(config.targets):
         raise BitMTPError(f"init_from: {cfg.init_from} has targets {old.targets}, this run {config.targets}")
-    return {k: v.float() for k, v in tensors.items()}
+    tensors = {k: v.float() for k, v in tensors.items()}
+    if old.rank != config.rank:
+        if old.kind != "mask-block" or old.rank > config.rank:
+            raise BitMTPError(f"init_from: {cfg.init_from} has rank={old.rank}, this run {config.rank} (a "
+                              f"mask-block adapter can grow to a higher --rank; nothing else changes rank)")
+        if old.lora_alpha is not None or config.lora_alpha is not None:
+            raise BitMTPError("init_from: growing the LoRA rank keeps the adapter's function only with scaling 1 "
+                              "(no --lora-alpha); alpha/rank would rescale the trained deltas")
+        tensors = grow_lora_rank(tensors, config, seed=cfg.seed)
+    return tensors
+
+
+def grow_lora_rank(tensors: dict[str, torch.Tensor], config: AdapterConfig, *, seed: int = 0
+                   ) -> dict[str, torch.Tensor]:
+    """A mask-block adapter's tensors at ``config.rank`` (≥ theirs): each LoRA pair gets new components
+    with ``A`` drawn as a fresh adapter's and ``B = 0``, so ``B·A`` — the adapter's function — is
+    unchanged at the first step, and training uses the extra capacity from there (LoRA's own start)."""
+    fresh = init_adapter_tensors(config, seed=seed)
+    out = dict(tensors)
+    for name, value in tensors.items():
+        if name.endswith(".lora_A"):  # [r, in]: old rows kept, new rows fresh
+            out[name] = torch.cat([value, fresh[name][value.shape[0]:]], 0)
+        elif name.endswith(".lora_B"):  # [out, r]: new columns zero
+            out[name] = torch.cat([value, torch.zeros(value.shape[0], config.rank - value.shape[1])], 1)
+    return out
 
 
 def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True,
@@ -396,11 +442,14 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
                 break
             idx = [order[(step * cfg.batch_size + b) % len(order)] for b in range(cfg.batch_size)]
             tokens = torch.tensor([windows[i] for i in idx], dtype=torch.long, device=device)
-            anchors = sample_anchors(tokens.shape[1], cfg.block_size, cfg.anchors, gen)
+            anchors, widths = anchors_and_widths(tokens.shape[1], cfg.block_size, cfg.anchors, cfg.short_anchors,
+                                                 gen)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda):
                 extra = {"states": cache.get(idx, tokens)} if cache is not None else {}
+                if widths is not None:
+                    extra["widths"] = widths
                 loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill,
                                     **extra)
             opt.zero_grad(set_to_none=True)
@@ -428,7 +477,8 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     config.training = {
         "mode": kind, "data": cfg.data_description, "steps": step, "tokens": seen_tokens,
         "minutes": round(seconds / 60, 2), "seq_len": len(windows[0]), "batch_size": cfg.batch_size,
-        "anchors": cfg.anchors, "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
+        "anchors": cfg.anchors, **({"short_anchors": cfg.short_anchors} if cfg.short_anchors else {}),
+        "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}, threads "
                    f"{torch.get_num_threads()}" + (f", {torch.cuda.get_device_name()}" if use_cuda else ""),
         "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4) if losses else None,

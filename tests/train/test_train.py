@@ -3,6 +3,7 @@ loss falls on a fixed seed, save → load → identical drafts, checkpoints and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -202,9 +203,98 @@ def test_init_from_continues_an_adapter(model, tmp_path):
                                                init_from=str(first.path)), progress=False)
     # lr ~ 0: the continued run evaluates the first run's tensors, so its loss starts where that one ended
     assert more.losses[0] < 0.8 * first.losses[0]
-    with pytest.raises(BitMTPError, match="rank"):
-        train(model.decoder, w, TrainConfig(out=str(tmp_path / "c"), max_steps=1, rank=4, block_size=3,
+    # a higher rank grows the adapter without changing its function: the same first loss
+    grown = train(model.decoder, w, TrainConfig(out=str(tmp_path / "g"), max_steps=1, rank=5, block_size=3,
+                                                anchors=4, lr=1e-9, seed=1, save_dtype="float32",
+                                                self_distill=False, init_from=str(first.path)), progress=False)
+    assert grown.losses[0] == pytest.approx(more.losses[0], rel=1e-5)
+    assert load_adapter(grown.path)[0].rank == 5
+    with pytest.raises(BitMTPError, match="rank=2, this run 1"):
+        train(model.decoder, w, TrainConfig(out=str(tmp_path / "c"), max_steps=1, rank=1, block_size=3,
                                             init_from=str(first.path)), progress=False)
+    with pytest.raises(BitMTPError, match="lora-alpha"):
+        train(model.decoder, w, TrainConfig(out=str(tmp_path / "c"), max_steps=1, rank=4, block_size=3,
+                                            lora_alpha=8.0, init_from=str(first.path)), progress=False)
+
+
+def test_grow_lora_rank_keeps_every_delta(model):
+    from bitmtp.train.trainer import grow_lora_rank
+
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=4)
+    big = dataclasses.replace(cfg, rank=cfg.rank + 3)
+    grown = grow_lora_rank(tensors, big, seed=7)
+    assert set(grown) == set(tensors) and set(grown) == set(big.expected_shapes())
+    for name, shape in big.expected_shapes().items():
+        assert tuple(grown[name].shape) == tuple(shape)
+    for name in tensors:
+        if name.endswith(".lora_A"):
+            b = name[: -len("A")] + "B"
+            torch.testing.assert_close(grown[b] @ grown[name], tensors[b] @ tensors[name], rtol=0, atol=0)
+            assert grown[name][cfg.rank:].abs().sum() > 0  # new directions exist, their B starts at zero
+    assert torch.equal(grown["mask_embedding"], tensors["mask_embedding"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_packed_mask_with_short_blocks_equals_brute_force(data):
+    d = data.draw(st.integers(2, 8))
+    t = data.draw(st.integers(d + 1, 30))
+    n = data.draw(st.integers(0, 6))
+    widths = [data.draw(st.integers(1, d - 1)) for _ in range(n)]
+    anchors = [data.draw(st.integers(0, t - w - 2)) for w in widths]  # repeats allowed: blocks are separate
+    lay = packed_layout(t, anchors, d, widths=widths)
+    assert torch.equal(lay.mask, packed_layout_reference(t, anchors, d, widths=widths))
+    row = 0
+    for anc, w in zip(anchors, widths, strict=True):
+        rows = slice(t + row, t + row + w)
+        assert lay.positions[rows].tolist() == [anc + 1 + j for j in range(w)]
+        assert lay.block_targets[row : row + w].tolist() == [anc + 2 + j for j in range(w)]
+        assert lay.block_k[row : row + w].tolist() == list(range(1, w + 1))
+        row += w
+    assert lay.length == t + sum(widths)
+
+
+def test_short_block_is_a_d2_block():
+    """A one-row block at D = 8 is exactly the block a D = 2 step drafts (same rows, positions, mask)."""
+    short = packed_layout(24, [3, 9, 9], 8, widths=[1, 1, 7])
+    assert torch.equal(short.mask[: 24 + 2, : 24 + 2], packed_layout(24, [3, 9], 2).mask)
+    with pytest.raises(BitMTPError, match="widths"):
+        packed_layout(24, [3], 4, widths=[4])
+    with pytest.raises(BitMTPError, match="widths"):
+        packed_layout(24, [3, 4], 4, widths=[1])
+    with pytest.raises(BitMTPError, match="anchors"):
+        packed_layout(24, [22], 4, widths=[1])  # its target x_24 does not exist
+
+
+def test_block_loss_is_the_mean_over_blocks_of_any_width(model):
+    """Blocks never see each other: the loss of full and short blocks packed together is the
+    block-count-weighted mean of their losses apart (float32, rtol 1e-5)."""
+    from bitmtp.train.trainer import mask_block_loss
+
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=5)
+    params = MaskBlockParams(cfg, tensors)
+    view = TrainView(model.decoder)
+    tokens = torch.randint(3, 90, (2, 40), generator=torch.Generator().manual_seed(4))
+    full, short = [2, 17, 30], [0, 5, 17, 21, 37]
+    with torch.no_grad():
+        both, acc = mask_block_loss(view, params, tokens, full + short, 5, 0.7, True, widths=[4] * 3 + [1] * 5)
+        f, acc_f = mask_block_loss(view, params, tokens, full, 5, 0.7, True)
+        sh, _ = mask_block_loss(view, params, tokens, short, 5, 0.7, True, widths=[1] * 5)
+    torch.testing.assert_close(both * 8, f * 3 + sh * 5, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(acc[1:], acc_f[1:])  # positions 2..4: the full blocks only
+
+
+def test_short_anchors_train_and_are_recorded(model, tmp_path):
+    w = periodic_windows()
+    res = train(model.decoder, w, TrainConfig(out=str(tmp_path / "s"), max_steps=40, rank=4, block_size=4, anchors=2,
+                                              short_anchors=12, lr=1e-2, seed=3, save_dtype="float32",
+                                              self_distill=False), progress=False)
+    assert sum(res.losses[-5:]) < 0.7 * sum(res.losses[:5])
+    assert load_adapter(res.path)[0].training["short_anchors"] == 12
+    with pytest.raises(BitMTPError, match="heads"):
+        train(model.decoder, w, TrainConfig(out=str(tmp_path / "h"), mode="heads", short_anchors=4), progress=False)
+    with pytest.raises(BitMTPError, match="short_anchors"):
+        train(model.decoder, w, TrainConfig(out=str(tmp_path / "n"), short_anchors=-1), progress=False)
 
 
 def test_frozen_view_of_an_unfused_projection_runs_its_parts():
