@@ -237,12 +237,12 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
     lay = packed_layout(t_len, anchors, block_size, device=tokens.device, widths=widths)
     emb = view.embed[tokens]
     mask_rows = params.mask_embedding.to(emb.dtype).expand(bsz, lay.block_k.numel(), -1)
-    x = torch.cat([emb, mask_rows], dim=1)
-    hidden = view.hidden(x, lay.positions, lay.mask[None], lora=params, gate_from=t_len)
-    logits = view.logits(hidden[:, t_len:])  # [B, A·w, V]
+    # the gate keeps the sequence rows the base's own: they run without autograd (TrainView.hidden_gated)
+    seq_hidden, block_hidden = view.hidden_gated(emb, mask_rows, lay.positions, lay.mask[None], lora=params)
+    logits = view.logits(block_hidden)  # [B, R, V]
     if self_distill:
         with torch.no_grad():  # the base's greedy prediction of each sequence position
-            greedy = view.logits(hidden[:, :t_len].detach()).argmax(-1)  # row i predicts position i + 1
+            greedy = view.logits(seq_hidden).argmax(-1)  # row i predicts position i + 1
         targets = greedy[:, lay.block_targets - 1]
     else:
         targets = tokens[:, lay.block_targets]

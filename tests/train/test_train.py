@@ -339,3 +339,34 @@ def test_heads_base_state_cache(model):
     torch.testing.assert_close(cached, plain, rtol=1e-2, atol=1e-3)
     tiny = BaseStateCache(view, max_bytes=0)
     assert torch.equal(tiny.get([0], tokens[:1])[1], first[1][:1]) and not tiny.store
+
+
+@pytest.mark.parametrize("family,quantize", [("llama", "ternary"), ("qwen3", None)])
+def test_gated_two_stream_forward_equals_the_joint_pass(family, quantize):
+    """TrainView.hidden_gated (sequence rows without autograd, block rows differentiated) == hidden over
+    the packed rows: hidden states and the adapter's gradients (float32, rtol/atol 1e-4)."""
+    m = bitmtp.load(tiny_model(family, seed=6, initializer_range=INIT_RANGE), capacity=128, quantize=quantize)
+    cfg, tensors = random_adapter(m.args, "mask-block", block_size=4)
+    view = TrainView(m.decoder)
+    lay = packed_layout(26, [1, 9, 9, 20], 4, widths=[3, 3, 1, 2])
+    ids = torch.randint(3, 90, (2, 26), generator=torch.Generator().manual_seed(8))
+    grads, hiddens = [], []
+    for gated in (False, True):
+        params = MaskBlockParams(cfg, tensors)
+        emb = view.embed[ids]
+        rows = params.mask_embedding.expand(2, lay.block_k.numel(), -1)
+        if gated:
+            hs, hb = view.hidden_gated(emb, rows, lay.positions, lay.mask[None], lora=params)
+        else:
+            h = view.hidden(torch.cat([emb, rows], 1), lay.positions, lay.mask[None], lora=params, gate_from=26)
+            hs, hb = h[:, :26], h[:, 26:]
+        assert not hs.requires_grad or not gated
+        (view.logits(hb).logsumexp(-1).sum() + hb.square().sum()).backward()
+        hiddens.append((hs.detach(), hb.detach()))
+        grads.append({k: p.grad.clone() for k, p in params.named_parameters()})
+    for a, b in zip(hiddens[0], hiddens[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        assert grads[0][k].abs().sum() > 0
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-5)
