@@ -83,6 +83,21 @@ def test_gradients_reach_every_weight_kind():
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, key
 
 
+def test_short_blocks_in_the_joint_loss():
+    """Short blocks (one mask row) in the full mode: blocks never see each other and the NTP term is the
+    same, so loss(full + short) · 8 == loss(full) · 3 + loss(short) · 5 (float32, rtol 1e-5)."""
+    m = _load()
+    params = FullParams(m.decoder, m.decoder.embed.mean(0))
+    tokens = torch.tensor(periodic_windows(n=2, length=32))
+    full, short = [2, 11, 20], [0, 4, 11, 25, 29]
+    with torch.no_grad():
+        both, acc = full_loss(params.view, params, tokens, full + short, 4, 0.8, True, widths=[3] * 3 + [1] * 5)
+        f, acc_f = full_loss(params.view, params, tokens, full, 4, 0.8, True)
+        s, _ = full_loss(params.view, params, tokens, short, 4, 0.8, True, widths=[1] * 5)
+    torch.testing.assert_close(both * 8, f * 3 + s * 5, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(acc[1:], acc_f[1:])
+
+
 def test_full_fine_tune_end_to_end(tmp_path):
     m = _load()
     before = [(mod.weight.clone(), mod.scales.clone()) for mod in _ternary_modules(m.decoder)]
