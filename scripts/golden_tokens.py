@@ -9,10 +9,14 @@ commits are not all one token). It was recorded before the refactor of issue 22 
 description"); every later change must reproduce it token for token on this machine's CPU path.
 
     python scripts/golden_tokens.py record   # rewrite the file (only on purpose)
+    python scripts/golden_tokens.py record --drafter mask-block   # after retraining that shipped adapter
     python scripts/golden_tokens.py check    # compare; exit 1 naming the first difference
     python scripts/golden_tokens.py check --prompts 2   # the first two prompts only (quick)
 
 ``tests/test_golden_tokens.py`` runs ``check`` as slow tests (CI runs its two-prompt subset).
+A retrained shipped adapter changes what the lossy policies (confidence, hybrid) commit, never what the
+lossless ones do: ``record --drafter NAME`` re-records that drafter's generations only, and refuses to
+write if any of its ``speculative`` generations differ from the file (they are AR greedy's tokens).
 The tokens do not depend on the thread count (every native kernel computes a row alone); the file was
 recorded with ``OMP_NUM_THREADS=1`` on an AMD EPYC (AVX-512 VNNI path) and checks on AVX2 hosts too
 (the ISA paths are bit-identical, tests/ops/backends).
@@ -49,15 +53,20 @@ def _setup():
     return bitmtp, model, PROMPTS_20
 
 
-def runs(n_prompts: int | None = None):
-    """Yield ``(key, tokens)`` for every recorded generation (the first ``n_prompts`` prompts), in file order."""
+def runs(n_prompts: int | None = None, drafters: tuple[str, ...] | None = None):
+    """Yield ``(key, tokens)`` for every recorded generation (the first ``n_prompts`` prompts), in file order;
+    ``drafters``: only those drafters' generations (no AR ones)."""
     bitmtp, model, prompts = _setup()
     prompts = prompts[:n_prompts] if n_prompts else prompts
     ids = [model.encode([{"role": "user", "content": p}]) for p in prompts]
-    for i, x in enumerate(ids):
-        yield f"ar/{i}", bitmtp.generate(model, input_ids=x, max_new_tokens=NEW, policy="ar", eos_token_id=[]).token_ids
+    if drafters is None:
+        for i, x in enumerate(ids):
+            yield f"ar/{i}", bitmtp.generate(model, input_ids=x, max_new_tokens=NEW, policy="ar",
+                                             eos_token_id=[]).token_ids
     adapters = Path(bitmtp.__file__).parent / "adapters"
     for kind, folder in DRAFTERS.items():
+        if drafters is not None and kind not in drafters:
+            continue
         model.load_adapter(adapters / folder)
         for d in BLOCKS:
             for label, policy, tau in CONFIGS:
@@ -80,13 +89,36 @@ def differences(n_prompts: int | None = None) -> tuple[int, list[str]]:
     return checked, bad
 
 
+def _record_drafter(kind: str, tqdm) -> int:
+    """Re-record one drafter's generations in the golden file; its lossless (speculative) ones must not change."""
+    golden = json.loads(GOLDEN.read_text())
+    changed: dict[str, int] = {}
+    for key, tokens in tqdm(runs(drafters=(kind,)), desc=f"golden {kind}", total=20 * len(BLOCKS) * len(CONFIGS)):
+        label = key.split("/")[2]
+        if label == "speculative" and golden[key] != tokens:
+            print(f"{key}: a lossless generation differs from the golden file — not an adapter change; nothing "
+                  f"written")
+            return 1
+        changed[label] = changed.get(label, 0) + (golden[key] != tokens)
+        golden[key] = tokens
+    tmp = GOLDEN.with_suffix(".tmp")
+    tmp.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
+    tmp.replace(GOLDEN)
+    print(f"re-recorded {kind}: changed generations per configuration {changed}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("record", "check"))
     ap.add_argument("--prompts", type=int, default=None, help="only the first N prompts (check only)")
+    ap.add_argument("--drafter", choices=tuple(DRAFTERS),
+                    help="record: re-record this shipped drafter's generations only (after retraining it)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
+    if args.mode == "record" and args.drafter:
+        return _record_drafter(args.drafter, tqdm)
     if args.mode == "record":
         if args.prompts:
             ap.error("record writes every prompt; --prompts is for check")
