@@ -89,6 +89,14 @@ def differences(n_prompts: int | None = None) -> tuple[int, list[str]]:
     return checked, bad
 
 
+def _write(golden: dict) -> None:
+    """Replace the golden file atomically."""
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    tmp = GOLDEN.with_suffix(".tmp")
+    tmp.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
+    tmp.replace(GOLDEN)
+
+
 def _record_drafter(kind: str, tqdm) -> int:
     """Re-record one drafter's generations in the golden file; its lossless (speculative) ones must not change."""
     golden = json.loads(GOLDEN.read_text())
@@ -101,9 +109,7 @@ def _record_drafter(kind: str, tqdm) -> int:
             return 1
         changed[label] = changed.get(label, 0) + (golden[key] != tokens)
         golden[key] = tokens
-    tmp = GOLDEN.with_suffix(".tmp")
-    tmp.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-    tmp.replace(GOLDEN)
+    _write(golden)
     print(f"re-recorded {kind}: changed generations per configuration {changed}")
     return 0
 
@@ -117,16 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
+    if args.drafter and args.mode != "record":
+        ap.error("--drafter re-records one drafter; check always compares every generation")
     if args.mode == "record" and args.drafter:
         return _record_drafter(args.drafter, tqdm)
     if args.mode == "record":
         if args.prompts:
             ap.error("record writes every prompt; --prompts is for check")
         golden = dict(tqdm(runs(), desc="golden", total=20 * (1 + len(DRAFTERS) * len(BLOCKS) * len(CONFIGS))))
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        tmp = GOLDEN.with_suffix(".tmp")
-        tmp.write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-        tmp.replace(GOLDEN)
+        _write(golden)
         print(f"wrote {len(golden)} generations to {GOLDEN.relative_to(ROOT)}")
         return 0
     checked, bad = differences(args.prompts)

@@ -210,12 +210,12 @@ class TrainView(nn.Module):
         plain = self._adapter(None, None)
         xs, xb = x_seq, x_blocks
         for i, m in enumerate(self.layers):
-            with torch.no_grad():
+            with torch.no_grad():  # the layer's sequence keys/values (for the blocks) and its next input
                 qs, ks, vs = self._qkv(i, m, xs, rope_s, plain)
+                xs_next = self._attend_and_mlp(i, m, xs, qs, ks, vs, mask_s, plain)
             qb, kb, vb = self._qkv(i, m, xb, rope_b, adapt)
             xb = self._attend_and_mlp(i, m, xb, qb, torch.cat([ks, kb], 2), torch.cat([vs, vb], 2), mask_b, adapt)
-            with torch.no_grad():
-                xs = self._attend_and_mlp(i, m, xs, qs, ks, vs, mask_s, plain)
+            xs = xs_next
         eps = self.args.rms_norm_eps
         return rms_norm(xs, self.norm, eps), rms_norm(xb, self.norm, eps)
 

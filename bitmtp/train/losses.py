@@ -9,21 +9,20 @@ import torch.nn.functional as F
 
 
 def weighted_block_ce(logits: torch.Tensor, targets: torch.Tensor, block_k: torch.Tensor, block_size: int,
-                      gamma: float, n_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      gamma: float, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The MTP loss of a batch of draft blocks and the per-position top-1 accuracy.
 
-    ``logits [B, R, V]`` and ``targets [B, R]``: ``R`` block rows, ``block_size − 1`` a block;
-    ``block_k [R]``: each row's draft position ``k`` in ``1 … block_size − 1``. The cross-entropy
-    of a row is weighted by ``λ_k = γ^k`` (later positions matter less: a draft is accepted up to its
-    first miss) and summed per block, then averaged over the ``B · R / (block_size − 1)`` blocks
-    (``n_blocks`` per window when blocks are shorter: ``B · n_blocks``).
+    ``logits [B, R, V]`` and ``targets [B, R]``: ``R`` block rows, ``n_blocks`` blocks per window (of
+    up to ``block_size − 1`` rows each); ``block_k [R]``: each row's draft position ``k`` in
+    ``1 … block_size − 1``. The cross-entropy of a row is weighted by ``λ_k = γ^k`` (later positions
+    matter less: a draft is accepted up to its first miss) and summed per block, then averaged over the
+    ``B · n_blocks`` blocks.
     Returns ``(loss, acc)`` with ``acc [block_size − 1]`` the hit rate per position ``k`` (no grad;
     NaN for a position no row has).
     """
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
     weight = gamma ** block_k.to(ce.dtype)  # λ_k = γ^k
-    per_window = targets.shape[1] // (block_size - 1) if n_blocks is None else n_blocks
-    loss = (ce * weight[None]).sum() / (targets.shape[0] * per_window)
+    loss = (ce * weight[None]).sum() / (targets.shape[0] * n_blocks)
     with torch.no_grad():
         hit = (logits.argmax(-1) == targets).float()
         acc = torch.stack([hit[:, block_k == k].mean() for k in range(1, block_size)])

@@ -40,7 +40,6 @@ class PackedLayout:
     mask: torch.Tensor
     block_targets: torch.Tensor
     block_k: torch.Tensor
-    widths: list[int]
 
     @property
     def length(self) -> int:
@@ -101,7 +100,7 @@ def packed_layout(seq_len: int, anchors: Sequence[int], block_size: int,
         mask[t_len:, :t_len] = seq[None, :] <= anc[owner][:, None]
         # ... and their own block, bidirectionally
         mask[rows[:, None], rows[None, :]] = owner[:, None] == owner[None, :]
-    return PackedLayout(t_len, d, anchors, positions, mask, block_pos + 1, j + 1, widths)
+    return PackedLayout(t_len, d, anchors, positions, mask, block_pos + 1, j + 1)
 
 
 def packed_layout_reference(seq_len: int, anchors: Sequence[int], block_size: int,

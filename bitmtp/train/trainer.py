@@ -326,7 +326,7 @@ def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, ancho
     logits_t = torch.stack(logits, 2).flatten(1, 2)
     targets_t = torch.stack(targets, 2).flatten(1, 2)
     k_t = torch.stack(ks, 1).flatten()
-    return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma)
+    return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma, n_blocks=len(anchors))
 
 
 def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decoder) -> dict[str, torch.Tensor]:
