@@ -127,6 +127,7 @@ class MaskBlockDrafter(Drafter):
         super().__init__(decoder, block.block_size)
         self.block = block
         self._trees: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._firsts: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def _tree_reach(self, p: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(anchor, lo, hi) offsets of a tree step's rows as ``[W, 1]`` tensors (``onepass.tree_layout``)."""
@@ -136,6 +137,26 @@ class MaskBlockDrafter(Drafter):
             got = self._trees[(p, d)] = tuple(torch.tensor(x, dtype=torch.long, device=device)[:, None]
                                               for x in (anchor, lo, hi))
         return got
+
+    def _first_rows(self, start: int, blocks: int, d: int, device) -> torch.Tensor:
+        """Row indices of the first rows of ``blocks`` consecutive blocks of D − 1 mask rows from row ``start``
+        (cached: a captured step reads the same tensor every replay)."""
+        key = (start, blocks, d)
+        got = self._firsts.get(key)
+        if got is None:
+            got = self._firsts[key] = start + torch.arange(blocks, device=device) * (d - 1)
+        return got
+
+    def _refine(self, runner, hidden: torch.Tensor, positions: torch.Tensor, tok: torch.Tensor, prob: torch.Tensor,
+                rows: torch.Tensor, before: torch.Tensor) -> None:
+        """Re-draw the drafts of first mask rows ``rows`` (indices into ``hidden``, ``positions``, ``tok`` and
+        ``prob``, which are row-aligned) with the adapter's first-draft refiner (``MaskBlock.refine``), each
+        conditioned on the token chosen for the row before it (``before``: d_1, the AR prediction of that row,
+        computed in this same step)."""
+        state = self.block.refine(hidden.index_select(0, rows), self.decoder.embed[before])
+        t, pr = _choose(runner, self.decoder.logits(state), positions.index_select(0, rows))
+        tok.index_copy_(0, rows, t)
+        prob.index_copy_(0, rows, pr.to(prob.dtype))
 
     def _draft_tree(self, runner) -> None:
         """A tree step: p AR rows, then a block of D − 1 mask rows after each of them. The loop wrote the
@@ -150,7 +171,10 @@ class MaskBlockDrafter(Drafter):
         dec = self.decoder
         step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=p * (d - 1), mask_block=self.block,
                           slots=runner.slots)
-        tok, prob = _choose(runner, dec.logits(dec.hidden_states(step, runner.kv)), runner.positions, p)
+        hidden = dec.hidden_states(step, runner.kv)
+        tok, prob = _choose(runner, dec.logits(hidden), runner.positions, p)
+        if self.block.refiner is not None:  # block j's first row follows AR row j, whose token is d_1 for it
+            self._refine(runner, hidden, runner.positions, tok, prob, self._first_rows(p, p, d, tok.device), tok[:p])
         runner.out_token.copy_(tok)
         runner.out_prob.copy_(prob)
 
@@ -173,6 +197,9 @@ class MaskBlockDrafter(Drafter):
         # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
         lo = 0 if st.role == "fused" else p - 1
         tok, prob = _choose(runner, dec.logits(hidden[lo:]), pos[lo:], p if lo == 0 else 0)
+        if self.block.refiner is not None:  # the first mask row (row p) follows row p − 1, whose token is d_1
+            self._refine(runner, hidden[lo:], pos[lo:], tok, prob, self._first_rows(p - lo, 1, d, tok.device),
+                         tok[p - 1 - lo : p - lo])
         runner.out_token[lo:].copy_(tok)
         runner.out_prob[lo:].copy_(prob)
 

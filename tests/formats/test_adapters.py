@@ -91,3 +91,45 @@ def test_failed_write_leaves_nothing(tmp_path, rng):
     with pytest.raises(ShapeError):
         save_adapter(tmp_path / "ad", cfg, bad)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_refiner_round_trip_and_version(tmp_path, rng):
+    """A refiner's tensors round-trip; its file says version 2 (older bitmtp answers "upgrade bitmtp"); an adapter
+    without one is still written as version 1, without the field, readable as before."""
+    cfg = AdapterConfig(kind="mask-block", block_size=4, rank=3, base=BaseShape.of(ARGS), targets=["q"],
+                        refine_rank=6)
+    assert cfg.version == 2
+    tensors = _random(cfg, rng)
+    assert tensors["refine.down"].shape == (12, 128) and tensors["refine.up"].shape == (64, 6)
+    save_adapter(tmp_path / "r", cfg, tensors)
+    cfg2, t2 = load_adapter(tmp_path / "r")
+    assert cfg2 == cfg and all(torch.equal(t2[k], tensors[k]) for k in tensors)
+    raw = json.loads((tmp_path / "r" / CONFIG_FILE).read_text())
+    assert raw["version"] == 2 and raw["refine_rank"] == 6
+    plain = AdapterConfig(kind="mask-block", block_size=4, rank=3, base=BaseShape.of(ARGS), targets=["q"])
+    save_adapter(tmp_path / "p", plain, _random(plain, rng))
+    raw = json.loads((tmp_path / "p" / CONFIG_FILE).read_text())
+    assert raw["version"] == 1 and "refine_rank" not in raw
+    assert load_adapter(tmp_path / "p")[0] == plain
+
+
+def test_refiner_bad_input(tmp_path, rng):
+    with pytest.raises(FormatError, match="refine_rank: only a mask-block adapter"):
+        AdapterConfig(kind="heads", block_size=4, rank=3, base=BaseShape.of(ARGS), refine_rank=2)
+    with pytest.raises(FormatError, match="refine_rank"):
+        AdapterConfig(kind="mask-block", block_size=4, rank=3, base=BaseShape.of(ARGS), refine_rank=-1)
+    cfg = AdapterConfig(kind="mask-block", block_size=4, rank=3, base=BaseShape.of(ARGS), targets=["q"],
+                        refine_rank=2)
+    tensors = _random(cfg, rng)
+    path = save_adapter(tmp_path / "r", cfg, tensors)
+    # the config names a refiner its tensors lack: refused, naming the tensor
+    del tensors["refine.norm"]
+    save_file(tensors, str(path / TENSOR_FILE))
+    with pytest.raises(FormatError, match="missing tensor 'refine.norm'"):
+        load_adapter(path)
+    # refiner tensors without refine_rank in the config: refused as unexpected
+    plain = AdapterConfig(kind="mask-block", block_size=4, rank=3, base=BaseShape.of(ARGS), targets=["q"])
+    extra = {**_random(plain, rng), "refine.norm": torch.ones(64)}
+    with pytest.raises(FormatError, match="unexpected tensor 'refine.norm'"):
+        save_adapter(tmp_path / "x", plain, extra)
+    assert not (tmp_path / "x").exists()

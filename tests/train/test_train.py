@@ -370,3 +370,64 @@ def test_gated_two_stream_forward_equals_the_joint_pass(family, quantize):
     for k in grads[0]:
         assert grads[0][k].abs().sum() > 0
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-5)
+
+
+def test_refiner_trains_on_a_frozen_adapter(model, tmp_path):
+    """``refine_rank`` + ``freeze_lora`` on an adapter without a refiner: the mask embedding and LoRA come back
+    bit for bit, the refiner is new (W_up left zero only if it never trained) and its loss falls; the file says
+    so (refine_rank, freeze_lora, format version 2) and drives the inference drafter."""
+    w = periodic_windows()
+    base = train(model.decoder, w, TrainConfig(out=str(tmp_path / "a"), max_steps=20, rank=2, block_size=3, anchors=4,
+                                               lr=1e-2, seed=1, save_dtype="float32", self_distill=False),
+                 progress=False)
+    cfg = TrainConfig(out=str(tmp_path / "r"), max_steps=40, rank=2, block_size=3, anchors=2, short_anchors=8,
+                      lr=2e-2, seed=2, save_dtype="float32", self_distill=False, init_from=str(base.path),
+                      refine_rank=4, freeze_lora=True)
+    res = train(model.decoder, w, cfg, progress=False)
+    assert sum(res.losses[-5:]) < 0.9 * sum(res.losses[:5])
+    old_cfg, old = load_adapter(base.path)
+    new_cfg, new = load_adapter(res.path)
+    assert new_cfg.refine_rank == 4 and new_cfg.version == 2 and new_cfg.training["freeze_lora"] is True
+    assert new_cfg.training["refine_rank"] == 4 and old_cfg.refine_rank == 0
+    for name, t in old.items():
+        assert torch.equal(new[name], t), name
+    assert new["refine.up"].abs().sum() > 0 and set(new) - set(old) == {"refine.down", "refine.up", "refine.norm"}
+    model.load_adapter(res.path)
+    assert model.drafter.block.refiner is not None
+    out = bitmtp.generate(model, input_ids=w[0][:10], max_new_tokens=12, policy="speculative", eos_token_id=[])
+    assert out.token_ids == bitmtp.generate(model, input_ids=w[0][:10], max_new_tokens=12, policy="ar",
+                                            eos_token_id=[]).token_ids
+    # continuing the refined adapter needs the same refine rank; a heads run or a freeze without a refiner is refused
+    with pytest.raises(BitMTPError, match="refine_rank=4, this run 2"):
+        train(model.decoder, w, dataclasses.replace(cfg, out=str(tmp_path / "c"), init_from=str(res.path),
+                                                    refine_rank=2), progress=False)
+    with pytest.raises(BitMTPError, match="--refine-rank N and --init-from"):
+        TrainConfig(out=str(tmp_path / "c"), freeze_lora=True).validate()
+    with pytest.raises(BitMTPError, match="heads mode has none"):
+        TrainConfig(out=str(tmp_path / "c"), mode="heads", refine_rank=3).validate()
+
+
+def test_refined_block_loss_conditions_each_first_row_on_the_token_before_its_target(model):
+    """The loss with a refiner equals the block-weighted CE where each block's first row's logits are
+    recomputed one block at a time as LMHead(refine(h_first, E(tokens[anchor + 1])))."""
+    from bitmtp.train.losses import weighted_block_ce
+    from bitmtp.train.trainer import mask_block_loss
+
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=4, refine_rank=3)
+    params = MaskBlockParams(cfg, tensors, eps=model.args.rms_norm_eps)
+    view = TrainView(model.decoder)
+    tokens = torch.randint(3, 90, (2, 30), generator=torch.Generator().manual_seed(4))
+    anchors, widths = [2, 9, 20, 5, 14], [3, 3, 3, 1, 1]
+    with torch.no_grad():
+        loss, acc = mask_block_loss(view, params, tokens, anchors, 4, 0.7, False, widths=widths)
+        lay = packed_layout(30, anchors, 4, widths=widths)
+        mask_rows = params.mask_embedding.expand(2, lay.block_k.numel(), -1)
+        _, hidden = view.hidden_gated(view.embed[tokens], mask_rows, lay.positions, lay.mask[None], lora=params)
+        logits = view.logits(hidden)
+        row = 0
+        for a, width in zip(anchors, widths, strict=True):
+            logits[:, row] = view.logits(params.refine(hidden[:, row], view.embed[tokens[:, a + 1]]))
+            row += width
+        want, want_acc = weighted_block_ce(logits, tokens[:, lay.block_targets], lay.block_k, 4, 0.7, n_blocks=5)
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(acc, want_acc)
