@@ -88,6 +88,10 @@ def heads_step(down: torch.Tensor, up: torch.Tensor, norm: torch.Tensor, eps: fl
     return rms_norm((z @ down.T) @ up.T + state, norm, eps)
 
 
+#: default :attr:`MaskBlock.refine_candidates`
+REFINE_CANDIDATES = 64
+
+
 def refine_step(down: torch.Tensor, up: torch.Tensor, norm: torch.Tensor, eps: float, state: torch.Tensor,
                 token_embedding: torch.Tensor) -> torch.Tensor:
     """The first-draft refiner: ``RMSNorm(s + W_up · (SiLU(W_g·[s ‖ E(d_1)]) ⊙ W_u·[s ‖ E(d_1)]))`` with
@@ -120,6 +124,9 @@ class MaskBlock(nn.Module):
         if config.refine_rank:
             self.refiner = tuple(tensors[f"refine.{n}"].to(device, dtype).contiguous() for n in ("down", "up", "norm"))
         self.eps = eps
+        #: the refined draft is chosen among the first mask row's own this-many most likely tokens (the torch
+        #: drafter's; >= the vocabulary size: all of them, as the Vulkan runtime does)
+        self.refine_candidates = REFINE_CANDIDATES
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}
         for i in range(base.num_layers):

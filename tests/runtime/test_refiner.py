@@ -3,8 +3,9 @@
 Rules: with a refiner, every schedule's ``speculative`` output equals AR greedy's token for token; a fresh
 refiner (W_up = 0) leaves every draft token as the adapter without it drafts (the refiner is then a positive
 rescale of the mask row's state, so the LM head's argmax is unchanged); a refined first draft is exactly the
-argmax of the LM head over ``refine(hidden of the first mask row, E(d_1))`` (float64 reference of the refiner
-and head, atol 1e-4 on the probabilities) while the later mask rows' drafts are untouched; one-pass guesses
+argmax of the LM head over ``refine(hidden of the first mask row, E(d_1))`` among the mask row's own
+``refine_candidates`` most likely tokens (float64 reference of the refiner and head, atol 1e-4 on the
+probabilities) while the later mask rows' drafts are untouched; one-pass guesses
 still equal those of an independent two-pass draft step.
 """
 
@@ -70,11 +71,13 @@ def test_fresh_refiner_keeps_every_draft_token(model, prompts):
     assert trained != outs[0]  # a non-zero refiner does change drafts (the rule above is not vacuous)
 
 
+@pytest.mark.parametrize("candidates", (5, 1000))
 @pytest.mark.parametrize("pending", (1, 3))
-def test_refined_first_draft_is_the_refiner_over_d1(model, prompts, pending):
+def test_refined_first_draft_is_the_refiner_over_d1(model, prompts, pending, candidates):
     d = 4
     model.load_adapter(random_adapter(model.args, "mask-block", block_size=d, seed=21, refine_rank=3))
     block = model.drafter.block
+    block.refine_candidates = candidates  # a few of the 97 tokens, or all of them
     seq = prompts[2]
     eng = model.session().engine
     eng.prefill(seq[: len(seq) - pending])
@@ -100,7 +103,9 @@ def test_refined_first_draft_is_the_refiner_over_d1(model, prompts, pending):
     gate, lin = (torch.cat([s, model.decoder.embed[d1].double()]) @ down.T).chunk(2)
     z = (torch.nn.functional.silu(gate) * lin) @ up.T + s
     z = z * torch.rsqrt(z.pow(2).mean() + block.eps) * norm
-    refined = (z @ head.T).softmax(-1)
+    # scored against the LM-head rows of the mask row's own most likely tokens only
+    cand = plain[pending].topk(block.refine_candidates).indices
+    refined = torch.full_like(plain[pending], float("-inf")).scatter_(0, cand, z @ head[cand].T).softmax(-1)
     assert r.out_token[-d:].tolist() == [d1, int(refined.argmax()), *plain[pending + 1 :].argmax(-1).tolist()]
     assert float(r.out_prob[-d + 1]) == pytest.approx(float(refined.max()), abs=1e-4)
     assert int(refined.argmax()) != int(plain[pending].argmax()) or float(r.out_prob[-d + 1]) != pytest.approx(

@@ -431,3 +431,29 @@ def test_refined_block_loss_conditions_each_first_row_on_the_token_before_its_ta
         want, want_acc = weighted_block_ce(logits, tokens[:, lay.block_targets], lay.block_k, 4, 0.7, n_blocks=5)
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(acc, want_acc)
+
+
+def test_refiner_loss_on_cached_first_rows_equals_the_block_loss(model):
+    """``freeze_lora`` trains on cached first-row states (``FirstRowCache``): the refiner's loss there equals
+    :func:`mask_block_loss` over one-row blocks at the same anchors (which weighs each by γ), accuracy too;
+    a window's states are computed once and then served from the cache."""
+    from bitmtp.train.trainer import FirstRowCache, first_row_states, mask_block_loss, refiner_loss
+
+    cfg, tensors = random_adapter(model.args, "mask-block", block_size=4, refine_rank=3)
+    params = MaskBlockParams(cfg, tensors, eps=model.args.rms_norm_eps)
+    view = TrainView(model.decoder)
+    tokens = torch.randint(3, 90, (2, 30), generator=torch.Generator().manual_seed(5))
+    anchors = [0, 4, 9, 17, 27]  # 27 = T − 3: the last anchor whose one-row block has a target
+    cache = FirstRowCache(view, params)
+    states = first_row_states(view, params, tokens)
+    cached = cache.get([7, 8], tokens)  # float16 on the host: the same states to its precision
+    torch.testing.assert_close(cached[0], states[0], rtol=2e-3, atol=2e-3)
+    assert torch.equal(cached[1], states[1])
+    for self_distill in (True, False):
+        with torch.no_grad():
+            got, got_acc = refiner_loss(view, params, tokens, anchors, 4, 0.6, self_distill, states=states)
+            want, want_acc = mask_block_loss(view, params, tokens, anchors, 4, 0.6, self_distill, widths=[1] * 5)
+        torch.testing.assert_close(got, want / 0.6, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_acc, want_acc[:1])
+    cache.get([8, 7], tokens.flip(0))
+    assert cache.hits == 2 and len(cache.store) == 2

@@ -138,7 +138,9 @@ class DeviceModel:
     # ---- adapters ------------------------------------------------------------------------------------
 
     def set_mask_block(self, block) -> None:
-        """Upload a ``MaskBlock``'s mask embedding and fused LoRA factors (B scaled by α/r once)."""
+        """Upload a ``MaskBlock``'s mask embedding, fused LoRA factors (B scaled by α/r once) and first-draft
+        refiner. The device scores the refined state against the whole LM head (it has no top-k op): the torch
+        drafter's choice with ``refine_candidates`` >= the vocabulary size, one LM-head row more per draft."""
         r = self.r
         self.mask_embedding = r.upload(_np(block.mask_embedding).reshape(1, -1))
         self.lora = {}
