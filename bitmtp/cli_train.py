@@ -94,7 +94,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       time_budget=parse_duration(args.time_budget), seed=args.seed,
                       self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype,
-                      init_from=args.init_from, refine_rank=args.refine_rank, freeze_lora=args.freeze_lora)
+                      init_from=args.init_from)
     cfg.validate()  # refuse an existing output before loading anything
     model = _load(args)
     if model.tokenizer is None:
@@ -313,14 +313,6 @@ def add_commands(sub) -> None:
                             help="N more blocks per window of one mask row each, as a D = 2 step drafts: cheap "
                                  "training of the first drafted position (mask-block, full; default 0)"),
             at_least(0))
-    checked(tr.add_argument("--refine-rank", type=int, default=0, metavar="R",
-                            help="add a first-draft refiner of rank R to a mask-block adapter: the first mask row's "
-                                 "draft is re-drawn from its hidden state and d_1, the token the same step computes "
-                                 "for the position before it (one extra LM-head row per draft; default 0: none)"),
-            at_least(0))
-    tr.add_argument("--freeze-lora", action="store_true",
-                    help="with --refine-rank and --init-from: train the refiner only, the adapter's mask embedding "
-                         "and LoRA unchanged (no backward pass through the model: a cheaper step)")
     checked(tr.add_argument("--gamma", type=float, default=0.8,
                             help="loss discount in (0, 1]: block position k weighs gamma^k (default 0.8)"),
             between(0.0, 1.0, low_open=True))

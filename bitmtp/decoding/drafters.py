@@ -127,7 +127,6 @@ class MaskBlockDrafter(Drafter):
         super().__init__(decoder, block.block_size)
         self.block = block
         self._trees: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._firsts: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def _tree_reach(self, p: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(anchor, lo, hi) offsets of a tree step's rows as ``[W, 1]`` tensors (``onepass.tree_layout``)."""
@@ -137,42 +136,6 @@ class MaskBlockDrafter(Drafter):
             got = self._trees[(p, d)] = tuple(torch.tensor(x, dtype=torch.long, device=device)[:, None]
                                               for x in (anchor, lo, hi))
         return got
-
-    def _first_rows(self, start: int, blocks: int, d: int, device) -> torch.Tensor:
-        """Row indices of the first rows of ``blocks`` consecutive blocks of D − 1 mask rows from row ``start``
-        (cached: a captured step reads the same tensor every replay)."""
-        key = (start, blocks, d)
-        got = self._firsts.get(key)
-        if got is None:
-            got = self._firsts[key] = start + torch.arange(blocks, device=device) * (d - 1)
-        return got
-
-    def _refine(self, runner, hidden: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor, tok: torch.Tensor,
-                prob: torch.Tensor, rows: torch.Tensor, before: torch.Tensor) -> None:
-        """Re-draw the drafts of first mask rows ``rows`` (indices into ``hidden``, ``positions``, ``logits``,
-        ``tok`` and ``prob``, which are row-aligned) with the adapter's first-draft refiner (``MaskBlock.refine``),
-        each conditioned on the token chosen for the row before it (``before``: d_1, the AR prediction of that
-        row, computed in this same step).
-
-        The refined state is scored against the LM-head rows of the mask row's own ``refine_candidates`` most
-        likely tokens only (the other tokens get −inf): a second full LM-head product for one row would read the
-        whole head again, ~20 % of an AR step for SmolLM2 on the CPU, while the gathered rows cost ~nothing."""
-        state = self.block.refine(hidden.index_select(0, rows), self.decoder.embed[before])
-        base = logits.index_select(0, rows)
-        k = self.block.refine_candidates
-        if k >= base.shape[-1]:
-            refined = self.decoder.logits(state)
-        else:
-            cand = base.topk(k, dim=-1).indices  # [R, K]
-            head = self.decoder.lm_head
-            w = head.rows(cand.reshape(-1)).reshape(*cand.shape, -1)  # [R, K, hidden]
-            scores = torch.einsum("rh,rkh->rk", state.to(w.dtype), w).float()
-            if head.bias is not None:
-                scores = scores + head.bias[cand].float()
-            refined = torch.full_like(base, float("-inf")).scatter_(1, cand, scores)
-        t, pr = _choose(runner, refined, positions.index_select(0, rows))
-        tok.index_copy_(0, rows, t)
-        prob.index_copy_(0, rows, pr.to(prob.dtype))
 
     def _draft_tree(self, runner) -> None:
         """A tree step: p AR rows, then a block of D − 1 mask rows after each of them. The loop wrote the
@@ -187,12 +150,7 @@ class MaskBlockDrafter(Drafter):
         dec = self.decoder
         step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=p * (d - 1), mask_block=self.block,
                           slots=runner.slots)
-        hidden = dec.hidden_states(step, runner.kv)
-        logits = dec.logits(hidden)
-        tok, prob = _choose(runner, logits, runner.positions, p)
-        if self.block.refiner is not None:  # block j's first row follows AR row j, whose token is d_1 for it
-            self._refine(runner, hidden, runner.positions, logits, tok, prob, self._first_rows(p, p, d, tok.device),
-                         tok[:p])
+        tok, prob = _choose(runner, dec.logits(dec.hidden_states(step, runner.kv)), runner.positions, p)
         runner.out_token.copy_(tok)
         runner.out_prob.copy_(prob)
 
@@ -214,11 +172,7 @@ class MaskBlockDrafter(Drafter):
         # pending rows' logits are never read in a draft step, and the LM head is the largest matrix
         # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
         lo = 0 if st.role == "fused" else p - 1
-        logits = dec.logits(hidden[lo:])
-        tok, prob = _choose(runner, logits, pos[lo:], p if lo == 0 else 0)
-        if self.block.refiner is not None:  # the first mask row (row p) follows row p − 1, whose token is d_1
-            self._refine(runner, hidden[lo:], pos[lo:], logits, tok, prob, self._first_rows(p - lo, 1, d, tok.device),
-                         tok[p - 1 - lo : p - lo])
+        tok, prob = _choose(runner, dec.logits(hidden[lo:]), pos[lo:], p if lo == 0 else 0)
         runner.out_token[lo:].copy_(tok)
         runner.out_prob[lo:].copy_(prob)
 

@@ -8,11 +8,7 @@ An adapter is a folder with two files:
 
   ``mask-block`` (a learned mask-token embedding + gated LoRA acting only on mask rows):
     ``mask_embedding [hidden]``, and for each layer i and target t in ``targets``:
-    ``layers.{i}.{t}.lora_A [rank, in_t]`` and ``layers.{i}.{t}.lora_B [out_t, rank]``; with
-    ``refine_rank`` r > 0 (format version 2) also the first-draft refiner ``refine.down [2·r, 2·hidden]``
-    (gate rows, then up rows), ``refine.up [hidden, r]``, ``refine.norm [hidden]``: a gated MLP that
-    re-draws the first mask row's draft from its hidden state and the embedding of d_1, the token the
-    same step computes exactly for the position before it (``bitmtp.model.adapters.refine_step``).
+    ``layers.{i}.{t}.lora_A [rank, in_t]`` and ``layers.{i}.{t}.lora_B [out_t, rank]``.
 
   ``heads`` (Divine recurrent residual draft heads sharing the LM head):
     for each head k < D − 1: ``heads.{k}.down [rank, 2·hidden]``, ``heads.{k}.up [hidden, rank]``,
@@ -44,8 +40,7 @@ CONFIG_FILE = "adapter_config.json"
 TENSOR_FILE = "adapter.safetensors"
 KINDS = ("mask-block", "heads")
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-#: 2: the mask-block first-draft refiner (``refine_rank``); version-1 files read unchanged
-FORMAT_VERSION = 2
+FORMAT_VERSION = 1
 #: a family name (the registry, ``bitmtp.model.families``, sits above this file layer: the base model's
 #: family is matched against it when the adapter is attached, ``AdapterConfig.check_base``)
 _FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -119,15 +114,12 @@ class AdapterConfig:
     targets: list[str] = field(default_factory=lambda: list(TARGETS))
     discount_gamma: float = 0.8
     lora_alpha: float | None = None
-    #: the oldest format version that holds this adapter: 1, or 2 with a refiner (set by itself)
-    version: int = 1
+    version: int = FORMAT_VERSION
     #: weight fingerprint of the base model (``bitmtp.model.adapters.base_fingerprint``): lets
     #: ``bitmtp.load`` attach a shipped adapter only to the exact model it was trained on
     fingerprint: str | None = None
     #: provenance written by the trainer: data, steps, tokens, minutes, machine, losses
     training: dict[str, Any] | None = None
-    #: rank of the mask-block first-draft refiner (0: none; see the module docstring)
-    refine_rank: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.base, dict):
@@ -153,10 +145,6 @@ class AdapterConfig:
             # mask rows run the (fine-tuned) base weights themselves
             if bad or len(set(self.targets)) != len(self.targets):
                 raise FormatError(f"targets: expected distinct names from {TARGETS}, got {self.targets}")
-        self.refine_rank = _int_field(self.refine_rank, "refine_rank", 0)
-        if self.refine_rank and self.kind != "mask-block":
-            raise FormatError(f"refine_rank: only a mask-block adapter has a first-draft refiner, this is a "
-                              f"{self.kind} adapter (set refine_rank to 0)")
         self.discount_gamma = _real_field(self.discount_gamma, "discount_gamma", 0.0, 1.0)
         if self.lora_alpha is not None:
             self.lora_alpha = _real_field(self.lora_alpha, "lora_alpha")
@@ -164,8 +152,6 @@ class AdapterConfig:
         if self.version > FORMAT_VERSION:
             raise FormatError(f"version: format version {self.version} is newer than this bitmtp reads "
                               f"({FORMAT_VERSION}); upgrade bitmtp")
-        if self.refine_rank:
-            self.version = 2
         if self.fingerprint is not None and not isinstance(self.fingerprint, str):
             raise FormatError(f"fingerprint: expected a string or null, got {_show(self.fingerprint)}")
         if self.training is not None and not isinstance(self.training, dict):
@@ -185,9 +171,6 @@ class AdapterConfig:
                     fin, fout = b.target_shape(t)
                     shapes[f"layers.{i}.{t}.lora_A"] = (self.rank, fin)
                     shapes[f"layers.{i}.{t}.lora_B"] = (fout, self.rank)
-            if self.refine_rank:
-                shapes.update({"refine.down": (2 * self.refine_rank, 2 * b.hidden_size),
-                               "refine.up": (b.hidden_size, self.refine_rank), "refine.norm": (b.hidden_size,)})
             return shapes
         shapes = {}
         for k in range(self.num_heads):
@@ -202,15 +185,6 @@ class AdapterConfig:
         for key, val in mine.items():
             if theirs[key] != val:
                 raise FormatError(f"adapter base.{key}: made for {val!r}, the model has {theirs[key]!r}")
-
-
-def config_to_dict(config: AdapterConfig) -> dict[str, Any]:
-    """The JSON fields of ``config`` as files store them: ``refine_rank`` appears only when non-zero (and
-    ``version`` is then 2), so adapters without a refiner stay readable by bitmtp releases from before it."""
-    raw = asdict(config)
-    if not config.refine_rank:
-        del raw["refine_rank"]
-    return raw
 
 
 def check_tensors(config: AdapterConfig, tensors: dict[str, torch.Tensor], source: str = "adapter") -> None:
@@ -245,7 +219,7 @@ def save_adapter(path: str | Path, config: AdapterConfig, tensors: dict[str, tor
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSOR_FILE))
-        (tmp / CONFIG_FILE).write_text(json.dumps(config_to_dict(config), indent=2))
+        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2))
         # mkdtemp makes the folder private (0700): give the adapter ordinary permissions
         os.chmod(tmp, 0o755)
         for f in (TENSOR_FILE, CONFIG_FILE):

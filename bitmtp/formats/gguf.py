@@ -72,7 +72,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,6 @@ from bitmtp.formats.adapters import (
     _real_field,
     adapter_config_from_dict,
     check_tensors,
-    config_to_dict,
 )
 from bitmtp.formats.ggml_blocks import (
     BLOCK,
@@ -396,7 +395,7 @@ def speculative_metadata(config: AdapterConfig) -> dict[str, Any]:
         SPEC + "projection_dim": int(config.rank),
         SPEC + "discount_gamma": float(config.discount_gamma),
         SPEC + "shared_lm_head": True,
-        SPEC + "config": json.dumps(config_to_dict(config)),
+        SPEC + "config": json.dumps(asdict(config)),
     }
 
 

@@ -88,28 +88,10 @@ def heads_step(down: torch.Tensor, up: torch.Tensor, norm: torch.Tensor, eps: fl
     return rms_norm((z @ down.T) @ up.T + state, norm, eps)
 
 
-#: default :attr:`MaskBlock.refine_candidates`
-REFINE_CANDIDATES = 64
-
-
-def refine_step(down: torch.Tensor, up: torch.Tensor, norm: torch.Tensor, eps: float, state: torch.Tensor,
-                token_embedding: torch.Tensor) -> torch.Tensor:
-    """The first-draft refiner: ``RMSNorm(s + W_up · (SiLU(W_g·[s ‖ E(d_1)]) ⊙ W_u·[s ‖ E(d_1)]))`` with
-    ``down = [W_g; W_u]`` (``[2r, 2·hidden]``), over ``[..., hidden]`` rows.
-
-    The one definition: :meth:`MaskBlock.refine` (inference) and the training view's ``MaskBlockParams.refine``
-    call it; the Vulkan runtime mirrors it (W_down split into its state and embedding halves, ``Ops.gated``).
-    Gated, not the heads' linear step: the draft must depend on the context *and* d_1 together (which token
-    follows "the" depends on what the text is about), and a linear map of ``[s ‖ e]`` only adds their parts."""
-    z = torch.cat([state, token_embedding.to(state.dtype)], dim=-1) @ down.T
-    gate, lin = z.chunk(2, dim=-1)
-    return rms_norm((torch.nn.functional.silu(gate) * lin) @ up.T + state, norm, eps)
-
-
 class MaskBlock(nn.Module):
     """Mask embedding + gated LoRA of a ``mask-block`` adapter, fused per projection group."""
 
-    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor], *, eps: float = 1e-6,
+    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor], *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         super().__init__()
         if config.kind != "mask-block":
@@ -119,14 +101,6 @@ class MaskBlock(nn.Module):
         base = config.base
         self.scaling = (config.lora_alpha / config.rank) if config.lora_alpha else 1.0
         self.mask_embedding = nn.Parameter(tensors["mask_embedding"].to(device, dtype), requires_grad=False)
-        #: the first-draft refiner ``(down, up, norm)`` (``refine_rank`` > 0), else None: see :meth:`refine`
-        self.refiner: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        if config.refine_rank:
-            self.refiner = tuple(tensors[f"refine.{n}"].to(device, dtype).contiguous() for n in ("down", "up", "norm"))
-        self.eps = eps
-        #: the refined draft is chosen among the first mask row's own this-many most likely tokens (the torch
-        #: drafter's; >= the vocabulary size: all of them, as the Vulkan runtime does)
-        self.refine_candidates = REFINE_CANDIDATES
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}
         for i in range(base.num_layers):
@@ -144,21 +118,6 @@ class MaskBlock(nn.Module):
             return None
         out = torch.zeros(x.shape[0], self.b[(layer, group)].shape[0], dtype=a.dtype, device=a.device)
         return gated_lora(out, x, 0, a, self.b[(layer, group)], self.scaling, linear=dense_linear)
-
-    def refine(self, hidden: torch.Tensor, token_embedding: torch.Tensor) -> torch.Tensor:
-        """The first-draft refiner: the state whose LM-head argmax is the refined first draft, from a block's
-        first mask row's final hidden state ``hidden [R, hidden]`` and the embedding of d_1 ``[R, hidden]``, the
-        token chosen (exactly, from the base path) for the position before that row.
-
-        Why: a mask row drafts position t + 2 without knowing t + 1, so it must hedge between continuations of
-        every likely d_1; the step computes d_1 itself, in the same pass, from the row before. One heads-style
-        gated-MLP step (:func:`refine_step`) conditions the draft on it (Hydra's sequential dependence) for one
-        extra LM-head row; the mask rows after it are unchanged (their drafts never depended on the first row's
-        token)."""
-        if self.refiner is None:
-            raise BitMTPError("adapter: this mask-block adapter has no first-draft refiner (refine_rank is 0)")
-        down, up, norm = self.refiner
-        return refine_step(down, up, norm, self.eps, hidden.to(down.dtype), token_embedding)
 
     def apply(self, layer: int, group: str, inputs: torch.Tensor, outputs: torch.Tensor, first_row: int) -> None:
         """Add ``group``'s gated LoRA to ``outputs`` rows ``[first_row, M)`` in place (the decoder's mask rows);
@@ -197,7 +156,7 @@ def build_adapter(config: AdapterConfig, tensors: dict[str, torch.Tensor], args:
     config.check_base(args)
     check_tensors(config, tensors)
     if config.kind == "mask-block":
-        return MaskBlock(config, tensors, eps=args.rms_norm_eps, dtype=dtype, device=device)
+        return MaskBlock(config, tensors, dtype=dtype, device=device)
     return DraftHeads(config, tensors, eps=args.rms_norm_eps, dtype=dtype, device=device)
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bitmtp.formats.adapters import AdapterConfig
-from bitmtp.model.adapters import GROUPS, fuse_group_factors, gated_lora, heads_step, refine_step
+from bitmtp.model.adapters import GROUPS, fuse_group_factors, gated_lora, heads_step
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.families import Activation, Norm
 from bitmtp.model.fuse import Stacked
@@ -67,28 +67,13 @@ class FrozenProjection(nn.Module):
 class MaskBlockParams(nn.Module):
     """Trainable mask-block adapter: the mask embedding and, per layer and target, LoRA A/B."""
 
-    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor], eps: float = 1e-6):
+    def __init__(self, config: AdapterConfig, tensors: dict[str, torch.Tensor]):
         super().__init__()
-        self.config, self.eps = config, eps
+        self.config = config
         self.scaling = (config.lora_alpha / config.rank) if config.lora_alpha else 1.0
         self.mask_embedding = nn.Parameter(tensors["mask_embedding"].clone().float())
         self.lora = nn.ParameterDict({_key(k): nn.Parameter(v.clone().float())
-                                      for k, v in tensors.items() if ".lora_" in k})
-        #: the first-draft refiner (``refine_rank`` > 0): ``refine.{down,up,norm}``, else empty
-        self.refiner = nn.ParameterDict({_key(k): nn.Parameter(v.clone().float())
-                                         for k, v in tensors.items() if k.startswith("refine.")})
-
-    def refine(self, hidden: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """The first-draft refiner (``model.adapters.refine_step``, the inference refiner's own definition)."""
-        r = self.refiner
-        return refine_step(r[_key("refine.down")], r[_key("refine.up")], r[_key("refine.norm")], self.eps, hidden,
-                          emb)
-
-    def freeze_block(self) -> None:
-        """Freeze the mask embedding and the LoRA: only the refiner trains (and the sequence pass runs without
-        autograd, since nothing before the final hidden states needs a gradient)."""
-        for prm in [self.mask_embedding, *self.lora.values()]:
-            prm.requires_grad_(False)
+                                      for k, v in tensors.items() if k != "mask_embedding"})
 
     def factors(self, layer: int, group: str, out_sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The fused ``(A, B)`` of a projection group (``model.adapters.fuse_group_factors``, differentiable);
@@ -112,7 +97,6 @@ class MaskBlockParams(nn.Module):
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"mask_embedding": self.mask_embedding.detach().cpu().clone()}
         out.update({_name(k): v.detach().cpu().clone() for k, v in self.lora.items()})
-        out.update({_name(k): v.detach().cpu().clone() for k, v in self.refiner.items()})
         return out
 
 

@@ -73,11 +73,6 @@ class TrainConfig:
     save_dtype: str = "float16"
     data_description: str = ""
     init_from: str | None = None  # continue training an existing adapter (same kind, D, rank, targets)
-    #: rank of the mask-block first-draft refiner (0: none); with ``init_from`` an adapter without one gets a
-    #: fresh refiner that starts as the identity on the drafts' argmax (W_up = 0)
-    refine_rank: int = 0
-    #: train the refiner only: the mask embedding and LoRA stay as ``init_from`` has them (a cheaper step)
-    freeze_lora: bool = False
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -98,14 +93,6 @@ class TrainConfig:
         if self.short_anchors and self.mode == "heads":
             raise BitMTPError("short_anchors (--short-anchors): one-row mask blocks train mask rows; heads draft in "
                               "a chain from their anchor, so a heads run takes --anchors only")
-        if self.refine_rank < 0:
-            raise BitMTPError(f"refine_rank: must be >= 0, got {self.refine_rank}")
-        if self.refine_rank and self.mode != "mask-block":
-            raise BitMTPError(f"refine_rank (--refine-rank): the first-draft refiner belongs to a mask-block adapter; "
-                              f"the {self.mode} mode has none")
-        if self.freeze_lora and not (self.refine_rank and self.init_from):
-            raise BitMTPError("freeze_lora (--freeze-lora): trains only a refiner on an existing adapter; give "
-                              "--refine-rank N and --init-from ADAPTER")
         if not 0 < self.gamma <= 1:
             raise BitMTPError(f"gamma: must be in (0, 1], got {self.gamma}")
         if Path(self.out).exists() and not self.overwrite and not self.resume:
@@ -131,7 +118,7 @@ _CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "params": dict, "opt": dict, "step": int, "tokens": int, "seconds": (int, float), "losses": list,
     "order": list, "gen": torch.Tensor, "config": dict}
 # run settings that must match the interrupted run: they shape the trainable tensors or the data
-_RESUME_MUST_MATCH = ("mode", "block_size", "rank", "targets", "seq_len", "batch_size", "refine_rank", "freeze_lora")
+_RESUME_MUST_MATCH = ("mode", "block_size", "rank", "targets", "seq_len", "batch_size")
 
 
 def _checkpoint_path(out: str | Path) -> Path:
@@ -253,12 +240,6 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
     # the gate keeps the sequence rows the base's own: they run without autograd (TrainView.hidden_gated)
     seq_hidden, block_hidden = view.hidden_gated(emb, mask_rows, lay.positions, lay.mask[None], lora=params)
     logits = view.logits(block_hidden)  # [B, R, V]
-    if len(params.refiner):
-        # each block's first row drafts through the refiner, conditioned on the token before its target
-        # (the sequence's own: in a self-distilled corpus, what the base chose there — inference's d_1)
-        first = torch.nonzero(lay.block_k == 1).squeeze(1)
-        cond = tokens[:, lay.block_targets[first] - 1]
-        logits = logits.index_copy(1, first, view.logits(params.refine(block_hidden[:, first], view.embed[cond])))
     if self_distill:
         with torch.no_grad():  # the base's greedy prediction of each sequence position
             greedy = view.logits(seq_hidden).argmax(-1)  # row i predicts position i + 1
@@ -302,14 +283,11 @@ class BaseStateCache:
         self.max_bytes = max_bytes  # past this, windows are recomputed rather than kept
         self.nbytes = 0
 
-    def _compute(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return base_states(self.view, tokens)
-
     def get(self, window_ids: list[int], tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [i for i, w in enumerate(window_ids) if w not in self.store]
         self.hits += len(window_ids) - len(missing)
         if missing:
-            hidden, greedy = self._compute(tokens[missing])
+            hidden, greedy = base_states(self.view, tokens[missing])
             computed = {}
             for j, i in enumerate(missing):
                 entry = (hidden[j].to("cpu", torch.float16), greedy[j].cpu())
@@ -324,49 +302,6 @@ class BaseStateCache:
         dev = tokens.device
         return (torch.stack([h for h, _ in pairs]).to(dev, self.view.dtype),
                 torch.stack([g for _, g in pairs]).to(dev))
-
-
-def first_row_states(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Without autograd: the final hidden state of a one-row mask block at every anchor a ∈ [0, T − 2)
-    (``[B, T − 2, hidden]``, row a = anchor a) and the base's greedy token at every position (``[B, T]``)."""
-    bsz, t_len = tokens.shape
-    anchors = list(range(t_len - 2))
-    lay = packed_layout(t_len, anchors, 2, device=tokens.device)
-    with torch.no_grad():
-        emb = view.embed[tokens]
-        rows = params.mask_embedding.to(emb.dtype).expand(bsz, len(anchors), -1)
-        seq_hidden, block_hidden = view.hidden_gated(emb, rows, lay.positions, lay.mask[None], lora=params)
-        return block_hidden, view.logits(seq_hidden).argmax(-1)
-
-
-class FirstRowCache(BaseStateCache):
-    """:func:`first_row_states` per training window, for a refiner trained on a frozen adapter
-    (``freeze_lora``): the mask embedding and LoRA never change, so neither do the first mask rows' hidden
-    states; from the second epoch on a step runs only the refiner and its LM-head rows (SmolLM2, 2 threads:
-    ~2 s a step on a window's first visit, then a fraction of it)."""
-
-    def __init__(self, view: TrainView, params: MaskBlockParams, max_bytes: int = 2 << 30):
-        super().__init__(view, max_bytes)
-        self.params = params
-
-    def _compute(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return first_row_states(self.view, self.params, tokens)
-
-
-def refiner_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
-                 block_size: int, gamma: float, self_distill: bool, states: tuple[torch.Tensor, torch.Tensor],
-                 widths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The refiner alone on cached first-row states (:class:`FirstRowCache`): mean CE of the refined first
-    drafts at ``anchors`` (each conditioned on the token after its anchor, as :func:`mask_block_loss` does),
-    and their top-1 accuracy as a one-element tensor. ``widths`` and ``gamma`` do not apply (one row each)."""
-    hidden, greedy = states
-    anc = torch.tensor(anchors, device=tokens.device)
-    logits = view.logits(params.refine(hidden[:, anc], view.embed[tokens[:, anc + 1]]))  # [B, A, V]
-    targets = greedy[:, anc + 1] if self_distill else tokens[:, anc + 2]
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    acc = (logits.argmax(-1) == targets).float().mean().reshape(1)
-    return loss, acc.detach()
 
 
 def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
@@ -416,12 +351,6 @@ def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decod
             raise BitMTPError("init_from: growing the LoRA rank keeps the adapter's function only with scaling 1 "
                               "(no --lora-alpha); alpha/rank would rescale the trained deltas")
         tensors = grow_lora_rank(tensors, config, seed=cfg.seed)
-    if old.kind == "mask-block" and old.refine_rank != config.refine_rank:
-        if old.refine_rank:
-            raise BitMTPError(f"init_from: {cfg.init_from} has a refiner of refine_rank={old.refine_rank}, this run "
-                              f"{config.refine_rank} (pass --refine-rank {old.refine_rank})")
-        fresh = init_adapter_tensors(config, seed=cfg.seed)  # up = 0: the refined drafts start as the mask row's
-        tensors.update({k: v for k, v in fresh.items() if k.startswith("refine.")})
     return tensors
 
 
@@ -462,8 +391,7 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
     kind = cfg.mode
     config = AdapterConfig(kind="mask-block" if kind == "full" else kind, block_size=cfg.block_size, rank=cfg.rank,
                            base=BaseShape.of(decoder.args), targets=[] if kind == "full" else list(cfg.targets),
-                           discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha, fingerprint=base_fingerprint(decoder),
-                           refine_rank=cfg.refine_rank)
+                           discount_gamma=cfg.gamma, lora_alpha=cfg.lora_alpha, fingerprint=base_fingerprint(decoder))
     if kind == "full":
         init = {}  # a mask embedding only (no LoRA targets): mask rows run the fine-tuned weights themselves
     elif cfg.init_from:
@@ -479,19 +407,14 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
         params = FullParams(decoder, decoder.embed.detach().float().mean(0)).to(device)
         view, loss_fn = params.view, full_loss
     elif kind == "mask-block":
-        params = MaskBlockParams(config, init, eps=decoder.args.rms_norm_eps).to(device)
+        params = MaskBlockParams(config, init).to(device)
         loss_fn = mask_block_loss
-        if cfg.freeze_lora:
-            params.freeze_block()
-            loss_fn = refiner_loss
     else:
         params = HeadsParams(config, init, eps=decoder.args.rms_norm_eps).to(device)
         loss_fn = heads_loss
     # heads train on a frozen base: its hidden states are computed once per window (BaseStateCache)
     cache = BaseStateCache(view) if kind == "heads" else None
-    if cfg.freeze_lora:  # a frozen adapter's first mask rows: computed once per window too
-        cache = FirstRowCache(view, params)
-    opt = torch.optim.AdamW([q for q in params.parameters() if q.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params.parameters(), lr=cfg.lr, weight_decay=0.0)
     order = torch.randperm(len(windows), generator=gen).tolist()
     step, seen_tokens, elapsed, losses, accs = 0, 0, 0.0, [], []
     ckpt = _checkpoint_path(cfg.out)
@@ -555,8 +478,6 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
         "mode": kind, "data": cfg.data_description, "steps": step, "tokens": seen_tokens,
         "minutes": round(seconds / 60, 2), "seq_len": len(windows[0]), "batch_size": cfg.batch_size,
         "anchors": cfg.anchors, **({"short_anchors": cfg.short_anchors} if cfg.short_anchors else {}),
-        **({"refine_rank": cfg.refine_rank} if cfg.refine_rank else {}),
-        **({"freeze_lora": True} if cfg.freeze_lora else {}),
         "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}, threads "
                    f"{torch.get_num_threads()}" + (f", {torch.cuda.get_device_name()}" if use_cuda else ""),

@@ -9,12 +9,9 @@ INIT_RANGE = 0.3  # peakier than the default 0.02: draft probabilities straddle 
 TAU = 0.3
 
 
-def random_adapter(args, kind: str, block_size: int = 16, rank: int = 4, seed: int = 1, targets=None,
-                   refine_rank: int = 0):
+def random_adapter(args, kind: str, block_size: int = 16, rank: int = 4, seed: int = 1, targets=None):
     """``(AdapterConfig, tensors)`` of a ``kind`` adapter for a model of ``args`` with random, non-zero LoRA B
-    and refiner W_up (a zero B would make every adapter a no-op and hide wiring bugs)."""
+    (a zero B would make every adapter a no-op and hide wiring bugs)."""
     extra = {"targets": targets} if targets else {}
-    if refine_rank:
-        extra["refine_rank"] = refine_rank
     cfg = AdapterConfig(kind=kind, block_size=block_size, rank=rank, base=BaseShape.of(args), **extra)
     return cfg, init_adapter_tensors(cfg, seed=seed, zero_init_b=False, b_std=0.2)

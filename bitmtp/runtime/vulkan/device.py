@@ -132,15 +132,12 @@ class DeviceModel:
         self.scale = a.head_dim ** -0.5
         self.lora: dict[tuple[int, str], tuple[DeviceTensor, DeviceTensor]] = {}
         self.mask_embedding: DeviceTensor | None = None
-        self.refiner: tuple[DeviceTensor, ...] | None = None  # a mask block's first-draft refiner
         self.heads = None
 
     # ---- adapters ------------------------------------------------------------------------------------
 
     def set_mask_block(self, block) -> None:
-        """Upload a ``MaskBlock``'s mask embedding, fused LoRA factors (B scaled by α/r once) and first-draft
-        refiner. The device scores the refined state against the whole LM head (it has no top-k op): the torch
-        drafter's choice with ``refine_candidates`` >= the vocabulary size, one LM-head row more per draft."""
+        """Upload a ``MaskBlock``'s mask embedding and fused LoRA factors (B scaled by α/r once)."""
         r = self.r
         self.mask_embedding = r.upload(_np(block.mask_embedding).reshape(1, -1))
         self.lora = {}
@@ -148,41 +145,23 @@ class DeviceModel:
             if i < self.gpu_layers:
                 b = block.b[(i, group)] * block.scaling
                 self.lora[(i, group)] = (r.upload(_np(a)), r.upload(_np(b)))
-        self.refiner = None
-        if block.refiner is not None:
-            self.refiner = self._upload_head(*block.refiner)
-            self.refiner_eps = block.eps
-
-    def _upload_head(self, down, up, norm) -> tuple[DeviceTensor, ...]:
-        """A heads-style step's weights with W_down split into its state and embedding halves
-        (``W_down·[s ‖ e] = W_s·s + W_e·e``: no concatenation on the device)."""
-        h, r = self.args.hidden_size, self.r
-        return r.upload(_np(down[:, :h])), r.upload(_np(down[:, h:])), r.upload(_np(up)), r.upload(_np(norm))
 
     def set_heads(self, heads) -> None:
-        """Upload ``DraftHeads`` (each head as :meth:`_upload_head`)."""
-        self.heads = [self._upload_head(heads.down[k], heads.up[k], heads.norm[k]) for k in range(heads.down.shape[0])]
+        """Upload ``DraftHeads`` with each head's down projection split into its state and embedding halves
+        (``W_down·[s ‖ e] = W_s·s + W_e·e``: no concatenation on the device)."""
+        h = self.args.hidden_size
+        self.heads = [(self.r.upload(_np(heads.down[k][:, :h])), self.r.upload(_np(heads.down[k][:, h:])),
+                       self.r.upload(_np(heads.up[k])), self.r.upload(_np(heads.norm[k])))
+                      for k in range(heads.down.shape[0])]
         self.heads_eps = heads.eps
 
-    def _head_step(self, weights: tuple[DeviceTensor, ...], eps: float, state: DeviceTensor,
-                   token_embedding: DeviceTensor) -> DeviceTensor:
-        """``RMSNorm(W_up·(W_s·s + W_e·e) + s)``: the device form of ``bitmtp.model.adapters.heads_step``."""
-        ops = self.ops
-        w_s, w_e, up, norm = weights
-        z = ops.add(ops.dense(state, w_s), ops.dense(token_embedding, w_e))
-        return ops.rms_norm(ops.add(ops.dense(z, up), state), norm, eps)
-
     def heads_step(self, k: int, state: DeviceTensor, token_embedding: DeviceTensor) -> DeviceTensor:
-        """Head ``k`` on the device (``bitmtp.model.adapters.DraftHeads.step``)."""
-        return self._head_step(self.heads[k], self.heads_eps, state, token_embedding)
-
-    def refine_step(self, state: DeviceTensor, token_embedding: DeviceTensor) -> DeviceTensor:
-        """The mask block's first-draft refiner on the device: ``RMSNorm(s + W_up·gated(W_s·s + W_e·e))``, the
-        device form of ``bitmtp.model.adapters.refine_step``."""
+        """Head ``k`` on the device: ``s_k = RMSNorm(W_up·(W_s·s_(k−1) + W_e·e) + s_(k−1))``, the device
+        form of ``bitmtp.model.adapters.DraftHeads.step`` (W_down split into its state and embedding halves)."""
         ops = self.ops
-        w_s, w_e, up, norm = self.refiner
-        act = ops.gated(ops.add(ops.dense(state, w_s), ops.dense(token_embedding, w_e)), "silu")
-        return ops.rms_norm(ops.add(ops.dense(act, up), state), norm, self.refiner_eps)
+        w_s, w_e, up, norm = self.heads[k]
+        z = ops.add(ops.dense(state, w_s), ops.dense(token_embedding, w_e))
+        return ops.rms_norm(ops.add(ops.dense(z, up), state), norm, self.heads_eps)
 
     # ---- one step --------------------------------------------------------------------------------------
 
@@ -351,11 +330,7 @@ class VulkanStepRunner:
         kind = self.pool.drafter_kind
         if kind == "mask-block":
             hidden = model.hidden(self, d - 1)
-            at = st.width - d  # row p − 1's output slot (d_1); the first mask row's is the next
-            model.logits_argmax(ops.slice_rows(hidden, p - 1, st.width), self.dev_out, at)
-            if model.refiner is not None:  # re-draw the first mask row's draft, conditioned on d_1
-                e = ops.gather(model.embed, self.dev_out, count=1, offset=at)
-                model.logits_argmax(model.refine_step(ops.slice_rows(hidden, p, p + 1), e), self.dev_out, at + 1)
+            model.logits_argmax(ops.slice_rows(hidden, p - 1, st.width), self.dev_out, st.width - d)
             return
         # heads: the pending rows run causally on the base path; the heads recur from the last one
         hidden = model.hidden(self, 0)
