@@ -127,7 +127,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_distill(args: argparse.Namespace) -> int:
     import torch
 
-    from bitmtp.train.distill import distill_corpus, distill_prompt_ids
+    from bitmtp.train.distill import corpus_prompts, distill_corpus, distill_prompt_ids
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,8 +137,10 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
         raise BitMTPError(f"--out: {out} exists; pass --overwrite to replace it")
     model = _load(args)
+    exclude = corpus_prompts(args.exclude_prompts_of or [])
     prompts = distill_prompt_ids(model, args.data or ["stdlib"], args.count, chat_fraction=args.chat_fraction,
-                                 lines=args.lines, seed=args.seed, general_fraction=args.general_fraction)
+                                 lines=args.lines, seed=args.seed, general_fraction=args.general_fraction,
+                                 general_pool=args.general_pool, exclude=exclude)
     policy, block = ("ar", None) if args.policy == "ar" or model.drafter is None else ("speculative", args.block_size)
     print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with {policy}"
           + (f" D={block}" if block else "") + f" -> {out}", file=sys.stderr)
@@ -362,6 +364,12 @@ def add_commands(sub) -> None:
                                  "(bitmtp.train.chat_prompts; never the eval's chat prompts) instead of code "
                                  "snippets (default 0)"),
             between(0.0, 1.0))
+    di.add_argument("--general-pool", default="wide", choices=["wide", "base"],
+                    help="the general prompt set: wide (~1900 prompts, default) or base (the first ~700, what "
+                         "corpora made before it drew from)")
+    checked(di.add_argument("--exclude-prompts-of", nargs="+", metavar="JSONL",
+                            help="skip every prompt of these earlier distill corpora, so the new corpus adds "
+                                 "prompts instead of repeating them"), existing("file"))
     checked(di.add_argument("--lines", type=int, default=12, help="lines per code snippet (default 12)"),
             at_least(1))
     di.add_argument("--seed", type=int, default=0, help="seed of file order and snippet choice (default 0)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,13 +162,19 @@ def _resume_partial(partial: Path) -> int:
 
 def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *,
                        chat_fraction: float = 0.25, lines: int = 12, seed: int = 0,
-                       general_fraction: float = 0.0) -> list[list[int]]:
+                       general_fraction: float = 0.0, general_pool: str = "wide",
+                       exclude: Collection[Sequence[int]] = ()) -> list[list[int]]:
     """Token ids of ``count`` distillation prompts: raw code snippets, and a ``chat_fraction`` of them
     asked about through the model's chat template (so the drafts also learn chat answers).
 
     ``general_fraction`` of the ``count`` prompts are instead general chat questions and instructions
     (:func:`bitmtp.train.chat_prompts.chat_prompts`, chat template), shuffled in among the code ones so
-    a partial corpus has both; ``chat_fraction`` applies to the rest. 0 (the default) keeps code only."""
+    a partial corpus has both; ``chat_fraction`` applies to the rest. 0 (the default) keeps code only.
+    ``general_pool``: which set they come from (``wide``, or ``base`` as the first corpora used).
+
+    ``exclude``: prompts (token ids) to skip — those of corpora already made (:func:`corpus_prompts`),
+    so a new corpus adds prompts rather than repeating them: the next prompts in the same seeded order
+    take their place. Raises :class:`BitMTPError` when too few prompts are left."""
     if not 0.0 <= chat_fraction <= 1.0:
         raise BitMTPError(f"chat_fraction: must be in [0, 1], got {chat_fraction}")
     if not 0.0 <= general_fraction <= 1.0:
@@ -176,18 +182,60 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
     if model.tokenizer is None:
         raise BitMTPError("model: building distillation prompts needs the model's tokenizer")
     n_general = round(count * general_fraction)
+    skip = {tuple(p) for p in exclude}
     rng = random.Random(seed + 1)
     out = []
-    if count - n_general > 0:
-        for snippet in snippet_prompts(sources, count - n_general, lines=lines, seed=seed):
+    n_code = count - n_general
+    if n_code > 0:
+        code = []
+        # excluded prompts drop out after the draw, so draw as many more as could be excluded
+        for snippet in snippet_prompts(sources, n_code + len(skip), lines=lines, seed=seed):
             if rng.random() < chat_fraction:
                 text = rng.choice(CHAT_TEMPLATES).format(code=snippet)
-                out.append(model.encode([{"role": "user", "content": text}]))
+                ids = model.encode([{"role": "user", "content": text}])
             else:
-                out.append(model.encode(snippet))
+                ids = model.encode(snippet)
+            if tuple(ids) not in skip:
+                code.append(ids)
+            if len(code) == n_code:
+                break
+        if skip and len(code) < n_code:
+            raise BitMTPError(f"exclude: only {len(code)} code prompts of the sources are not in the excluded "
+                              f"corpora, {n_code} asked for; lower --count or --general-fraction's complement, or "
+                              f"add --data sources")
+        out += code
     if n_general:
-        from bitmtp.train.chat_prompts import chat_prompts
+        from bitmtp.train.chat_prompts import all_chat_prompts, chat_prompts
 
-        out += [model.encode([{"role": "user", "content": q}]) for q in chat_prompts(n_general, seed=seed)]
+        pool = chat_prompts(len(all_chat_prompts(general_pool)), seed=seed, pool=general_pool)
+        general = [ids for ids in (model.encode([{"role": "user", "content": q}]) for q in pool)
+                   if tuple(ids) not in skip][:n_general]
+        if len(general) < n_general:
+            raise BitMTPError(f"general_fraction: the {general_pool!r} general prompt pool has {len(general)} prompts "
+                              f"not in the excluded corpora, {n_general} asked for; lower --count or "
+                              f"--general-fraction" + ("" if general_pool == "wide" else ", or use the wide pool"))
+        out += general
         random.Random(seed + 2).shuffle(out)
+    return out
+
+
+def corpus_prompts(paths: Iterable[str | Path]) -> list[list[int]]:
+    """The prompts (token ids) of distillation corpora: each record's first ``prompt_tokens`` tokens.
+
+    Raises :class:`BitMTPError` for a missing or unreadable file or a line that is not a record."""
+    out = []
+    for path in map(Path, paths):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BitMTPError(f"exclude: cannot read {path} as a UTF-8 distillation corpus "
+                              f"({type(exc).__name__})") from None
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            if not _check_record(line):
+                raise BitMTPError(f"exclude: line {i} of {path} is not a distillation record "
+                                  f"({{\"tokens\": [...], \"prompt_tokens\": n}})")
+            rec = json.loads(line)
+            out.append(rec["tokens"][: rec["prompt_tokens"]])
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 import bitmtp
 from bitmtp.errors import BitMTPError
 from bitmtp.train.chat_prompts import EXCLUDED_WORDS, all_chat_prompts, chat_prompts
-from bitmtp.train.distill import distill_prompt_ids
+from bitmtp.train.distill import corpus_prompts, distill_prompt_ids
 from bitmtp.train.evaluate import CHAT_PROMPTS
 from tests.support.adapters import INIT_RANGE
 from tests.support.hf_models import tiny_model
@@ -88,3 +89,81 @@ def test_cli_distill_general_fraction(monkeypatch, tmp_path, capsys, model):
     assert "4 records" in capsys.readouterr().err
     assert cli.main(["distill", "--out", str(tmp_path / "e.jsonl"), "--general-fraction", "2"]) == 2
     assert "--general-fraction" in capsys.readouterr().err
+
+
+def test_base_pool_is_frozen_and_wide_extends_it():
+    # the base pool is what the shipped adapter's first corpora drew from: their provenance commands
+    # (`distill --general-pool base ...`) reproduce them only while it stays exactly as it was
+    import hashlib
+
+    base, wide = all_chat_prompts("base"), all_chat_prompts("wide")
+    assert hashlib.sha256("\n".join(base).encode()).hexdigest() == (
+        "9d42a248e849c612a2dc852dc130e19be02c378bab3f89df768e33a929eb244b")
+    assert wide[: len(base)] == base and len(wide) >= 1500 and len(set(wide)) == len(wide)
+    assert all_chat_prompts() == wide and chat_prompts(40, seed=5) == chat_prompts(40, seed=5, pool="wide")
+    assert set(chat_prompts(40, seed=5, pool="base")) <= set(base)
+    for bad in ("", "narrow"):
+        with pytest.raises(BitMTPError, match="pool"):
+            chat_prompts(3, pool=bad)
+
+
+def _write_corpus(path, prompts):
+    path.write_text("".join(json.dumps({"tokens": list(p) + [5, 6], "prompt_tokens": len(p)}) + "\n"
+                            for p in prompts))
+    return path
+
+
+def test_exclude_skips_the_prompts_of_earlier_corpora(model, tmp_path):
+    src = _code(tmp_path)
+    first = distill_prompt_ids(model, [src], count=8, chat_fraction=0.5, lines=3, seed=1, general_fraction=0.5)
+    corpus = _write_corpus(tmp_path / "first.jsonl", first[:5])
+    excluded = corpus_prompts([corpus])
+    assert excluded == first[:5]
+    second = distill_prompt_ids(model, [src], count=8, chat_fraction=0.5, lines=3, seed=1, general_fraction=0.5,
+                                exclude=excluded)
+    assert len(second) == 8 and not {tuple(p) for p in second} & {tuple(p) for p in first[:5]}
+    # what was not excluded is still drawn in the same seeded order
+    assert {tuple(p) for p in first[5:]} <= {tuple(p) for p in second}
+    general = distill_prompt_ids(model, [tmp_path / "missing"], count=6, seed=2, general_fraction=1.0,
+                                 general_pool="base")
+    with pytest.raises(BitMTPError, match="general_fraction: the 'base' .* not in the excluded"):
+        distill_prompt_ids(model, [tmp_path / "missing"], count=len(all_chat_prompts("base")), seed=2,
+                           general_fraction=1.0, general_pool="base", exclude=general)
+    with pytest.raises(BitMTPError, match="exclude: only .* code prompts"):
+        distill_prompt_ids(model, [src], count=12, chat_fraction=0.0, lines=3, seed=1,
+                           exclude=distill_prompt_ids(model, [src], count=12, chat_fraction=0.0, lines=3, seed=1))
+
+
+def test_corpus_prompts_refuses_what_is_not_a_corpus(tmp_path):
+    with pytest.raises(BitMTPError, match="exclude: cannot read .*missing.jsonl"):
+        corpus_prompts([tmp_path / "missing.jsonl"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tokens": [1, 2], "prompt_tokens": 1}\n{"tokens": [1], "prompt_tokens": 4}\n')
+    with pytest.raises(BitMTPError, match="line 2 of .*bad.jsonl is not a distillation record"):
+        corpus_prompts([bad])
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(BitMTPError, match="UTF-8"):
+        corpus_prompts([binary])
+
+
+def test_cli_distill_exclude_and_pool(monkeypatch, tmp_path, capsys, model):
+    from bitmtp import cli, cli_train
+
+    monkeypatch.setattr(cli_train, "_load", lambda args: model)
+    first = tmp_path / "a.jsonl"
+    base = ["distill", "--count", "4", "--new-tokens", "2", "--general-fraction", "1", "--general-pool", "base",
+            "--no-progress", "--seed", "3"]
+    assert cli.main(base + ["--out", str(first)]) == 0
+    second = tmp_path / "b.jsonl"
+    assert cli.main(base + ["--out", str(second), "--exclude-prompts-of", str(first)]) == 0
+    capsys.readouterr()
+    a, b = corpus_prompts([first]), corpus_prompts([second])
+    assert len(a) == len(b) == 4 and not {tuple(p) for p in a} & {tuple(p) for p in b}
+    assert {tuple(p) for p in a} <= {tuple(model.encode([{"role": "user", "content": q}]))
+                                     for q in all_chat_prompts("base")}
+    assert cli.main(base + ["--out", str(tmp_path / "c.jsonl"), "--exclude-prompts-of",
+                            str(tmp_path / "nope.jsonl")]) == 2
+    assert "--exclude-prompts-of" in capsys.readouterr().err and not (tmp_path / "c.jsonl").exists()
+    assert cli.main(base[:7] + ["--general-pool", "narrow", "--out", str(tmp_path / "d.jsonl")]) == 2
+    assert "invalid choice: 'narrow'" in capsys.readouterr().err
