@@ -94,7 +94,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       time_budget=parse_duration(args.time_budget), seed=args.seed,
                       self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype,
-                      init_from=args.init_from)
+                      init_from=args.init_from, soft_targets=args.soft_targets)
     cfg.validate()  # refuse an existing output before loading anything
     model = _load(args)
     if model.tokenizer is None:
@@ -315,6 +315,11 @@ def add_commands(sub) -> None:
                             help="N more blocks per window of one mask row each, as a D = 2 step drafts: cheap "
                                  "training of the first drafted position (mask-block, full; default 0)"),
             at_least(0))
+    checked(tr.add_argument("--soft-targets", type=float, default=0.0, metavar="W",
+                            help="share in [0, 1] of each mask row's loss taken against the base's whole next-token "
+                                 "distribution rather than its argmax alone (mask-block with self-distillation; "
+                                 "default 0)"),
+            between(0.0, 1.0))
     checked(tr.add_argument("--gamma", type=float, default=0.8,
                             help="loss discount in (0, 1]: block position k weighs gamma^k (default 0.8)"),
             between(0.0, 1.0, low_open=True))

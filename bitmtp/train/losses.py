@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 
 def weighted_block_ce(logits: torch.Tensor, targets: torch.Tensor, block_k: torch.Tensor, block_size: int,
-                      gamma: float, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      gamma: float, n_blocks: int, soft: torch.Tensor | None = None,
+                      soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The MTP loss of a batch of draft blocks and the per-position top-1 accuracy.
 
     ``logits [B, R, V]`` and ``targets [B, R]``: ``R`` block rows, ``n_blocks`` blocks per window (of
@@ -17,10 +18,17 @@ def weighted_block_ce(logits: torch.Tensor, targets: torch.Tensor, block_k: torc
     ``1 … block_size − 1``. The cross-entropy of a row is weighted by ``λ_k = γ^k`` (later positions
     matter less: a draft is accepted up to its first miss) and summed per block, then averaged over the
     ``B · n_blocks`` blocks.
+    ``soft [B, R, V]`` (with ``soft_weight`` w > 0): the teacher's log-probabilities for each row; a
+    row's loss is then ``(1 − w) · CE(target) + w · CE(softmax(soft))`` — the cross-entropy against the
+    teacher's whole distribution (its KL up to a constant): Medusa-2's self-distillation, which tells a
+    draft how close the runner-up was, not only which token won.
     Returns ``(loss, acc)`` with ``acc [block_size − 1]`` the hit rate per position ``k`` (no grad;
     NaN for a position no row has).
     """
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+    if soft is not None and soft_weight > 0:
+        soft_ce = -(soft.float().exp() * F.log_softmax(logits.float(), -1)).sum(-1)
+        ce = (1 - soft_weight) * ce + soft_weight * soft_ce
     weight = gamma ** block_k.to(ce.dtype)  # λ_k = γ^k
     loss = (ce * weight[None]).sum() / (targets.shape[0] * n_blocks)
     with torch.no_grad():

@@ -73,6 +73,9 @@ class TrainConfig:
     save_dtype: str = "float16"
     data_description: str = ""
     init_from: str | None = None  # continue training an existing adapter (same kind, D, rank, targets)
+    #: mask-block with self-distillation: the share of each row's loss taken against the base's whole
+    #: next-token distribution instead of its argmax alone (0: argmax only, the earlier runs' loss)
+    soft_targets: float = 0.0
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -93,6 +96,12 @@ class TrainConfig:
         if self.short_anchors and self.mode == "heads":
             raise BitMTPError("short_anchors (--short-anchors): one-row mask blocks train mask rows; heads draft in "
                               "a chain from their anchor, so a heads run takes --anchors only")
+        if not 0.0 <= self.soft_targets <= 1.0:
+            raise BitMTPError(f"soft_targets: must be in [0, 1], got {self.soft_targets}")
+        if self.soft_targets and (self.mode != "mask-block" or not self.self_distill):
+            raise BitMTPError("soft_targets (--soft-targets): the teacher distribution is the base's own next-token "
+                              "distribution, taken for a mask-block adapter with self-distillation; drop it for "
+                              f"mode {self.mode!r}" + ("" if self.self_distill else " and --no-self-distill"))
         if not 0 < self.gamma <= 1:
             raise BitMTPError(f"gamma: must be in (0, 1], got {self.gamma}")
         if Path(self.out).exists() and not self.overwrite and not self.resume:
@@ -229,10 +238,11 @@ def _resume_from(state: dict[str, Any], cfg: TrainConfig, decoder: Decoder, fing
 
 
 def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
-                    block_size: int, gamma: float, self_distill: bool, widths: list[int] | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    block_size: int, gamma: float, self_distill: bool, widths: list[int] | None = None,
+                    soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss and per-position top-1 accuracy ``[D−1]`` of one batch ``tokens [B, T]`` (shared anchors;
-    ``widths``: mask rows per anchor's block, default D − 1)."""
+    ``widths``: mask rows per anchor's block, default D − 1; ``soft_weight``: the share of the loss
+    against the base's whole next-token distribution, see ``weighted_block_ce``)."""
     bsz, t_len = tokens.shape
     lay = packed_layout(t_len, anchors, block_size, device=tokens.device, widths=widths)
     emb = view.embed[tokens]
@@ -240,13 +250,17 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
     # the gate keeps the sequence rows the base's own: they run without autograd (TrainView.hidden_gated)
     seq_hidden, block_hidden = view.hidden_gated(emb, mask_rows, lay.positions, lay.mask[None], lora=params)
     logits = view.logits(block_hidden)  # [B, R, V]
+    soft = None
     if self_distill:
         with torch.no_grad():  # the base's greedy prediction of each sequence position
-            greedy = view.logits(seq_hidden).argmax(-1)  # row i predicts position i + 1
-        targets = greedy[:, lay.block_targets - 1]
+            seq_logits = view.logits(seq_hidden[:, lay.block_targets - 1])  # row i predicts position i + 1
+            targets = seq_logits.argmax(-1)
+            if soft_weight > 0:
+                soft = torch.log_softmax(seq_logits.float(), -1)
     else:
         targets = tokens[:, lay.block_targets]
-    return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma, n_blocks=len(anchors))
+    return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma, n_blocks=len(anchors), soft=soft,
+                             soft_weight=soft_weight)
 
 
 def anchors_and_widths(seq_len: int, block_size: int, full: int, short: int,
@@ -450,6 +464,8 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
                 extra = {"states": cache.get(idx, tokens)} if cache is not None else {}
                 if widths is not None:
                     extra["widths"] = widths
+                if cfg.soft_targets:
+                    extra["soft_weight"] = cfg.soft_targets
                 loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill,
                                     **extra)
             opt.zero_grad(set_to_none=True)
@@ -478,6 +494,7 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
         "mode": kind, "data": cfg.data_description, "steps": step, "tokens": seen_tokens,
         "minutes": round(seconds / 60, 2), "seq_len": len(windows[0]), "batch_size": cfg.batch_size,
         "anchors": cfg.anchors, **({"short_anchors": cfg.short_anchors} if cfg.short_anchors else {}),
+        **({"soft_targets": cfg.soft_targets} if cfg.soft_targets else {}),
         "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}, threads "
                    f"{torch.get_num_threads()}" + (f", {torch.cuda.get_device_name()}" if use_cuda else ""),
