@@ -20,7 +20,7 @@ from bitmtp.errors import BitMTPError
 from bitmtp.train.data import iter_python_lines
 from bitmtp.train.long_docs import document_prompts
 
-#: chat prompts for evaluation (not used in training: the shipped adapters train on code)
+#: chat prompts for evaluation (held out: the general training prompts exclude their topics)
 CHAT_PROMPTS = [
     "What is the capital of France?",
     "Explain photosynthesis in two sentences.",
