@@ -40,9 +40,9 @@ def _args_of(base: dict) -> SimpleNamespace:
     return SimpleNamespace(**base)
 
 
-def _speedup(cfg: dict, policy: str, block: int) -> float:
+def _committed(cfg: dict, policy: str, block: int) -> float:
     (row,) = [r for r in cfg["training"]["eval"]["code"] if r["policy"] == policy and r["block_size"] == block]
-    return float(row["speedup_vs_ar"])
+    return float(row["mean_committed"])
 
 
 def test_both_shipped_adapters_fit_smollm2_and_compete():
@@ -60,11 +60,12 @@ def test_both_shipped_adapters_fit_smollm2_and_compete():
 def test_mask_block_is_preferred_because_it_measured_better():
     mb, hd = _config(MASK_BLOCK), _config(HEADS)
     assert mb["training"]["preference"] > hd["training"]["preference"]
-    # why: at each adapter's recommended setting the mask-block adapter is faster than AR on code,
-    # the heads adapter is not
+    # why: at each adapter's recommended setting the mask-block adapter commits more tokens per
+    # iteration on code (the same two passes per iteration; a deterministic measure — the configs'
+    # speedup_vs_ar are single timed runs from different sessions, ±10 % apart on a re-run)
     for cfg in (mb, hd):
         assert cfg["training"]["recommended"] == {"policy": "speculative", "block_size": 2}
-    assert _speedup(mb, "speculative", 2) > 1.0 > _speedup(hd, "speculative", 2)
+    assert _committed(mb, "speculative", 2) > _committed(hd, "speculative", 2) + 0.2
 
 
 def test_find_shipped_picks_the_mask_block_for_smollm2(monkeypatch):
