@@ -15,6 +15,7 @@ evaluation's code prompts come from.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -201,15 +202,17 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
                 break
         if skip and len(code) < n_code:
             raise BitMTPError(f"exclude: only {len(code)} code prompts of the sources are not in the excluded "
-                              f"corpora, {n_code} asked for; lower --count or --general-fraction's complement, or "
-                              f"add --data sources")
+                              f"corpora, {n_code} asked for; lower --count, raise --general-fraction, or add --data "
+                              f"sources")
         out += code
     if n_general:
-        from bitmtp.train.chat_prompts import all_chat_prompts, chat_prompts
+        from bitmtp.train.chat_prompts import all_chat_prompts
 
-        pool = chat_prompts(len(all_chat_prompts(general_pool)), seed=seed, pool=general_pool)
-        general = [ids for ids in (model.encode([{"role": "user", "content": q}]) for q in pool)
-                   if tuple(ids) not in skip][:n_general]
+        # the pool in its seeded order (chat_prompts(n) is this order's first n), encoded only until enough
+        pool = all_chat_prompts(general_pool)
+        random.Random(seed).shuffle(pool)
+        encoded = (model.encode([{"role": "user", "content": q}]) for q in pool)
+        general = list(itertools.islice((ids for ids in encoded if tuple(ids) not in skip), n_general))
         if len(general) < n_general:
             raise BitMTPError(f"general_fraction: the {general_pool!r} general prompt pool has {len(general)} prompts "
                               f"not in the excluded corpora, {n_general} asked for; lower --count or "
