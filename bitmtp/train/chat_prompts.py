@@ -5,9 +5,13 @@ questions, while the shipped adapters were trained on code only, so their drafts
 chat answer about anything but code. ``distill --general-fraction`` sends these prompts through the
 chat template so the corpus holds the base model's own answers to everyday requests.
 
-Two pools: ``base`` (the first ~700 prompts, what the session-7/8 corpora drew from) and ``wide``
-(``base`` plus :data:`MORE_GROUPS`, ~1900 prompts: how things work, practical how-to and advice,
-letters and messages, arguments for and against, animals, countries, everyday maths). The shipped
+Three pools, each extending the one before: ``base`` (the first ~700 prompts, what the session-7/8
+corpora drew from), ``wide`` (``base`` plus :data:`MORE_GROUPS`, ~1900 prompts: how things work,
+practical how-to and advice, letters and messages, arguments for and against, animals, countries,
+everyday maths; the session-9/10 corpora) and ``xl`` (``wide`` plus :data:`EXTRA_GROUPS`, ~3100: food,
+professions, the body, sports and games, materials, programming ideas in words, hard moments, places
+in nature, people of history, rewriting a sentence, ideas and plans). ``base`` and ``wide`` are
+frozen (a test pins them by hash): earlier corpora's provenance commands reproduce only while they are. The shipped
 adapter's first corpora plateaued at ~0.64 first-row accuracy on their own chat records against
 ~0.49 on the evaluation's chat generations (teacher-forced, session 9): a gap that more varied
 prompts, not more passes over the same ones, close.
@@ -152,8 +156,106 @@ MORE_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     ),
 )
 
-#: the prompt pools by name: ``base`` = :data:`GROUPS`, ``wide`` = :data:`GROUPS` + :data:`MORE_GROUPS`
-POOLS = {"base": GROUPS, "wide": GROUPS + MORE_GROUPS}
+#: the groups the ``xl`` pool adds to the ``wide`` pool's (same rules; session 10: ``wide`` was nearly used up)
+EXTRA_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (  # food and cooking
+        ("Give me a simple recipe for {t}.", "What goes well with {t}?", "How should I store {t}?",
+         "Where does {t} come from?", "Is {t} healthy? Explain briefly.", "Describe the taste of {t}."),
+        ("pasta with tomato sauce", "lentil soup", "vegetable curry", "sushi", "oatmeal", "pizza dough", "hummus",
+         "fresh salsa", "an omelette", "fried rice", "banana bread", "dumplings", "guacamole", "chili", "lemonade",
+         "granola", "tacos", "risotto", "a vegetable stir-fry", "falafel", "pesto", "homemade yogurt", "popcorn",
+         "roasted vegetables", "chicken soup", "apple pie", "ramen", "cornbread", "a fruit smoothie", "flatbread"),
+    ),
+    (  # work and professions
+        ("What does {t} do all day?", "What skills does {t} need?", "How do you become {t}?",
+         "What is the hardest part of being {t}?", "Describe a typical week for {t}."),
+        ("a nurse", "an electrician", "a pilot", "a firefighter", "an architect", "a chef", "a veterinarian",
+         "a software engineer", "a journalist", "an accountant", "a plumber", "a pharmacist", "a park ranger",
+         "a translator", "a dentist", "a farmer", "a judge", "a data analyst", "a mechanic", "a photographer",
+         "a carpenter", "a lawyer", "a social worker", "a museum curator", "a marine biologist", "a tailor",
+         "a bus driver", "a game designer", "a beekeeper", "an air traffic controller"),
+    ),
+    (  # the body
+        ("Why do we {t}?", "What happens in the body when we {t}?", "Explain to a child why we {t}.",
+         "Is it normal to {t} often?"),
+        ("yawn", "sneeze", "dream", "get hiccups", "shiver", "sweat", "blush", "get goosebumps", "need water",
+         "get sunburned", "forget things", "feel hungry", "catch colds", "get muscle cramps", "snore", "cry",
+         "laugh", "get dizzy", "need vitamins", "stretch in the morning"),
+    ),
+    (  # sports and games
+        ("Explain the rules of {t}.", "What makes {t} fun?", "How did {t} begin?", "What are the basic skills in {t}?",
+         "What should a beginner know about {t}?"),
+        ("basketball", "tennis", "cricket", "baseball", "rugby", "volleyball", "golf", "table tennis", "ice hockey",
+         "badminton", "sailing", "rock climbing", "fencing", "archery", "bowling", "skiing", "surfing", "poker",
+         "checkers", "Scrabble", "sudoku", "crossword puzzles", "the card game bridge", "water polo", "handball"),
+    ),
+    (  # materials and everyday things
+        ("What is {t} made of?", "How is {t} made?", "Why is {t} so widely used?", "Tell me the history of {t}."),
+        ("glass", "paper", "steel", "plastic", "rubber", "cotton", "concrete", "chocolate", "cheese", "soap",
+         "glue", "ink", "silk", "wool", "aluminum", "brick", "a candle", "a coin", "a pencil", "denim", "leather",
+         "porcelain", "nylon", "table salt", "a glass bottle"),
+    ),
+    (  # programming ideas, asked in words
+        ("Explain {t} with an example.", "When should I use {t}?", "What problems does {t} solve?",
+         "What are the downsides of {t}?", "How would you explain {t} to a new programmer?"),
+        ("recursion", "a hash table", "a linked list", "binary search", "caching", "an API", "a database index",
+         "unit testing", "object-oriented programming", "a compiler", "garbage collection", "multithreading",
+         "regular expressions", "a REST API", "big O notation", "a stack", "a queue", "encryption",
+         "a virtual machine", "software containers", "DNS", "a firewall", "JSON", "SQL joins", "a binary tree",
+         "dynamic programming", "pointers", "exceptions", "a load balancer", "code review"),
+    ),
+    (  # hard moments
+        ("How do I deal with {t}?", "Give advice to someone facing {t}.", "Why is {t} so hard?",
+         "Write a short reassuring message about {t}."),
+        ("a difficult coworker", "a noisy neighbor", "homesickness", "a missed deadline",
+         "a disagreement with a friend", "stage fright", "a breakup", "a rejected application", "loneliness",
+         "a messy roommate", "burnout", "jealousy", "procrastination", "a long commute", "a first day at a new school",
+         "exam anxiety", "a bad haircut", "losing a game", "a rainy vacation", "a broken phone"),
+    ),
+    (  # places in nature
+        ("Describe {t}.", "What lives in {t}?", "Why are {t} important?", "How do {t} form?",
+         "Write a short travel note about visiting {t}."),
+        ("deserts", "wetlands", "caves", "glaciers", "rivers", "islands", "rainforests", "mountain ranges",
+         "grasslands", "tide pools", "canyons", "waterfalls", "hot springs", "sand dunes", "mangrove forests",
+         "lakes", "sandy beaches", "river valleys", "geysers", "fjords"),
+    ),
+    (  # people of history
+        ("Who was {t}?", "What is {t} remembered for?", "Write a short biography of {t}.",
+         "What can we learn from {t}?"),
+        ("Marie Curie", "Leonardo da Vinci", "Isaac Newton", "Ada Lovelace", "Nelson Mandela", "Albert Einstein",
+         "Cleopatra", "Charles Darwin", "Mahatma Gandhi", "Galileo Galilei", "Nikola Tesla", "Florence Nightingale",
+         "Alan Turing", "Frida Kahlo", "Abraham Lincoln", "Confucius", "Amelia Earhart", "Mozart", "Rosa Parks",
+         "Thomas Edison", "Jane Austen", "Louis Pasteur", "Genghis Khan", "Julius Caesar", "Harriet Tubman"),
+    ),
+    (  # rewriting a sentence
+        ("Rewrite this sentence to sound more formal: {t}", "Fix the grammar of this sentence: {t}",
+         "Make this sentence shorter: {t}", "Rewrite this sentence in a friendly tone: {t}",
+         "Explain what this sentence means: {t}"),
+        ("the meeting got moved to friday cause nobody could come", "i think we should of left earlier",
+         "me and him went to the store and buyed some apples", "the report is late because the data was wrong",
+         "can u send me the files asap", "their going to the park after lunch",
+         "we was not able to finish the project on time", "the new phone is more better than the old one",
+         "please dont forget to water the plants while im away", "the train was delayed so i missed the start",
+         "everyone have to bring there own lunch tomorrow", "the team did good on the last test",
+         "i seen that movie three times already", "the price of rent keeps going up every year",
+         "he dont like waiting in long lines", "our office will be closed on monday for repairs",
+         "the dog barked all night and nobody could sleep", "she is the most smartest person in the class",
+         "the package arrived broken and nobody answered my email", "lets meet at noon near the library"),
+    ),
+    (  # ideas and plans
+        ("Brainstorm ideas for {t}.", "Give me five ideas for {t}.", "Plan {t} on a small budget.",
+         "What would make {t} memorable?"),
+        ("a birthday party", "a rainy weekend", "a science fair project", "a team-building day",
+         "a school fundraiser", "a family dinner", "a garden party", "a short film", "a board game night",
+         "a gift for a new parent", "a blog post", "a community event", "a summer camp", "a retirement party",
+         "a packed lunch for a child", "decorating a small apartment", "a first date", "a holiday card",
+         "a class reunion", "a picnic"),
+    ),
+)
+
+#: the prompt pools by name: ``base`` = :data:`GROUPS`, ``wide`` = ``base`` + :data:`MORE_GROUPS`,
+#: ``xl`` = ``wide`` + :data:`EXTRA_GROUPS`
+POOLS = {"base": GROUPS, "wide": GROUPS + MORE_GROUPS, "xl": GROUPS + MORE_GROUPS + EXTRA_GROUPS}
 
 #: words of the evaluation's chat prompts' topics and request forms: no training prompt contains one
 EXCLUDED_WORDS = ("capital", "france", "paris", "photosynthesis", "paperclip", "paper clip", "haiku", "autumn",
@@ -172,8 +274,8 @@ def _groups(pool: str):
     return POOLS[pool]
 
 
-def all_chat_prompts(pool: str = "wide") -> list[str]:
-    """Every general prompt of ``pool`` (``base``: ~700, ``wide``: ~1900), in a fixed order."""
+def all_chat_prompts(pool: str = "xl") -> list[str]:
+    """Every general prompt of ``pool`` (``base``: ~700, ``wide``: ~1900, ``xl``: ~3100), in a fixed order."""
     out = []
     for templates, topics in _groups(pool):
         for topic in topics:
@@ -184,7 +286,7 @@ def all_chat_prompts(pool: str = "wide") -> list[str]:
     return out
 
 
-def chat_prompts(count: int, *, seed: int = 0, pool: str = "wide") -> list[str]:
+def chat_prompts(count: int, *, seed: int = 0, pool: str = "xl") -> list[str]:
     """``count`` distinct general chat prompts (questions and instructions) of ``pool``, shuffled by
     ``seed``.
 

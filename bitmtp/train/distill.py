@@ -163,7 +163,7 @@ def _resume_partial(partial: Path) -> int:
 
 def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), count: int = 400, *,
                        chat_fraction: float = 0.25, lines: int = 12, seed: int = 0,
-                       general_fraction: float = 0.0, general_pool: str = "wide",
+                       general_fraction: float = 0.0, general_pool: str = "xl",
                        exclude: Collection[Sequence[int]] = ()) -> list[list[int]]:
     """Token ids of ``count`` distillation prompts: raw code snippets, and a ``chat_fraction`` of them
     asked about through the model's chat template (so the drafts also learn chat answers).
@@ -171,7 +171,7 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
     ``general_fraction`` of the ``count`` prompts are instead general chat questions and instructions
     (:func:`bitmtp.train.chat_prompts.chat_prompts`, chat template), shuffled in among the code ones so
     a partial corpus has both; ``chat_fraction`` applies to the rest. 0 (the default) keeps code only.
-    ``general_pool``: which set they come from (``wide``, or ``base`` as the first corpora used).
+    ``general_pool``: which set they come from (``xl``, or ``wide`` / ``base`` as earlier corpora used).
 
     ``exclude``: prompts (token ids) to skip — those of corpora already made (:func:`corpus_prompts`),
     so a new corpus adds prompts rather than repeating them: the next prompts in the same seeded order
@@ -216,7 +216,7 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
         if len(general) < n_general:
             raise BitMTPError(f"general_fraction: the {general_pool!r} general prompt pool has {len(general)} prompts "
                               f"not in the excluded corpora, {n_general} asked for; lower --count or "
-                              f"--general-fraction" + ("" if general_pool == "wide" else ", or use the wide pool"))
+                              f"--general-fraction" + ("" if general_pool == "xl" else ", or use the xl pool"))
         out += general
         random.Random(seed + 2).shuffle(out)
     return out

@@ -91,16 +91,19 @@ def test_cli_distill_general_fraction(monkeypatch, tmp_path, capsys, model):
     assert "--general-fraction" in capsys.readouterr().err
 
 
-def test_base_pool_is_frozen_and_wide_extends_it():
-    # the base pool is what the shipped adapter's first corpora drew from: their provenance commands
-    # (`distill --general-pool base ...`) reproduce them only while it stays exactly as it was
+def test_base_and_wide_pools_are_frozen_and_each_pool_extends_the_last():
+    # base and wide are what the shipped adapter's corpora drew from: their provenance commands
+    # (`distill --general-pool base|wide ...`) reproduce them only while they stay exactly as they were
     import hashlib
 
-    base, wide = all_chat_prompts("base"), all_chat_prompts("wide")
+    base, wide, xl = all_chat_prompts("base"), all_chat_prompts("wide"), all_chat_prompts("xl")
     assert hashlib.sha256("\n".join(base).encode()).hexdigest() == (
         "9d42a248e849c612a2dc852dc130e19be02c378bab3f89df768e33a929eb244b")
+    assert hashlib.sha256("\n".join(wide).encode()).hexdigest() == (
+        "2b7f2cb0bbd06dd5ab43fcf851a7fbd9ec0378a6b2ff3b633da81b0f6a44fad2")
     assert wide[: len(base)] == base and len(wide) >= 1500 and len(set(wide)) == len(wide)
-    assert all_chat_prompts() == wide and chat_prompts(40, seed=5) == chat_prompts(40, seed=5, pool="wide")
+    assert xl[: len(wide)] == wide and len(xl) >= 3000 and len(set(xl)) == len(xl)
+    assert all_chat_prompts() == xl and chat_prompts(40, seed=5) == chat_prompts(40, seed=5, pool="xl")
     assert set(chat_prompts(40, seed=5, pool="base")) <= set(base)
     for bad in ("", "narrow"):
         with pytest.raises(BitMTPError, match="pool"):
