@@ -10,8 +10,9 @@ corpora drew from), ``wide`` (``base`` plus :data:`MORE_GROUPS`, ~1900 prompts: 
 practical how-to and advice, letters and messages, arguments for and against, animals, countries,
 everyday maths; the session-9/10 corpora) and ``xl`` (``wide`` plus :data:`EXTRA_GROUPS`, ~3100: food,
 professions, the body, sports and games, materials, programming ideas in words, hard moments, places
-in nature, people of history, rewriting a sentence, ideas and plans). ``base`` and ``wide`` are
-frozen (a test pins them by hash): earlier corpora's provenance commands reproduce only while they are. The shipped
+in nature, people of history, rewriting a sentence, ideas and plans). All three are frozen (a test
+pins them by hash): corpora's provenance commands reproduce only while they are, so more prompts go
+into a new pool. The shipped
 adapter's first corpora plateaued at ~0.64 first-row accuracy on their own chat records against
 ~0.49 on the evaluation's chat generations (teacher-forced, session 9): a gap that more varied
 prompts, not more passes over the same ones, close.

@@ -91,9 +91,9 @@ def test_cli_distill_general_fraction(monkeypatch, tmp_path, capsys, model):
     assert "--general-fraction" in capsys.readouterr().err
 
 
-def test_base_and_wide_pools_are_frozen_and_each_pool_extends_the_last():
-    # base and wide are what the shipped adapter's corpora drew from: their provenance commands
-    # (`distill --general-pool base|wide ...`) reproduce them only while they stay exactly as they were
+def test_pools_are_frozen_and_each_extends_the_last():
+    # base, wide and xl are what the shipped adapter's corpora drew from: their provenance commands
+    # (`distill --general-pool base|wide|xl ...`) reproduce them only while they stay exactly as they were
     import hashlib
 
     base, wide, xl = all_chat_prompts("base"), all_chat_prompts("wide"), all_chat_prompts("xl")
@@ -101,6 +101,9 @@ def test_base_and_wide_pools_are_frozen_and_each_pool_extends_the_last():
         "9d42a248e849c612a2dc852dc130e19be02c378bab3f89df768e33a929eb244b")
     assert hashlib.sha256("\n".join(wide).encode()).hexdigest() == (
         "2b7f2cb0bbd06dd5ab43fcf851a7fbd9ec0378a6b2ff3b633da81b0f6a44fad2")
+    # xl too, since session 10's corpus (mix6) drew from it: more prompts go into a new pool
+    assert hashlib.sha256("\n".join(xl).encode()).hexdigest() == (
+        "55a87cee57f5af97ff8ce0132a510c5f12acfb0634d25c30b46a2f6c41631cf1")
     assert wide[: len(base)] == base and len(wide) >= 1500 and len(set(wide)) == len(wide)
     assert xl[: len(wide)] == wide and len(xl) >= 3000 and len(set(xl)) == len(xl)
     assert all_chat_prompts() == xl and chat_prompts(40, seed=5) == chat_prompts(40, seed=5, pool="xl")
