@@ -287,13 +287,15 @@ def all_chat_prompts(pool: str = "xl") -> list[str]:
     return out
 
 
-def chat_prompts(count: int, *, seed: int = 0, pool: str = "xl") -> list[str]:
+def chat_prompts(count: int | None, *, seed: int = 0, pool: str = "xl") -> list[str]:
     """``count`` distinct general chat prompts (questions and instructions) of ``pool``, shuffled by
-    ``seed``.
+    ``seed`` (``None``: the whole pool in that order).
 
     Raises :class:`BitMTPError` if ``count`` is below 1 or above the size of the pool, or for an
     unknown pool."""
     prompts = all_chat_prompts(pool)
+    if count is None:
+        count = len(prompts)
     if not 1 <= count <= len(prompts):
         raise BitMTPError(f"count: the {pool!r} general chat prompt pool has {len(prompts)} prompts; ask for "
                           f"1..{len(prompts)}, got {count}")

@@ -206,10 +206,10 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
                               f"sources")
         out += code
     if n_general:
-        from bitmtp.train.chat_prompts import all_chat_prompts, chat_prompts
+        from bitmtp.train.chat_prompts import chat_prompts
 
         # the whole pool in chat_prompts' seeded order, encoded only until enough are found
-        pool = chat_prompts(len(all_chat_prompts(general_pool)), seed=seed, pool=general_pool)
+        pool = chat_prompts(None, seed=seed, pool=general_pool)
         encoded = (model.encode([{"role": "user", "content": q}]) for q in pool)
         general = list(itertools.islice((ids for ids in encoded if tuple(ids) not in skip), n_general))
         if len(general) < n_general:

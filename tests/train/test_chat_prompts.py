@@ -28,6 +28,7 @@ def test_set_is_large_distinct_and_deterministic():
     assert a == b and len(set(a)) == 50 and set(a) <= set(pool)
     assert chat_prompts(50, seed=4) != a
     assert sorted(chat_prompts(len(pool))) == sorted(pool)
+    assert chat_prompts(None, seed=3) == chat_prompts(len(pool), seed=3) and chat_prompts(None, seed=3)[:50] == a
     for bad in (0, len(pool) + 1):
         with pytest.raises(BitMTPError, match="count"):
             chat_prompts(bad)
