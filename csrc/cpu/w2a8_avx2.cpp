@@ -20,7 +20,7 @@ struct Isa {
   static constexpr int kFaccLanes = 4;
   static constexpr bool kBcast = false;  // x always in the plain layout
   // 16 ymm: R*M accumulators + R codes + 1 activation + 4 constants must stay <= 16.
-  static constexpr int rows_for(int m) { return m <= 1 ? 4 : (m <= 4 ? 2 : 1); }
+  static constexpr int rows_for(int m) { return m <= 2 ? 4 : (m <= 4 ? 2 : 1); }
 
   static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 
@@ -44,13 +44,24 @@ struct Isa {
   }
 
   static inline Acc load_x(const int8_t* p) {
-    Acc v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    __asm__("" : "+x"(v));  // keep it in a register, shared by the R rows (see the AVX-512 path)
-    return v;
+    // No register pin here (unlike the AVX-512 path): with R = 1 (M >= 5) the compiler folds the
+    // load into maddubs' memory operand, which frees the registers it otherwise spilled accumulators to.
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
 
   static inline Acc dot(Acc acc, Acc codes, Acc x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
+  }
+
+  // int16 partial sums: maddubs then a 16-bit add (2 ops a step and token instead of 3), widened by
+  // madd(., 1) once per run. Exact: an int16 lane gains c0*x0 + c1*x1 in [-512, 508] a step (codes
+  // 0..2, x in [-128, 127]; maddubs never saturates there), so 64 steps stay in [-32768, 32512].
+  static constexpr int kPartialSteps = 64;
+  static inline Acc part_dot(Acc part, Acc codes, Acc x) {
+    return _mm256_add_epi16(part, _mm256_maddubs_epi16(codes, x));
+  }
+  static inline Acc widen(Acc acc, Acc part) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(part, _mm256_set1_epi16(1)));
   }
 
   static inline int32_t reduce(Acc v) {

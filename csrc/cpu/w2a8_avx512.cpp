@@ -19,6 +19,7 @@ namespace {
 struct Isa {
   using Acc = __m512i;
   static constexpr int kStepWords = 4;
+  static constexpr int kPartialSteps = 0;  // vpdpbusd accumulates int32 in one op
   static constexpr int kFaccLanes = 8;
   // 32 zmm: R*M <= 24 accumulators + R codes + 1 activation + 1 mask (3 decode constants on the
   // plain-layout path). R = 3 rather than 2 at M = 5..8: 11 loads per 24 vpdpbusd instead of 10 per

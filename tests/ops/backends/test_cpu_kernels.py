@@ -89,6 +89,41 @@ def test_rows_do_not_depend_on_width(isa, scale_kind, n, k, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+def test_extreme_values_exact_over_long_rows(isa, m, rng):
+    """Saturation bound of the AVX2 path's int16 partial sums (w2a8_avx2.cpp: 64 steps of 32 weights
+    per run, each int16 lane gaining c0*x0 + c1*x1 in [-512, 508]): rows of all +1 against x = -128 reach
+    -32768 exactly at the end of a run, all +1 against x = 127 reach 32512; K = 4192 is two full runs, a
+    partial run and a one-word tail. Random rows and activations fill the rest, per-tensor and per-row
+    scales (one group spanning every run) and 128-weight groups. Accumulators equal the reference."""
+    backend = cpu_backend.CpuBackend()
+    n, k = 13, 4192
+    w = random_ternary(n, k, rng)
+    w[0] = 1
+    w[1] = 1
+    w[2] = -1
+    w[3, : k // 2] = 1
+    w[3, k // 2 :] = -1
+    packed = pack_t2(w)
+    x_q = random_int8(m, k, rng)
+    x_q[0] = -128
+    if m > 1:
+        x_q[1] = 127
+    if m > 2:
+        x_q[2, ::2] = -128
+        x_q[2, 1::2] = 127
+    for group in (k, 128):
+        ng = -(-k // group)
+        acc = torch.full((m, n, ng), POISON_INT, dtype=torch.int32)
+        with cpu_backend.forced_isa(isa):
+            backend.w2a8_accumulate(x_q, packed, k, group, out=acc)
+        ref = reference.w2a8_accumulate_reference(x_q, packed, k, group)
+        assert torch.equal(acc.long(), ref), group
+        if group == k:
+            assert ref[0, 0, 0] == -128 * k  # the all -128 row really took the extreme path
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_isa_paths_agree_on_large_width(isa, rng):
     """M = 40 runs in chunks of 16 (16 + 16 + 8); every chunk must be written."""
     backend = cpu_backend.CpuBackend()
