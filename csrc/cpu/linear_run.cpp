@@ -76,6 +76,17 @@ void to_bcast_layout(int8_t* x, int64_t bytes) {
   }
 }
 
+bool pair_layout_fits(int NG, int GW) { return NG == 1 || GW % 2 == 0; }
+
+void to_pair_layout(int8_t* x, int64_t bytes) {
+  for (int64_t c = 0; c < bytes; c += 32) {
+    int32_t in[8], out[8];
+    std::memcpy(in, x + c, 32);
+    for (int l = 0; l < 8; ++l) out[l] = in[4 * (l % 2) + l / 2];
+    std::memcpy(x + c, out, 32);
+  }
+}
+
 int best_isa() { return has_avx512_vnni() ? kAvx512 : (has_avx2() ? kAvx2 : kScalar); }
 
 const char* isa_name(int isa) { return isa == kAvx512 ? "avx512_vnni" : (isa == kAvx2 ? "avx2" : "scalar"); }
@@ -114,8 +125,10 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
   void (*rows)(const W2A8Args&, int, int) = isa == kAvx512 ? rows_avx512 : (isa == kAvx2 ? rows_avx2 : rows_scalar);
   if (threads <= 0) threads = 1;
   // The AVX-512 decode takes x with each 64-byte chunk's lanes transposed (w2a8_avx512.cpp): one
-  // transpose per activation row here saves a cross-lane permute and a shift per weight step.
-  const bool bcast = isa == kAvx512 && bcast_layout_fits(static_cast<int>(NG), gw);
+  // transpose per activation row here saves a cross-lane permute and a shift per weight step; the
+  // AVX2 decode likewise with 32-byte chunks (w2a8_avx2.cpp: a cross-lane permute and a load).
+  const bool bcast = (isa == kAvx512 && bcast_layout_fits(static_cast<int>(NG), gw)) ||
+                     (isa == kAvx2 && pair_layout_fits(static_cast<int>(NG), gw));
 
   for (int64_t m0 = 0; m0 < M; m0 += kMaxWidth) {
     const int mc = static_cast<int>(std::min<int64_t>(kMaxWidth, M - m0));
@@ -130,7 +143,7 @@ void w2a8_run(const int8_t* x, int64_t M, int64_t K, const uint32_t* w, int64_t 
         for (int64_t k = lo; k < hi; ++k) s += src[k];
         xsum[m * NG + g] = s;
       }
-      if (bcast) to_bcast_layout(dst, stride);
+      if (bcast) (isa == kAvx512 ? to_bcast_layout : to_pair_layout)(dst, stride);
     }
     W2A8Args a;
     a.x = xbuf.data();

@@ -1,7 +1,8 @@
 // AVX2 path (no VNNI assumed): maddubs (u8 codes x s8 activations -> pairwise int16; |2*-128*2|
-// = 512 never saturates) then madd with ones -> int32 lanes. One step covers 2 T2 words = 32
-// weights: lane 4j+s of an 8-lane register holds (word_j >> 2s) & 0x03030303, lined up with a
-// plain 32-byte activation load. Compiled for AVX2+FMA by the pragma; called only after CPUID
+// = 512 never saturates), summed in int16 over runs of steps, then madd with ones -> int32 lanes.
+// One step covers 2 T2 words = 32 weights: lane 4j+s of an 8-lane register holds
+// (word_j >> 2s) & 0x03030303, lined up with a plain 32-byte activation load (or lane 2s+j with x in
+// the broadcast layout, see decode_bcast). Compiled for AVX2+FMA by the pragma; called only after CPUID
 // confirms them. Blocking over rows and tokens: w2a8_block.inc.
 //
 // Reference: bitmtp.ops.reference.w2a8_accumulate_reference, bitmtp.ops.reference.w2a8_linear_q_reference
@@ -18,7 +19,14 @@ struct Isa {
   using Acc = __m256i;
   static constexpr int kStepWords = 2;
   static constexpr int kFaccLanes = 4;
-  static constexpr bool kBcast = false;  // x always in the plain layout
+  // Broadcast layout (W2A8Args::x_bcast; x's int32 lanes transposed as 2x4 in every 32-byte chunk,
+  // lane 2s + j holding bytes 16j + 4s .. + 3): the step's two words go to every qword with one
+  // vpbroadcastq from memory (a load-port op) and one 64-bit variable shift by 2s per qword lines
+  // up lane 2s + j = (word_j >> 2s) & 0x03030303 (word_1's bits shifted into word_0's dword sit
+  // above bit 25 and are masked off). Decode drops from a load, a cross-lane permute, a shift and
+  // an and to a broadcast load, a shift and an and. Unlike the AVX-512 broadcast decode the codes stay
+  // unscaled (the int16 partial sums need |c| <= 2).
+  static constexpr bool kBcast = true;
   // 16 ymm: R*M accumulators + R codes + 1 activation + 4 constants must stay <= 16.
   static constexpr int rows_for(int m) { return m <= 2 ? 4 : (m <= 4 ? 2 : 1); }
 
@@ -41,6 +49,32 @@ struct Isa {
     const __m128i w1 = _mm_cvtsi32_si128(static_cast<int>(wrow[j]));
     return _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(_mm256_castsi128_si256(w1), bcast), shifts),
                             _mm256_setr_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303, 0, 0, 0, 0));
+  }
+
+  static inline Acc decode_bcast(const uint32_t* wrow, int j) {
+    long long w2;
+    __builtin_memcpy(&w2, wrow + j, 8);
+    return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(w2), _mm256_setr_epi64x(0, 2, 4, 6)),
+                            _mm256_set1_epi32(0x03030303));
+  }
+
+  static inline Acc decode_bcast_tail(const uint32_t* wrow, int j, int count) {
+    (void)count;  // always 1 (kStepWords = 2): word_1 reads as 0, so its lanes get code 0
+    const long long w1 = static_cast<long long>(wrow[j]);
+    return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(w1), _mm256_setr_epi64x(0, 2, 4, 6)),
+                            _mm256_set1_epi32(0x03030303));
+  }
+
+  static inline Acc unscale(Acc acc) { return acc; }  // codes are not scaled in this layout
+
+  // Lane 4j + s <- lane 2s + j: back to decode_full's order.
+  static inline Acc unswizzle(Acc acc) {
+    return _mm256_permutevar8x32_epi32(acc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  }
+
+  template <int N>
+  static inline void reduce_many(const Acc* v, int32_t* sums) {
+    _Pragma("GCC unroll 32") for (int i = 0; i < N; ++i) sums[i] = reduce(v[i]);
   }
 
   static inline Acc load_x(const int8_t* p) {

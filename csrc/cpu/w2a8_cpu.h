@@ -41,8 +41,9 @@ struct W2A8Args {
   int64_t y_stride;
   int32_t* acc;             // [M][acc_stride_m] exact per-group accumulators [.., N, NG], or null
   int64_t acc_stride_m;
-  // x in the broadcast layout (AVX-512 only, see w2a8_avx512.cpp): in every 64-byte chunk of a row the
-  // sixteen int32 lanes are transposed as a 4x4 matrix (lane 4s + j holds bytes 16j + 4s .. + 3).
+  // x in the ISA's broadcast layout: AVX-512 (w2a8_avx512.cpp): in every 64-byte chunk of a row the
+  // sixteen int32 lanes are transposed as a 4x4 matrix (lane 4s + j holds bytes 16j + 4s .. + 3);
+  // AVX2 (w2a8_avx2.cpp): in every 32-byte chunk the eight lanes as 2x4 (lane 2s + j holds them).
   bool x_bcast = false;
 };
 
@@ -53,6 +54,10 @@ bool bcast_layout_fits(int NG, int GW);
 // Transposes the int32 lanes of each 64-byte chunk of x[0, bytes) in place as 4x4 matrices
 // (bytes % 64 == 0). Both are defined in linear_run.cpp, which sets W2A8Args::x_bcast.
 void to_bcast_layout(int8_t* x, int64_t bytes);
+// The AVX2 path's: each scale group starts on a 2-word step; lanes of each 32-byte chunk transposed as
+// 2x4 (bytes % 32 == 0). Also in linear_run.cpp.
+bool pair_layout_fits(int NG, int GW);
+void to_pair_layout(int8_t* x, int64_t bytes);
 
 // Each computes output rows [n0, n1) for all M tokens of the chunk.
 void rows_scalar(const W2A8Args& a, int n0, int n1);
