@@ -208,10 +208,12 @@ def test_package_works_without_the_extension(monkeypatch):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 15, 16, 33])
-@pytest.mark.parametrize("n,k", [(24, 48), (200, 176), (7, 33), (131, 576), (5, 1041)])
+@pytest.mark.parametrize("n,k", [(24, 48), (200, 176), (7, 33), (131, 576), (5, 1041), (50, 1041), (53, 3001)])
 def test_dense_gemv_matches_float64_and_is_row_independent(isa, m, n, k, rng):
     """Dense float32 GEMV: within 1e-5·Σ|terms| of float64; every row bitwise equal to the same row
-    computed alone (the summation order never depends on the width)."""
+    computed alone (the summation order never depends on the width). (50, 1041) and (53, 3001) take the
+    K-chunked path (dense_block.inc: a token chunk's activations over 12 KiB) from M = 3 and M = 2 on,
+    in two K chunks, with rows past the last 24-row span; alone, (53, 3001) at M = 1 takes the plain one."""
     backend = cpu_backend.CpuBackend()
     w = torch.randn(n, k, generator=rng)
     x = torch.randn(m, k, generator=rng)
