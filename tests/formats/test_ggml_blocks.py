@@ -97,10 +97,12 @@ def test_pack_rejects_bad_codes_and_shapes():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", gb.FORMATS)
 @pytest.mark.parametrize("m", WIDTHS)
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("n,k", [*SHAPES, (50, 1568)])
 def test_block_kernel_equals_float_kernel(isa, fmt, m, n, k, rng):
     """Bitwise equal to the float32 kernel of the same ISA on the dequantized weight, every row
-    written (outputs poisoned first), within 1e-5·Σ|terms| of float64."""
+    written (outputs poisoned first), within 1e-5·Σ|terms| of float64. (50, 1568) at M = 8, 15 and 16
+    takes both kernels' K-chunked spans (dense_block.inc; 49 blocks in chunks of 12) with rows past the
+    last 24-row span."""
     backend = cpu_backend.CpuBackend()
     bw = _random_blocks(fmt, n, k, rng)
     w = gb.dequantize(bw)
