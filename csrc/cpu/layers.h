@@ -46,4 +46,10 @@ struct FusedStep {
 
 void fused_layers(const FusedStep& s);
 
+// a[i] = SiLU(g[i]) * u[i], SiLU evaluated in double and rounded to float32 (layers.cpp), on the given
+// ISA path (kAvx2 and up: four lanes a step, the same values bit for bit).
+void silu_mul(const float* g, const float* u, float* a, int n, int isa);
+// silu_mul's AVX2 part (act_avx2.cpp): i below the returned count (the largest multiple of 4 <= n).
+int silu_mul_avx2(const float* g, const float* u, float* a, int n);
+
 }  // namespace bitmtp_cpu

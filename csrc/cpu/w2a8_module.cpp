@@ -111,6 +111,13 @@ void round_to_half(uintptr_t src, uintptr_t dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
 }
 
+// a = SiLU(g) * u over n floats on one ISA path (-1: the best), as the fused layers compute it; for tests.
+void silu_mul_entry(uintptr_t g, uintptr_t u, uintptr_t a, int64_t n, int isa) {
+  require(g && u && a && n >= 0 && n <= INT32_MAX, "silu_mul: bad arguments");
+  silu_mul(reinterpret_cast<const float*>(g), reinterpret_cast<const float*>(u), reinterpret_cast<float*>(a),
+           static_cast<int>(n), resolve_isa(isa));
+}
+
 // A GGUF string array read from a buffer (the file's memory map): `count` elements of (uint64 length,
 // UTF-8 bytes) starting at byte `pos` of the buffer's first `size` bytes. Returns (list of str, end
 // offset); ValueError at the first element that runs past `size` or is not UTF-8 (the Python reader,
@@ -231,6 +238,8 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout)");
   m.def("round_to_half", &round_to_half, py::arg("src"), py::arg("dst"), py::arg("n"),
         "float32 -> float16 bits as the fused layers store K/V (round to nearest even); for tests");
+  m.def("silu_mul", &silu_mul_entry, py::arg("g"), py::arg("u"), py::arg("a"), py::arg("n"), py::arg("isa") = -1,
+        "a = SiLU(g) * u (float32 pointers, n values) on one ISA path, as the fused layers compute it; for tests");
   m.def("gguf_strings", &gguf_strings, py::arg("buffer"), py::arg("pos"), py::arg("count"), py::arg("size"),
         py::arg("big_endian"), "A GGUF string array from a buffer: (list of str, end offset); ValueError if bad");
   m.def("tq2_0_to_t2", &tq2_0_to_t2, py::arg("src"), py::arg("n"), py::arg("k"), py::arg("dst"), py::arg("threads"),

@@ -28,6 +28,7 @@ import bitmtp
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import MaskBlock
 from bitmtp.model.decoder import FUSED, PER_OP, Decoder, StepInputs
+from bitmtp.model.layers import silu
 from bitmtp.ops import registry
 from bitmtp.ops.fused_layers import FusedUnsupported
 from bitmtp.runtime.kv import KVStore
@@ -276,3 +277,30 @@ def test_bad_input(model):
     with pytest.raises(BitMTPError, match="hidden|shape"):
         plan.run(torch.randn(2, a.hidden_size + 1), torch.tensor([0, 1]), cos, sin, mask, kv.k, kv.v, [0],
                  attn_scale=0.25)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 1536, 4099])
+def test_silu_paths_equal_the_scalar_path_and_the_reference(n):
+    """The fused layers' SiLU·up (csrc/cpu/layers.cpp, act_avx2.cpp): every ISA path bitwise equal to the
+    scalar one (same IEEE operations per lane; tails of 1-3), and equal to float64 SiLU rounded to float32
+    times up (bitmtp.model.layers.silu) except at a float32 rounding tie: at most 1 element in 10^4 and
+    1 ulp. Gates span the clamp (|g| up to 800), tiny and zero values; outputs poisoned first."""
+    ext = cpu_backend.CpuBackend()._ext
+    g = torch.Generator().manual_seed(n)
+    scale = torch.tensor([0.01, 1.0, 8.0, 40.0, 800.0])[torch.randint(0, 5, (n,), generator=g)]
+    gate = torch.randn(n, generator=g) * scale
+    gate[:: max(1, n // 5)] = 0.0
+    if n > 8:
+        gate[1], gate[2], gate[3] = -745.0, 710.0, -0.0
+    up = torch.randn(n, generator=g) + 0.5
+    outs = {}
+    for isa in ISAS:
+        out = torch.full((n,), float("nan"))
+        ext.silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, cpu_backend.ISA_NAMES[isa])
+        outs[isa] = out
+    for isa, out in outs.items():
+        assert torch.equal(out.view(torch.int32), outs["scalar"].view(torch.int32)), isa
+    ref = silu(gate) * up
+    off = (outs["scalar"] != ref).sum().item()
+    assert off <= max(1, n // 10_000)
+    assert torch.allclose(outs["scalar"], ref, rtol=2.5e-7, atol=0)
