@@ -248,12 +248,13 @@ def _kernels(decoder: Any) -> dict:
                 fmt = m.blocks.fmt if m.blocks is not None else "float"
                 dense[fmt] = dense.get(fmt, 0) + 1
     fused, _ = fused_enabled(dev, decoder.backend)
-    isa, openmp = None, None
+    isa, openmp, build = None, None, None
     if requested == "cpu" or fused:
         cpu = registry.backend("cpu") if "cpu" in registry.backend_names() else None
         if cpu is not None:
             features = getattr(cpu, "features", {})
             openmp = features.get("openmp")
+            build = _native_build(getattr(getattr(cpu, "_ext", None), "__file__", None))
             try:
                 code = cpu._isa()  # -1: the best path CPUID found
             except BitMTPError:  # a bad BITMTP_CPU_ISA: the step itself will raise it
@@ -261,7 +262,28 @@ def _kernels(decoder: Any) -> dict:
             names = {v: k for k, v in ISA_NAMES.items()}
             isa = features.get("best") if code < 0 else names.get(code, str(code))
     return {"backend": requested, "pinned": sorted(pinned), "fused": bool(fused), "isa": isa, "openmp": openmp,
-            "dense": dict(sorted(dense.items()))}
+            "build": build, "dense": dict(sorted(dense.items()))}
+
+
+@functools.lru_cache(maxsize=8)
+def _native_build_of(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _native_build(path: str | None) -> str | None:
+    """A hash of the native extension's file: a rebuilt kernel (same bitmtp version, other speeds; e.g. an
+    editable install after a kernel change) makes a cached cost table stale. ~3 ms once per file version."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+        return _native_build_of(path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
 
 
 def _device_name(engine: Any) -> str:
@@ -276,7 +298,7 @@ def _device_name(engine: Any) -> str:
 
 def calibration_key(engine: Any) -> dict:
     """What a cost table depends on (JSON-able; equal keys mean a cached table applies): the model's
-    fingerprint and shape, dtype and device, runtime, kernel backend and CPU ISA path, CUDA graphs or
+    fingerprint and shape, dtype and device, runtime, kernel backend, CPU ISA path and native build, CUDA graphs or
     eager, thread count, CPU model, torch and bitmtp versions, the KV store's m_max and capacity, and the
     file schema. The decoder's fingerprint (a hash of weights) is computed once and kept on it."""
     dec = engine.decoder

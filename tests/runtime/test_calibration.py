@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 
@@ -116,6 +117,25 @@ def test_fingerprint_computed_once_per_decoder(engine, monkeypatch):
     assert cal.calibration_key(engine)["model"] == "f" * 16
     cal.calibration_key(engine)
     assert len(calls) == 1
+
+
+def test_key_changes_with_the_native_build(engine, tmp_path, monkeypatch):
+    """A rebuilt extension (same bitmtp version, other kernel speeds) makes the cached table stale: the key
+    carries a hash of the extension file, recomputed when its size or mtime changes."""
+    ext = tmp_path / "_cpu_w2a8.so"
+    ext.write_bytes(b"kernels v1" * 100)
+    first = cal._native_build(str(ext))
+    assert first and cal._native_build(str(ext)) == first
+    ext.write_bytes(b"kernels v2" * 100)
+    os.utime(ext, ns=(1, 2))
+    assert cal._native_build(str(ext)) not in (None, first)
+    assert cal._native_build(str(tmp_path / "missing.so")) is None and cal._native_build(None) is None
+    k1 = cal.calibration_key(engine)
+    native = k1["kernels"]["isa"] is not None  # without the extension there is no build to hash
+    assert bool(k1["kernels"]["build"]) == native
+    monkeypatch.setattr(cal, "_native_build", lambda path: "another-build")
+    k2 = cal.calibration_key(engine)
+    assert (k2 != k1) == native and (cal.cache_path(k2) != cal.cache_path(k1)) == native
 
 
 def test_key_differs_between_models(engine):
