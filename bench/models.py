@@ -14,7 +14,7 @@ from bitmtp.formats.ternary import words_per_row
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import MLP, Attention, Decoder, Layer
 from bitmtp.model.families import Norm
-from bitmtp.model.layers import DenseLinear
+from bitmtp.model.layers import DenseLinear, LazyWeight
 from bitmtp.ops import TernaryLinear
 
 BITNET2B_LAYERS = 30
@@ -29,9 +29,14 @@ def random_t2(n: int, k: int, g: torch.Generator) -> torch.Tensor:
 
 
 def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = BITNET2B_VOCAB,
-                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Decoder:
+                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                     embed_rows: str | None = None) -> Decoder:
     """A decoder with BitNet-2B shapes and random ternary weights (``layers`` of them, ``vocab`` rows of
-    the tied embedding / LM head in ``dtype``), built on the CPU and moved to ``device``."""
+    the tied embedding / LM head in ``dtype``), built on the CPU and moved to ``device``.
+
+    ``embed_rows="bf16"``: the embedding / LM head as the real checkpoint holds it and ``bitmtp.load`` keeps it
+    for the CPU — bfloat16 rows (a lazy ``bf16`` block weight, no float32 copy); the default is float32 values
+    (the layout of every earlier BitNet-shape figure)."""
     a = ModelArgs(family="bitnet", vocab_size=vocab, hidden_size=2560, num_layers=layers, num_heads=20,
                   num_kv_heads=5, head_dim=128, intermediate_size=6912,
                   tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=4096)
@@ -51,6 +56,12 @@ def bitnet2b_decoder(layers: int = BITNET2B_LAYERS, seed: int = 0, vocab: int = 
                  Norm.MLP_SUB: ones(6912)}
         blocks.append(Layer(a, attn, mlp, norms))
     embed = (torch.randn(a.vocab_size, 2560, generator=g) * 0.02).to(dtype)
+    if embed_rows == "bf16":
+        lazy = LazyWeight(gb.from_half(embed.to(torch.bfloat16)))
+        decoder = Decoder(a, lazy, blocks, ones(2560), DenseLinear(None, blocks=lazy), max_positions=1024)
+        return decoder.to(device) if torch.device(device).type != "cpu" else decoder
+    if embed_rows is not None:
+        raise ValueError(f"embed_rows: expected None or 'bf16', got {embed_rows!r}")
     decoder = Decoder(a, embed, blocks, ones(2560), DenseLinear(embed), max_positions=1024)
     return decoder.to(device) if torch.device(device).type != "cpu" else decoder
 

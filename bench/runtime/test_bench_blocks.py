@@ -56,3 +56,46 @@ def test_blocks_over_float32(benchmark):
         figures[f"{name}_float32_ms"] = t_f32 * 1e3
     record(benchmark, shapes=f"smollm2, {dec.args.num_layers} layers, cpu", threads=torch.get_num_threads(),
            gates={k: HIGHER for k in figures if k.startswith("speedup_")}, **figures)
+
+
+def test_bf16_head_over_float32_bitnet2b(benchmark):
+    """BitNet b1.58-2B-4T's tied embedding / LM head is bfloat16 (128256 x 2560): ``bitmtp.load`` now keeps it as
+    ``bf16`` rows (0.66 GB) where it held a float32 copy (1.31 GB). Same values both ways (the float32 weight is
+    the exact widening), so the logits are the same bit for bit; per step width — AR (1), verify (8) —
+    time(float32 head) / time(bf16 rows), alternated on one decoder (its LM head module switched). Gated:
+    ``speedup_*``."""
+    from bench.models import BITNET2B_LAYERS, bitnet2b_decoder
+    from bitmtp.formats.ggml_blocks import dequantize
+    from bitmtp.ops.registry import availability
+
+    if not availability("cpu", "cpu")[0]:
+        pytest.skip("native CPU extension not built")
+    dec = bitnet2b_decoder(by_mode(4, BITNET2B_LAYERS), embed_rows="bf16")
+    heads = {True: dec.lm_head, False: DenseLinear(dequantize(dec.lm_head.blocks))}  # bf16 rows / float32 copy
+    _eng, runners = step_runners(dec, BLOCK)
+    runners.pop(f"draft{2 * BLOCK - 1}")
+
+    def switched(fn, half: bool):
+        def run():
+            if dec.lm_head is not heads[half]:
+                dec.lm_head = heads[half]
+                dec.invalidate_native()
+            fn()
+        return run
+
+    benchmark.pedantic(switched(runners["ar"].run, True), rounds=1, iterations=1, warmup_rounds=1)
+    assert heads[True].lazy and heads[True].blocks.fmt == "bf16" and heads[False].blocks is None
+    if benchmark.disabled:
+        for r in runners.values():
+            switched(r.run, True)()
+            switched(r.run, False)()
+        return
+    figures = {"head_float32_mb": heads[False].weight.numel() * 4 / 1e6,
+               "head_bf16_mb": heads[True].blocks.nbytes / 1e6}
+    for name, r in runners.items():
+        ratio, t_f32, t_half = alternating_ratio(switched(r.run, False), switched(r.run, True), rounds=5, inner=3)
+        figures[f"speedup_{name}"] = ratio
+        figures[f"{name}_bf16_ms"] = t_half * 1e3
+        figures[f"{name}_float32_ms"] = t_f32 * 1e3
+    record(benchmark, shapes=f"bitnet-2b, {dec.args.num_layers} layers, cpu", threads=torch.get_num_threads(),
+           gates={k: HIGHER for k in figures if k.startswith("speedup_")}, **figures)

@@ -1,4 +1,4 @@
-"""GGML's Q4_1 and Q8_0 block formats for dense weights, kept packed on the CPU.
+"""GGML's Q4_0 / Q4_1 / Q8_0 block formats, and bfloat16 / float16 rows, for dense weights kept packed on the CPU.
 
 A GGUF checkpoint like SmolLM2-135M-Instruct.Q4_1.gguf stores its projections as Q4_1 blocks and
 its embedding as Q8_0. Loading dequantizes them to float32 (transformers does the same), and a
@@ -17,6 +17,9 @@ Block layouts (32 weights of one row, little-endian; gguf-py's ``quants.py``):
 - ``q4_1``: float16 d, float16 m, 16 bytes of nibbles; weight j = d·q + m, q = byte[j mod 16] >> 4·(j ≥ 16) & 15
 - ``q8_0``: float16 d, 32 int8; weight j = d·q_j
 - ``q4_0``: float16 d, 16 bytes of nibbles; weight j = d·(q − 8), q as in q4_1
+- ``bf16`` / ``f16``: 32 bfloat16 / IEEE float16 values (64 bytes, no scale): a half-precision checkpoint's rows as
+  they lie (BitNet b1.58-2B-4T's bf16 embedding and tied LM head; a GGUF's F16 / BF16 tensors). Widening to
+  float32 is exact, so the kernels read half the bytes of the float32 weight for the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from bitmtp.errors import FormatError, ShapeError
 
 BLOCK = 32
 #: bytes per block of 32 weights
-BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "bf16": 64, "f16": 64}
 #: weight-format codes of csrc/cpu/dense_cpu.h (DenseFormat)
-FORMAT_CODES = {"q4_1": 1, "q8_0": 2, "q4_0": 3}
-#: tried in this order by pack_lossless: fewest bytes first
-FORMATS = ("q4_0", "q4_1", "q8_0")
+FORMAT_CODES = {"q4_1": 1, "q8_0": 2, "q4_0": 3, "bf16": 4, "f16": 5}
+#: tried in this order by pack_lossless: fewest bytes first (bf16 before f16: its decode is one shift)
+FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
+#: the formats that are plain half-precision rows (no scales), with their torch dtype
+HALF_FORMATS = {"bf16": torch.bfloat16, "f16": torch.float16}
 #: byte offsets of the float16 scale fields (``d``, and ``m`` / ``dmin`` where the type has one) inside one
 #: block of each GGML type whose values are ``scale · small integer (+ offset)`` (gguf-py's ``quants.py``
 #: ``dequantize_blocks``). Every value of such a block is finite exactly when these fields are: the integer
@@ -86,6 +91,8 @@ def pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = No
     """Blocks from codes ``q [N, K]`` (0..15 for q4_0 and q4_1, -128..127 for q8_0) and per-block float16
     ``d`` (and ``m`` for q4_1) ``[N, K / 32]``."""
     n, k = q.shape
+    if fmt in HALF_FORMATS:
+        raise ShapeError(f"{fmt}: rows of half-precision values have no codes or scales; use from_half(tensor)")
     if fmt not in BLOCK_BYTES:
         raise ShapeError(f"fmt: expected one of {FORMATS}, got {fmt!r}")
     if k % BLOCK:
@@ -112,6 +119,18 @@ def _pack(fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) ->
     return BlockWeight(fmt, data.reshape(n, -1).contiguous(), (n, k))
 
 
+def from_half(t: torch.Tensor) -> BlockWeight:
+    """A bfloat16 or float16 ``[N, K]`` CPU tensor as ``bf16`` / ``f16`` blocks, sharing its memory (no copy
+    when ``t`` is contiguous); K must be a multiple of 32."""
+    fmt = next((f for f, dt in HALF_FORMATS.items() if dt == t.dtype), None)
+    if fmt is None or t.dim() != 2:
+        raise ShapeError(f"from_half: expected a 2-D bfloat16 or float16 tensor, got {t.dtype} {tuple(t.shape)}")
+    n, k = t.shape
+    if k % BLOCK:
+        raise ShapeError(f"{fmt}: K={k} is not a multiple of {BLOCK}")
+    return BlockWeight(fmt, t.contiguous().view(torch.uint8).reshape(n, k * 2), (n, k))
+
+
 #: rows dequantized per chunk: ~1.2 MB of float32 at K = 576, so each in-place pass stays in L2
 _DEQUANT_ROWS = 512
 
@@ -130,6 +149,11 @@ def dequantize(bw: BlockWeight, out: torch.Tensor | None = None) -> torch.Tensor
         out = torch.empty(n, k, dtype=torch.float32)
     elif out.dtype != torch.float32 or tuple(out.shape) != (n, k) or not out.is_contiguous():
         raise ShapeError(f"out: expected a contiguous float32 [{n}, {k}] tensor, got {out.dtype} {tuple(out.shape)}")
+    if bw.fmt in HALF_FORMATS:
+        half = bw.data.view(HALF_FORMATS[bw.fmt]).view(n, k)
+        for r0 in range(0, n, _DEQUANT_ROWS):
+            out[r0:r0 + _DEQUANT_ROWS].copy_(half[r0:r0 + _DEQUANT_ROWS])
+        return out
     raw_all = bw.data.reshape(n, nb, bpb)
     out3 = out.view(n, nb, BLOCK)
     for r0 in range(0, n, _DEQUANT_ROWS):
@@ -158,7 +182,10 @@ def dequantize_rows(bw: BlockWeight, rows: torch.Tensor) -> torch.Tensor:
     step (and per draft head), where the call overhead is the cost."""
     n, k = bw.shape
     nb, bpb = k // BLOCK, BLOCK_BYTES[bw.fmt]
-    raw = bw.data.view(n, nb, bpb)[rows.reshape(-1).to(device=bw.data.device, dtype=torch.int64)]
+    index = rows.reshape(-1).to(device=bw.data.device, dtype=torch.int64)
+    if bw.fmt in HALF_FORMATS:
+        return bw.data.view(HALF_FORMATS[bw.fmt]).view(n, k)[index].float()
+    raw = bw.data.view(n, nb, bpb)[index]
     d = raw[..., 0:2].contiguous().view(torch.float16).float()
     if bw.fmt == "q8_0":
         w = raw[..., 2:].view(torch.int8).float()
@@ -251,6 +278,22 @@ def _fit_rows(fmt: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return q.reshape(n, k), d.squeeze(-1), None if m is None else m.squeeze(-1)
 
 
+def _to_half_exactly(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``w`` (contiguous float32) as ``dtype`` when that round trip reproduces every value bit for bit, else None.
+    A cheap look at the first rows first (a float-trained tensor fails there), then chunk by chunk."""
+    head = w[:_SAMPLE_ROWS]
+    if not torch.equal(head.to(dtype).float().view(torch.int32), head.view(torch.int32)):
+        return None
+    out = torch.empty(w.shape, dtype=dtype)
+    for r0 in range(0, w.shape[0], _DEQUANT_ROWS):
+        part = w[r0:r0 + _DEQUANT_ROWS]
+        h = out[r0:r0 + _DEQUANT_ROWS]
+        h.copy_(part)
+        if not torch.equal(h.float().view(torch.int32), part.view(torch.int32)):
+            return None
+    return out
+
+
 def pack_lossless(weight: torch.Tensor, formats: tuple[str, ...] = FORMATS) -> BlockWeight | None:
     """``weight`` (float32 ``[N, K]`` on the CPU) in the first of ``formats`` that reproduces every
     value bit for bit, or None when none does (or K is not a multiple of 32)."""
@@ -261,6 +304,11 @@ def pack_lossless(weight: torch.Tensor, formats: tuple[str, ...] = FORMATS) -> B
         return None
     w = weight.detach().contiguous()
     for fmt in formats:
+        if fmt in HALF_FORMATS:
+            half = _to_half_exactly(w, HALF_FORMATS[fmt])
+            if half is not None:
+                return from_half(half)
+            continue
         if _fit_rows(fmt, w[:_SAMPLE_ROWS]) is None:
             continue
         parts = []
@@ -306,4 +354,4 @@ def check_block_scales(raw: np.ndarray, type_name: str, block_bytes: int, what: 
 
 __all__ = ["F16_SCALE_OFFSETS", "block_scales", "check_block_scales", "BLOCK",
            "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize", "dequantize_rows",
-           "cat_rows", "pack_lossless"]
+           "cat_rows", "pack_lossless", "from_half", "HALF_FORMATS"]

@@ -23,7 +23,7 @@ from torch import nn
 from bitmtp.errors import BitMTPError, FormatError
 from bitmtp.formats import gguf as G
 from bitmtp.formats.adapters import AdapterConfig, BaseShape, check_tensors
-from bitmtp.formats.ggml_blocks import BLOCK_BYTES, BlockWeight, pack_lossless
+from bitmtp.formats.ggml_blocks import BLOCK, BLOCK_BYTES, HALF_FORMATS, BlockWeight, pack_lossless
 from bitmtp.formats.gguf_vocab import ggml_tokenizer_fields, tokenizer_files
 from bitmtp.formats.ternary import unpack_t2
 from bitmtp.model.args import ModelArgs, check_int, check_real
@@ -57,7 +57,7 @@ def _compact(scales: torch.Tensor) -> torch.Tensor:
 
 
 #: the GGML type each ``ggml_blocks`` format is written as
-_BLOCK_TYPE = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+_BLOCK_TYPE = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0", "bf16": "BF16", "f16": "F16"}
 
 
 def _rows_of(bw: BlockWeight, rows: slice) -> BlockWeight:
@@ -203,8 +203,10 @@ def _tensors_out(args: ModelArgs, state: dict[str, Any], adapter, exact_scales: 
                 yield G.TensorOut(G.scale_name(name), scales.numpy())
             continue
         if isinstance(value, BlockWeight):  # the source's own blocks, byte for byte (rows permuted like floats)
-            data = value.data if heads is None else G.permute_rows(value.data, heads)
-            yield G.TensorOut(name, data.contiguous().numpy(), _BLOCK_TYPE[value.fmt])
+            data = (value.data if heads is None else G.permute_rows(value.data, heads)).contiguous().numpy()
+            if value.fmt in HALF_FORMATS:  # half rows: typed values, as numpy_of writes a half tensor
+                data = data.view(np.float16 if value.fmt == "f16" else np.uint16)
+            yield G.TensorOut(name, data, _BLOCK_TYPE[value.fmt])
             continue
         t = value
         if heads is not None:
@@ -451,14 +453,20 @@ def _is_ternary(contents: G.GGUFContents, name: str) -> bool:
 
 
 def _file_blocks(t: G.GGUFTensor, heads: int | None) -> BlockWeight | None:
-    """A 2-D Q4_0 / Q4_1 / Q8_0 tensor as a :class:`BlockWeight` over the file's memory map (no copy; the q/k
-    rows llama.cpp permutes are put back in order, a copy of those few rows' bytes); None for other tensors.
+    """A 2-D Q4_0 / Q4_1 / Q8_0 (or F16 / BF16) tensor as a :class:`BlockWeight` over the file's memory map (no
+    copy; the q/k rows llama.cpp permutes are put back in order, a copy of those few rows' bytes); None for
+    other tensors.
     The decoder's CPU kernels read these blocks (``build_decoder`` keeps them as lazy weights) instead of
     re-fitting them to dequantized floats (``ggml_blocks.pack_lossless``, ~2 s of SmolLM2's load)."""
     fmt = t.type_name.lower()
     if fmt not in BLOCK_BYTES or len(t.shape) != 2:
         return None
-    data = torch.from_numpy(t.data)  # uint8 [N, K / 32 · bytes per block], writable (a copy-on-write map)
+    raw = t.data
+    if fmt in HALF_FORMATS:  # F16 / BF16 rows: kept as they lie when K is a multiple of 32 (else float32)
+        if t.shape[1] % BLOCK or (raw.dtype != np.uint8 and not raw.dtype.isnative):
+            return None
+        raw = raw.view(np.uint8)  # F16 arrives typed over the map: its bytes, [N, 2K]
+    data = torch.from_numpy(raw)  # uint8 [N, K / 32 · bytes per block], writable (a copy-on-write map)
     if heads is not None:
         data = G.unpermute_rows(data, heads)
     return BlockWeight(fmt, data.contiguous(), (t.shape[0], t.shape[1]))

@@ -19,7 +19,7 @@ import torch
 
 from bitmtp.errors import BitMTPError, FormatError, ShapeError
 from bitmtp.formats.bitnet import LINEAR_CLASSES, bitnet_scale_to_multiplier, bitnet_to_t2
-from bitmtp.formats.ggml_blocks import BlockWeight, dequantize
+from bitmtp.formats.ggml_blocks import BLOCK, HALF_FORMATS, BlockWeight, dequantize, from_half
 from bitmtp.formats.quantize import absmean_ternarize
 from bitmtp.formats.scales import check_finite
 from bitmtp.formats.ternary import pack_t2, words_per_row
@@ -47,8 +47,16 @@ class _Tensors:
         return name in self.t
 
     def blocks(self, name: str) -> BlockWeight | None:
+        """The tensor as blocks the CPU kernels read: a GGUF file's blocks, or a bfloat16 / float16 CPU matrix as
+        ``bf16`` / ``f16`` rows (widening is exact: the same results as its float32 copy, half the bytes). A
+        copy of the half tensor: a live model handed to ``bitmtp.load`` may change its own weights later."""
         x = self.t.get(name)
-        return x if isinstance(x, BlockWeight) else None
+        if isinstance(x, BlockWeight):
+            return x
+        if isinstance(x, torch.Tensor) and x.dtype in HALF_FORMATS.values() and x.dim() == 2 \
+                and x.device.type == "cpu" and x.shape[1] % BLOCK == 0:
+            return from_half(x.detach().clone())
+        return None
 
     def get(self, name: str, shape: tuple[int, ...] | None = None, floating: bool = False) -> torch.Tensor:
         if name not in self.t:

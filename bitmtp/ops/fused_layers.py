@@ -39,7 +39,7 @@ LAYER_FIELDS = NUM_PROJ * PROJ_FIELDS + NORM_FIELDS
 LORA_FIELDS = 3  # A, B, rank
 DENSE, TERNARY = 0, 1
 #: projection kinds of dense weights kept in GGML blocks (csrc/cpu/layers.h ProjKind)
-BLOCK_KINDS = {"q4_1": 2, "q8_0": 3, "q4_0": 4}
+BLOCK_KINDS = {"q4_1": 2, "q8_0": 3, "q4_0": 4, "bf16": 5, "f16": 6}
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 

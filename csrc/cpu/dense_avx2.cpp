@@ -71,6 +71,15 @@ struct DIsa {
       w[s] = _mm256_mul_ps(
           d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * s)))));
   }
+  // BF16: the 16-bit value moved to a float32's upper half (exact); F16: vcvtph2ps (exact).
+  static inline void bf16(const uint8_t* blk, Vec* w) {
+    for (int s = 0; s < 4; ++s)
+      w[s] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * s))), 16));
+  }
+  static inline void f16(const uint8_t* blk, Vec* w) {
+    for (int s = 0; s < 4; ++s) w[s] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * s)));
+  }
   static inline void prefetch(const char* p) { _mm_prefetch(p, _MM_HINT_T0); }
 };
 

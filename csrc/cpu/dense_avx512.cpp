@@ -69,6 +69,15 @@ struct DIsa {
     w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)))));
     w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)))));
   }
+  // BF16: the 16-bit value moved to a float32's upper half (exact); F16: vcvtph2ps (exact).
+  static inline void bf16(const uint8_t* blk, Vec* w) {
+    for (int s = 0; s < 2; ++s)
+      w[s] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * s))), 16));
+  }
+  static inline void f16(const uint8_t* blk, Vec* w) {
+    for (int s = 0; s < 2; ++s) w[s] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * s)));
+  }
   // Into L2 (T1), not L1: with T0 an LM head (128256 x 2560 float32, one thread, AMD EPYC Zen 4) ran
   // 1.2-1.4x slower at M = 1 and 1.7x slower at M = 8 (the prefetches of a row block evicted the
   // activations from L1 and queued behind its misses), alternated in one run.

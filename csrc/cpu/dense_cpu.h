@@ -1,5 +1,5 @@
 // Dense multi-token GEMV (embedding-side projections, LM heads, non-ternary checkpoints), with
-// float32 weights or weights kept in GGML's Q4_0 / Q4_1 / Q8_0 blocks (bitmtp/formats/ggml_blocks.py).
+// float32 weights or weights kept in GGML's Q4_0 / Q4_1 / Q8_0 blocks or as bfloat16 / float16 rows (bitmtp/formats/ggml_blocks.py).
 // Same contract as w2a8_cpu.h: plain declarations only (the ISA units include it under target
 // pragmas).
 //
@@ -15,13 +15,19 @@ namespace bitmtp_cpu {
 //   Q4_1: float16 d, float16 m, 16 bytes; weight j = d * q + m with q = byte[j % 16] >> (4 * (j >= 16)) & 15
 //   Q8_0: float16 d, 32 int8; weight j = d * q[j]
 //   Q4_0: float16 d, 16 bytes; weight j = d * (q - 8) with q as in Q4_1
+//   BF16 / F16: 32 bfloat16 / IEEE half values, 64 bytes (a bf16 or f16 checkpoint's rows as they lie:
+//   no scale); weight j = the value widened to float32, which is exact
 // Each weight is rebuilt with exactly gguf-py's float32 operations (one multiply, then one add), so
 // a packed row gives the very floats the float32 kernel would get from the dequantized tensor and
 // the results are bit-identical to it on every ISA path.
-enum DenseFormat { kDenseF32 = 0, kDenseQ4_1 = 1, kDenseQ8_0 = 2, kDenseQ4_0 = 3 };
+enum DenseFormat { kDenseF32 = 0, kDenseQ4_1 = 1, kDenseQ8_0 = 2, kDenseQ4_0 = 3, kDenseBF16 = 4, kDenseF16 = 5 };
 constexpr int kBlock = 32;
 constexpr int block_bytes(int fmt) {
-  return fmt == kDenseQ4_1 ? 20 : (fmt == kDenseQ8_0 ? 34 : (fmt == kDenseQ4_0 ? 18 : kBlock * 4));
+  return fmt == kDenseQ4_1 ? 20
+         : fmt == kDenseQ8_0 ? 34
+         : fmt == kDenseQ4_0 ? 18
+         : (fmt == kDenseBF16 || fmt == kDenseF16) ? kBlock * 2
+                                                   : kBlock * 4;
 }
 
 struct DenseArgs {
@@ -54,6 +60,14 @@ inline float half_to_float(uint16_t h) {
     } while (!(man & 0x400u));
     bits = sign | ((112u - e) << 23) | ((man & 0x3ffu) << 13);
   }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The float32 value of a bfloat16 (exact: its bits are a float32's upper half).
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
   __builtin_memcpy(&f, &bits, sizeof f);
   return f;

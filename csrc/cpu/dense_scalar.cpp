@@ -1,5 +1,5 @@
 // Dense GEMV, portable path: one sequential sum per (row, token) — row-independent too. Block-format
-// rows are decoded into a float32 row first (gguf-py's operations: d * q, then + m).
+// rows are decoded into a float32 row first (gguf-py's operations: d * q, then + m; bf16 / f16 widened).
 //
 // Reference: bitmtp.ops.reference.dense_linear_reference, bitmtp.formats.ggml_blocks.dequantize
 // Test: tests/formats/test_ggml_blocks.py
@@ -17,10 +17,18 @@ void decode_row(const DenseArgs& a, int n, float* out) {
   const uint8_t* row = a.wb + static_cast<int64_t>(n) * blocks * bb;
   for (int b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + static_cast<int64_t>(b) * bb;
+    float* o = out + b * kBlock;
+    if (a.fmt == kDenseBF16 || a.fmt == kDenseF16) {
+      for (int j = 0; j < kBlock; ++j) {
+        uint16_t v;
+        __builtin_memcpy(&v, blk + 2 * j, 2);
+        o[j] = a.fmt == kDenseBF16 ? bf16_to_float(v) : half_to_float(v);
+      }
+      continue;
+    }
     uint16_t h[2];
     __builtin_memcpy(h, blk, 4);
     const float d = half_to_float(h[0]);
-    float* o = out + b * kBlock;
     if (a.fmt == kDenseQ4_1) {
       const float m = half_to_float(h[1]);
       for (int j = 0; j < kBlock; ++j) {

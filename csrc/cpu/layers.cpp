@@ -90,11 +90,13 @@ struct Work {
 // y[M][N] = projection(x[M][K]) (+ the LoRA delta on rows >= first), per the table fields `p`.
 void project(const int64_t* p, const int64_t* lora, const FusedStep& s, const float* x, float* y, Work& w) {
   const int64_t K = p[kPK], N = p[kPN];
-  if (p[kPKind] == kDense || p[kPKind] == kProjQ4_1 || p[kPKind] == kProjQ8_0 || p[kPKind] == kProjQ4_0) {
+  if (p[kPKind] == kDense || (p[kPKind] >= kProjQ4_1 && p[kPKind] <= kProjF16)) {
     const int fmt = p[kPKind] == kDense      ? kDenseF32
                     : p[kPKind] == kProjQ4_1 ? kDenseQ4_1
                     : p[kPKind] == kProjQ8_0 ? kDenseQ8_0
-                                             : kDenseQ4_0;
+                    : p[kPKind] == kProjQ4_0 ? kDenseQ4_0
+                    : p[kPKind] == kProjBF16 ? kDenseBF16
+                                             : kDenseF16;
     dense_run(x, s.M, K, ptr<const void>(p[kPWeight]), N, ptr<const float>(p[kPBias]), y, s.isa, s.threads, fmt);
   } else if (p[kPKind] == kTernary) {
     w.xq.resize(static_cast<size_t>(s.M * K));

@@ -13,8 +13,8 @@ namespace bitmtp_cpu {
 
 // Fields of one projection inside a layer-table row.
 enum ProjField { kPKind, kPWeight, kPBias, kPScales, kPScaleRows, kPGroup, kPK, kPN, kProjFields };
-// kProjQ4_1 / kProjQ8_0 / kProjQ4_0: dense weights kept in GGML blocks (dense_cpu.h), `weight` points at them.
-enum ProjKind { kDense = 0, kTernary = 1, kProjQ4_1 = 2, kProjQ8_0 = 3, kProjQ4_0 = 4 };
+// kProjQ4_1 / kProjQ8_0 / kProjQ4_0 / kProjBF16 / kProjF16: dense weights kept in GGML blocks or half rows (dense_cpu.h), `weight` points at them.
+enum ProjKind { kDense = 0, kTernary = 1, kProjQ4_1 = 2, kProjQ8_0 = 3, kProjQ4_0 = 4, kProjBF16 = 5, kProjF16 = 6 };
 // The projections of a layer, in table order (q/k/v and gate/up are fused, see bitmtp/model/fuse.py).
 enum Proj { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kNumProj = 4 };
 // Fields after the projections: the layer's norm weights (0 = absent).

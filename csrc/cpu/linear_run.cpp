@@ -173,7 +173,7 @@ void dense_run(const float* x, int64_t M, int64_t K, const void* w, int64_t N, c
                int isa, int threads, int fmt) {
   require(M >= 1 && K >= 1 && N >= 1, "dense: M, K and N must be >= 1");
   require(x && w && y, "dense: null pointer");
-  require(fmt == kDenseF32 || fmt == kDenseQ4_1 || fmt == kDenseQ8_0 || fmt == kDenseQ4_0,
+  require(fmt >= kDenseF32 && fmt <= kDenseF16,
           "dense: unknown weight format " + std::to_string(fmt));
   require(fmt == kDenseF32 || K % kBlock == 0,
           "dense: block-format weights need K a multiple of 32, got K=" + std::to_string(K));

@@ -223,7 +223,7 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
   m.def("dense", &dense, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),
         py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("isa"), py::arg("threads"), py::arg("fmt") = 0,
-        "Dense multi-token GEMV with a row-independent summation order; fmt: 0 float32, 1 Q4_1, 2 Q8_0, 3 Q4_0 blocks");
+        "Dense multi-token GEMV with a row-independent summation order; fmt: 0 float32, 1 Q4_1, 2 Q8_0, 3 Q4_0 blocks, 4 bfloat16 rows, 5 float16 rows");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("out"),
         py::arg("M"), py::arg("H"), py::arg("KVH"), py::arg("D"), py::arg("S"), py::arg("L"), py::arg("scale"),
         py::arg("threads"), py::arg("isa") = -1, py::arg("kv_half") = false,

@@ -1,4 +1,5 @@
-"""Dense weights kept in GGML Q4_1 / Q8_0 blocks (bitmtp/formats/ggml_blocks.py, csrc/cpu/dense_*).
+"""Dense weights kept in GGML Q4_0 / Q4_1 / Q8_0 blocks or bf16 / f16 rows (bitmtp/formats/ggml_blocks.py,
+csrc/cpu/dense_*).
 
 Rules: the block decoder reproduces gguf-py's dequantization bit for bit; lossless packing returns
 blocks only when they reproduce the float tensor exactly; the native kernel on blocks equals the
@@ -26,7 +27,7 @@ from tests.support.hf_models import tiny_model
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0}
+QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0, "bf16": QT.BF16, "f16": QT.F16}
 WIDTHS = [1, 3, 8, 15, 16]
 SHAPES = [(1, 32), (37, 96), (70, 608), (25, 160)]  # (N, K): K a multiple of 32, rarely a power of two
 
@@ -35,11 +36,22 @@ def _gguf_weight(fmt: str, n: int, k: int, g: torch.Generator, scale: float = 1.
     """A float32 weight as llama.cpp would store it in ``fmt``, and its block bytes (gguf-py's quantizer)."""
     a = (torch.randn(n, k, generator=g) * scale).numpy()
     blocks = gguf_quants.quantize(a, QTYPES[fmt])
-    return torch.from_numpy(gguf_quants.dequantize(blocks, QTYPES[fmt]).copy()), blocks
+    return torch.from_numpy(gguf_quants.dequantize(blocks, QTYPES[fmt]).copy()), blocks.view(np.uint8)
 
 
 def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> gb.BlockWeight:
-    """Blocks with arbitrary codes and half-precision parameters, subnormal and negative ones included."""
+    """Blocks with arbitrary codes and half-precision parameters, subnormal and negative ones included (half
+    rows: values over many binades, with subnormals, signed zeros and large values)."""
+    if fmt in gb.HALF_FORMATS:
+        dt = gb.HALF_FORMATS[fmt]
+        v = torch.randn(n, k, generator=g) * torch.exp2(torch.randint(-12, 8, (n, k), generator=g).float())
+        v = v.to(dt)
+        flat = v.view(-1)
+        tiny = torch.finfo(dt).tiny
+        flat[::11] = tiny / 4  # subnormals
+        flat[5::13] = -0.0
+        flat[7::29] = 65504.0 if fmt == "f16" else 3e19  # float16's largest; a bf16 far past float16's range
+        return gb.from_half(v)
     b = k // 32
     d = torch.randn(n, b, generator=g).abs() * 0.05
     d.view(-1)[::7] = 3e-6  # float16 subnormals
@@ -81,6 +93,40 @@ def test_pack_lossless_refuses_what_it_cannot_reproduce(rng):
     late = w8.clone()
     late[550, 3] = torch.nextafter(late[550, 3], torch.tensor(10.0))  # past the sampled rows and a chunk
     assert gb.pack_lossless(late) is None
+
+
+def test_half_rows_share_memory_and_decode_rows(rng):
+    """from_half wraps a bf16 / f16 matrix without a copy; dequantize_rows picks rows of dequantize bit for bit."""
+    for fmt in gb.HALF_FORMATS:
+        bw = _random_blocks(fmt, 21, 96, rng)
+        half = bw.data.view(gb.HALF_FORMATS[fmt]).view(21, 96)
+        assert gb.from_half(half).data.data_ptr() == half.data_ptr()
+        full = gb.dequantize(bw)
+        assert torch.equal(full.view(torch.int32), half.float().view(torch.int32))
+        rows = torch.tensor([20, 0, 7, 7])
+        assert torch.equal(gb.dequantize_rows(bw, rows).view(torch.int32), full[rows].view(torch.int32))
+    with pytest.raises(ShapeError, match="bfloat16 or float16"):
+        gb.from_half(torch.randn(4, 32))
+    with pytest.raises(ShapeError, match="multiple of 32"):
+        gb.from_half(torch.randn(4, 40).bfloat16())
+    with pytest.raises(ShapeError, match="from_half"):
+        gb.pack("bf16", torch.zeros(2, 32, dtype=torch.long), torch.ones(2, 1))
+
+
+def test_pack_lossless_prefers_the_fewest_bytes(rng):
+    """A tensor both Q8_0 and bf16 reproduce packs as Q8_0 (34 bytes a block, not 64); bf16-exact values that
+    float16 cannot hold (beyond its range) pack as bf16, float16-exact ones with 11-bit mantissas as f16."""
+    q = torch.randint(-127, 128, (12, 64), generator=rng)
+    q[:, ::32] = 127  # each block's largest code: its d is then 2^-7 exactly
+    w8 = q.float() * 2.0**-7  # 8 significant bits at most: bf16-exact too
+    assert torch.equal(w8.bfloat16().float(), w8)
+    assert gb.pack_lossless(w8).fmt == "q8_0"
+    assert gb.pack_lossless(w8, ("bf16", "f16")).fmt == "bf16"
+    big = (torch.randn(12, 64, generator=rng) * 1e6).bfloat16().float()
+    assert gb.pack_lossless(big).fmt == "bf16"
+    fine = torch.randn(12, 64, generator=rng).half().float()
+    assert gb.pack_lossless(fine).fmt == "f16"
+    assert gb.pack_lossless(fine, ("q4_0", "bf16")) is None
 
 
 def test_pack_rejects_bad_codes_and_shapes():

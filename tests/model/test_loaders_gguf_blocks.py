@@ -345,7 +345,13 @@ def test_dequantize_rows_is_dequantize_indexed(fmt):
     d.view(-1)[::7] = 3e-6  # float16 subnormals
     lo, hi = (-128, 128) if fmt == "q8_0" else (0, 16)
     m = torch.randn(n, k // 32, generator=g).half().float() if fmt == "q4_1" else None
-    bw = gb.pack(fmt, torch.randint(lo, hi, (n, k), generator=g), (d if fmt == "q4_0" else d.abs()).half().float(), m)
+    if fmt in gb.HALF_FORMATS:  # rows of half values: subnormals and negative values too
+        v = torch.randn(n, k, generator=g) * 0.05
+        v.view(-1)[::7] = 3e-6 if fmt == "f16" else 1e-39
+        bw = gb.from_half(v.to(gb.HALF_FORMATS[fmt]))
+    else:
+        bw = gb.pack(fmt, torch.randint(lo, hi, (n, k), generator=g), (d if fmt == "q4_0" else d.abs()).half().float(),
+                     m)
     full = gb.dequantize(bw)
     for rows in (torch.tensor([3, 3, 0, n - 1]), torch.tensor([-1, -n]), torch.arange(n), torch.tensor([], dtype=int)):
         got = gb.dequantize_rows(bw, rows)
