@@ -343,6 +343,16 @@ def _runtime_of(runtime: Any, backend: Any) -> tuple[str, Any]:
     return runtime, backend
 
 
+def _all_half_rows(decoder: Decoder) -> bool:
+    """Every dense projection (LM head included) is held as bf16 / f16 rows (a half checkpoint loaded for float32
+    compute): the Vulkan runtime uploads those 16-bit values as they are."""
+    from bitmtp.formats.ggml_blocks import HALF_FORMATS
+    from bitmtp.model.layers import DenseLinear
+
+    dense = [m for m in decoder.modules() if isinstance(m, DenseLinear)]
+    return bool(dense) and all(m.blocks is not None and m.blocks.fmt in HALF_FORMATS for m in dense)
+
+
 def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cpu_layers: int | None):
     """The offload plan of a Vulkan-runtime model, checked against the device (errors show the plan)."""
     from bitmtp.errors import BackendUnavailableError
@@ -354,7 +364,7 @@ def _wgpu_plan(decoder: Decoder, capacity: int, m_max: int, vram_budget: Any, cp
     except BitMTPError as exc:
         raise BitMTPError(f"vram_budget: {exc}") from exc
     # dense weights keep a bf16/f16 model's 16 bits on the device (else float32); the KV cache is float32
-    dense_bytes = 2 if decoder.dtype in (torch.bfloat16, torch.float16) else 4
+    dense_bytes = 2 if decoder.dtype in (torch.bfloat16, torch.float16) or _all_half_rows(decoder) else 4
     kw = dict(capacity=capacity, m_max=m_max, dense_dtype_bytes=dense_bytes, kv_dtype_bytes=4, ternary=decoder.ternary,
               force_cpu_layers=cpu_layers)
     try:

@@ -34,6 +34,7 @@ import torch
 
 from bitmtp.decoding.drafters import HeadsDrafter, MaskBlockDrafter
 from bitmtp.errors import BitMTPError
+from bitmtp.formats.ggml_blocks import HALF_FORMATS, BlockWeight
 from bitmtp.model.decoder import Decoder, StepInputs
 from bitmtp.model.families import Activation, Norm
 from bitmtp.model.fuse import Stacked
@@ -57,6 +58,20 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().contiguous().numpy()
 
 
+def _half_rows(bw: BlockWeight | None) -> torch.Tensor | None:
+    """A ``bf16`` / ``f16`` block weight's own 16-bit values as a ``[N, K]`` tensor (a view), else None."""
+    if bw is None or bw.fmt not in HALF_FORMATS:
+        return None
+    return bw.data.view(HALF_FORMATS[bw.fmt]).view(bw.shape)
+
+
+def _dense_source(module: DenseLinear) -> torch.Tensor:
+    """What a dense projection uploads: half rows as they are (exact, half the bytes, and no float32 copy is
+    made on the host), else the float weight."""
+    half = _half_rows(module.blocks)
+    return half if half is not None else module.weight
+
+
 class _Proj:
     """A projection on the device: ternary (T2 words + scales) or dense float32, plus bias."""
 
@@ -72,7 +87,7 @@ class _Proj:
             self.weight = TernaryWeight.upload(r, module.weight.cpu().numpy(), scales, module.in_features, group)
             self.ternary = True
         elif isinstance(module, DenseLinear):  # bf16 / f16 weights stay 16-bit on the device
-            self.weight = DenseWeight.upload(r, module.weight)
+            self.weight = DenseWeight.upload(r, _dense_source(module))
             self.ternary = False
         else:
             raise BitMTPError(f"{name}: the Vulkan runtime cannot run a {type(module).__name__}")
@@ -123,7 +138,8 @@ class DeviceModel:
         if a.tie_word_embeddings:
             self.embed = self.lm_head.weight  # one device copy serves the gather and the LM head
         else:
-            self.embed = DenseWeight.upload(runner, decoder.embed)
+            half = _half_rows(decoder.embed_blocks)
+            self.embed = DenseWeight.upload(runner, decoder.embed if half is None else half)
         self.cos, self.sin = runner.upload(_np(decoder.rope_cos)), runner.upload(_np(decoder.rope_sin))
         rows = kv.capacity + kv.m_max
         shape = (a.num_kv_heads, rows, a.head_dim)

@@ -148,6 +148,24 @@ def test_dense_model_and_plan(device_runner):
     assert "2 of 2 layers on the GPU" in table and dev.plan.fits
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_half_checkpoint_uploads_its_half_rows(device_runner, tie):
+    """A bf16 checkpoint loaded for float32 compute holds bf16 rows (no float32 copy on the host) and uploads them
+    as they are (the planner counts 2 bytes a dense weight); greedy tokens equal the CPU runtime's."""
+    import torch
+
+    hf = tiny_model("llama", seed=3, tie_word_embeddings=tie).to(torch.bfloat16)
+    ref = bitmtp.load(hf, adapter=None)
+    dev = bitmtp.load(hf, adapter=None, runtime="vulkan", vram_budget="64MiB")
+    head = dev.decoder.lm_head
+    assert head.lazy and head.blocks.fmt == "bf16"
+    assert _gen(dev, "ar").token_ids == _gen(ref, "ar").token_ids
+    assert head.lazy, "the upload made a float32 copy of the half rows"
+    on_device = dev.engine.pool.model
+    assert on_device.lm_head.weight.kind == "bf16" and on_device.embed.kind == "bf16"
+    assert dev.plan.dense_dtype_bytes == 2
+
+
 def test_budget_too_small_shows_the_plan(device_runner):
     with pytest.raises(BitMTPError, match="minimum budget") as info:
         bitmtp.load(tiny_model("bitnet", seed=4), quantize="ternary", adapter=None, runtime="vulkan",
