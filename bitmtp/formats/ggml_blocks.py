@@ -38,6 +38,10 @@ BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "bf16": 64, "f16": 64}
 FORMAT_CODES = {"q4_1": 1, "q8_0": 2, "q4_0": 3, "bf16": 4, "f16": 5}
 #: tried in this order by pack_lossless: fewest bytes first (bf16 before f16: its decode is one shift)
 FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
+#: what ``DenseLinear.pack_blocks`` looks for next to a float32 weight it keeps: the GGML formats only. Half rows
+#: there would add half the float32 bytes (a float32 model upcast from bf16, e.g. one transformers loaded in
+#: float32, shares its tensors with bitmtp); half checkpoints get half rows instead of float32 copies at load
+GGML_FORMATS = ("q4_0", "q4_1", "q8_0")
 #: the formats that are plain half-precision rows (no scales), with their torch dtype
 HALF_FORMATS = {"bf16": torch.bfloat16, "f16": torch.float16}
 #: byte offsets of the float16 scale fields (``d``, and ``m`` / ``dmin`` where the type has one) inside one
@@ -354,4 +358,4 @@ def check_block_scales(raw: np.ndarray, type_name: str, block_bytes: int, what: 
 
 __all__ = ["F16_SCALE_OFFSETS", "block_scales", "check_block_scales", "BLOCK",
            "BLOCK_BYTES", "FORMATS", "FORMAT_CODES", "BlockWeight", "pack", "dequantize", "dequantize_rows",
-           "cat_rows", "pack_lossless", "from_half", "HALF_FORMATS"]
+           "cat_rows", "pack_lossless", "from_half", "HALF_FORMATS", "GGML_FORMATS"]

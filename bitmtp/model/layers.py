@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bitmtp.errors import ShapeError
-from bitmtp.formats.ggml_blocks import FORMATS, BlockWeight, dequantize, dequantize_rows, pack_lossless
+from bitmtp.formats.ggml_blocks import GGML_FORMATS, BlockWeight, dequantize, dequantize_rows, pack_lossless
 from bitmtp.ops import dense_linear
 from bitmtp.ops.linear import dense_reads_blocks
 
@@ -341,9 +341,11 @@ class DenseLinear(nn.Module):
         lazy = self._pending()
         return self.weight[index] if lazy is None else lazy.rows(index)
 
-    def pack_blocks(self, formats: tuple[str, ...] = FORMATS) -> BlockWeight | None:
+    def pack_blocks(self, formats: tuple[str, ...] = GGML_FORMATS) -> BlockWeight | None:
         """Keep a block copy of the weight when one of ``formats`` encodes it losslessly; returns it (a lazy
-        weight's own blocks, in whatever format, without fitting anything)."""
+        weight's own blocks, in whatever format, without fitting anything). The default looks for the GGML
+        formats only: a ``bf16`` / ``f16`` copy beside a float32 weight would add half its bytes (pass
+        ``ggml_blocks.FORMATS`` to trade that memory for half the bytes a CPU step reads)."""
         lazy = self._pending()
         if lazy is not None:
             return lazy.blocks

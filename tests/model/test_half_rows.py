@@ -132,3 +132,17 @@ def test_odd_widths_stay_float32():
     assert all(m.blocks is None for m in _dense(model.decoder))
     assert gb.pack_lossless(model.decoder.lm_head.weight) is None
     assert len(_greedy(model, 4)) == 4
+
+
+def test_float32_model_upcast_from_bf16_keeps_only_its_float32_weights():
+    """A float32 model whose values are bf16 (transformers loading a bf16 checkpoint in float32): no half copy is
+    added beside the float32 weights by default (it would add half their bytes); asked for, it is exact."""
+    hf = _half_model("bf16", tie=False).float()
+    model = bitmtp.load(hf, adapter=None, capacity=64)
+    dense = _dense(model.decoder)
+    assert all(m.blocks is None and m.weight.dtype == torch.float32 for m in dense)
+    head = model.decoder.lm_head
+    before = logits(model.decoder)
+    assert head.pack_blocks(gb.FORMATS).fmt == "bf16"
+    model.decoder.invalidate_native()
+    assert torch.equal(logits(model.decoder), before)
