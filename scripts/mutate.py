@@ -256,6 +256,16 @@ MUTANTS: tuple[Mutant, ...] = (
            'kw["temperature"] = float(p.temperature)', "pass",
            ("tests/test_hf.py", "-k", "distribution"),
            "patched sampling runs at temperature 1 whatever the call says"),
+    # --- session 13's half rows: exact, and never aliasing a live model's weights
+    Mutant("half-rows-alias-the-callers-tensor", "bitmtp/model/loaders.py",
+           "return from_half(x.detach().clone())", "return from_half(x.detach())",
+           ("tests/model/test_half_rows.py", "-k", "copy_of_a_live_model"),
+           "a live bf16 model changed after bitmtp.load changes the loaded decoder's weights"),
+    Mutant("half-rows-f16-read-as-bf16", "bitmtp/formats/ggml_blocks.py",
+           'HALF_FORMATS = {"bf16": torch.bfloat16, "f16": torch.float16}',
+           'HALF_FORMATS = {"bf16": torch.bfloat16, "f16": torch.bfloat16}',
+           ("tests/formats/test_ggml_blocks.py", "-k", "half_rows_share_memory"),
+           "f16 rows decoded as bfloat16 on the float path"),
 )
 
 

@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0, "bf16": QT.BF16, "f16": QT.F16}
 WIDTHS = [1, 3, 8, 15, 16]
+HALF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}  # spelled out here, not read from the module
 SHAPES = [(1, 32), (37, 96), (70, 608), (25, 160)]  # (N, K): K a multiple of 32, rarely a power of two
 
 
@@ -42,8 +43,8 @@ def _gguf_weight(fmt: str, n: int, k: int, g: torch.Generator, scale: float = 1.
 def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> gb.BlockWeight:
     """Blocks with arbitrary codes and half-precision parameters, subnormal and negative ones included (half
     rows: values over many binades, with subnormals, signed zeros and large values)."""
-    if fmt in gb.HALF_FORMATS:
-        dt = gb.HALF_FORMATS[fmt]
+    if fmt in HALF_DTYPES:
+        dt = HALF_DTYPES[fmt]
         v = torch.randn(n, k, generator=g) * torch.exp2(torch.randint(-12, 8, (n, k), generator=g).float())
         v = v.to(dt)
         flat = v.view(-1)
@@ -97,9 +98,9 @@ def test_pack_lossless_refuses_what_it_cannot_reproduce(rng):
 
 def test_half_rows_share_memory_and_decode_rows(rng):
     """from_half wraps a bf16 / f16 matrix without a copy; dequantize_rows picks rows of dequantize bit for bit."""
-    for fmt in gb.HALF_FORMATS:
+    for fmt in HALF_DTYPES:
         bw = _random_blocks(fmt, 21, 96, rng)
-        half = bw.data.view(gb.HALF_FORMATS[fmt]).view(21, 96)
+        half = bw.data.view(HALF_DTYPES[fmt]).view(21, 96)
         assert gb.from_half(half).data.data_ptr() == half.data_ptr()
         full = gb.dequantize(bw)
         assert torch.equal(full.view(torch.int32), half.float().view(torch.int32))
