@@ -133,7 +133,9 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight
     a = args
     h = a.hidden_size
     use_blocks = os.environ.get("BITMTP_DENSE_BLOCKS", "").strip() != "0"
-    lazy_ok = use_blocks and dtype == torch.float32 and quantize is None
+    # blocks and half rows stay as they are for a float32 build: the embedding and LM head always, the dense
+    # projections unless quantize= turns them ternary
+    lazy_ok = use_blocks and dtype == torch.float32
 
     def lazy(name: str, shape: tuple[int, int]) -> LazyWeight | None:
         """The tensor as a lazy weight where it is blocks this build keeps, else None."""
@@ -149,7 +151,7 @@ def build_decoder(args: ModelArgs, tensors: dict[str, torch.Tensor | BlockWeight
         return ts.get(name, (size,), floating=True).to(dtype)
 
     def lin(prefix: str, n: int, k: int, bias: bool = False):
-        src = None if ts.has(prefix + ".weight_scale") else lazy(prefix + ".weight", (n, k))
+        src = None if quantize is not None or ts.has(prefix + ".weight_scale") else lazy(prefix + ".weight", (n, k))
         if src is not None:
             b = ts.get(prefix + ".bias", (n,), floating=True).to(dtype) if bias else None
             return DenseLinear(None, b, backend=backend, blocks=src)

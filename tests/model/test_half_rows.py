@@ -146,3 +146,21 @@ def test_float32_model_upcast_from_bf16_keeps_only_its_float32_weights():
     assert head.pack_blocks(gb.FORMATS).fmt == "bf16"
     model.decoder.invalidate_native()
     assert torch.equal(logits(model.decoder), before)
+
+
+def test_quantize_ternary_keeps_the_half_embedding_and_head(monkeypatch):
+    """quantize="ternary" on a bf16 checkpoint: projections ternary, embedding and LM head bf16 rows (no float32
+    copy), logits equal to the same build on float32 weights bit for bit."""
+    from bitmtp.ops import TernaryLinear
+
+    hf = _half_model("bf16", tie=False)
+    model = bitmtp.load(hf, adapter=None, capacity=64, quantize="ternary")
+    dec = model.decoder
+    assert dec.lm_head.lazy and dec.lm_head.blocks.fmt == "bf16" and dec.embed_blocks.fmt == "bf16"
+    assert all(isinstance(lay.attn.o_proj, TernaryLinear) and isinstance(lay.mlp.down_proj, TernaryLinear)
+               for lay in dec.layers)
+    got = logits(dec), _greedy(model)
+    monkeypatch.setenv("BITMTP_DENSE_BLOCKS", "0")
+    plain = bitmtp.load(hf, adapter=None, capacity=64, quantize="ternary")
+    assert plain.decoder.lm_head.blocks is None and plain.decoder.embed_blocks is None
+    assert torch.equal(got[0], logits(plain.decoder)) and got[1] == _greedy(plain)
