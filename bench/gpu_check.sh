@@ -218,7 +218,10 @@ step "Vulkan runtime on this GPU's Vulkan driver"
 VK_TESTS="tests/runtime/vulkan/test_runtime.py tests/wgsl_fallback tests/runtime/test_masked_rows.py"
 VK_BENCH_JSON="$LOGS/bench_vulkan.json"
 export WGPU_BACKEND_TYPE=Vulkan XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
-if [ $DRY = 0 ] && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan && ls .gl/*.deb >/dev/null 2>&1; then
+# NVIDIA's Vulkan ICD (libGLX_nvidia) needs the loader and glvnd (libGLdispatch, libEGL): unpack the carried ones
+# when either is missing
+if [ $DRY = 0 ] && [ "$(id -u)" = 0 ] && ls .gl/*.deb >/dev/null 2>&1 \
+    && ! { ldconfig -p 2>/dev/null | grep -q libvulkan && ldconfig -p 2>/dev/null | grep -q libGLdispatch; }; then
   echo "+ unpacking the carried Vulkan loader: .gl/*.deb into /"
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
@@ -231,6 +234,14 @@ if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ] && [ -f /usr/local/nvidia/
     && ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
+if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ]; then
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+if [ $DRY = 0 ]; then  # what the loader will see: enough to tell a missing driver from a missing library
+  echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-} VK_ICD_FILENAMES=${VK_ICD_FILENAMES:-}"
+  ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d 2>&1 | head -12
+  ldconfig -p 2>/dev/null | grep -E "libvulkan|libGLdispatch|libEGL.so|libGLX_nvidia|libnvidia-glcore" | head -8
+fi
 # the adapter wgpu picks: the GPU's own driver, or this step checks nothing new (CI runs lavapipe)
 VK_ADAPTER=$($PY - <<'EOF' 2>&1 | tail -1
 try:
@@ -240,7 +251,7 @@ try:
     print(("CPU " if kind.upper() == "CPU" else "GPU ") + f"{r.info.get('device', '?')} ({kind}, "
           f"W2A8/dense shaders {r.w2a8_kernel}/{r.dense_kernel})")
 except Exception as exc:
-    print(f"NONE {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
+    print(f"NONE {type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
 EOF
 )
 echo "Vulkan adapter: $VK_ADAPTER"
@@ -255,6 +266,8 @@ if [ $DRY = 1 ]; then
     result "Vulkan tests+bench collect (dry-run)" FAIL "test or benchmark files do not collect"
   fi
 elif [ "${VK_ADAPTER%% *}" != GPU ]; then
+  echo "+ the Vulkan loader's own account (VK_LOADER_DEBUG=error,warn,driver):"
+  VK_LOADER_DEBUG=error,warn,driver timeout 60 $PY -c "import wgpu; print([a.summary for a in wgpu.gpu.enumerate_adapters_sync()])" 2>&1 | tail -25
   result "Vulkan adapter" FAIL "not the GPU: ${VK_ADAPTER#* } (loader / ICD: see the header)"
 else
   result "Vulkan adapter" ok "${VK_ADAPTER#* }"

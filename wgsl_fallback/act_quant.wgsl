@@ -23,6 +23,32 @@ fn q(v: f32, s: f32) -> i32 {
   return i32(clamp(round(v * s), -128.0, 127.0));
 }
 
+// 1 / a correctly rounded, for a positive float: 2^48 / significand by restoring division in u32
+// (remainder < 2^25), then rounded to nearest. A subnormal a, or one
+// whose reciprocal would be subnormal (a >= 2^126), takes the plain division (never an activation's
+// absmax: it is clamped to >= 1e-5 and finite activations that large overflow the model anyway).
+fn recip_rn(a: f32) -> f32 {
+  let bits = bitcast<u32>(a);
+  let e = (bits >> 23u) & 0xFFu;
+  if (e == 0u || e > 252u) { return 1.0 / a; }
+  let m = (bits & 0x7FFFFFu) | 0x800000u;  // a = m * 2^(e - 150), 2^23 <= m < 2^24
+  if (m == 0x800000u) { return bitcast<f32>((254u - e) << 23u); }  // a power of two: 2^(127 - (e - 127))
+  var rem: u32 = 1u;
+  var quo: u32 = 0u;
+  for (var i = 0u; i < 48u; i++) {  // quo = floor(2^48 / m), 2^24 < quo < 2^25
+    rem = rem << 1u;
+    quo = quo << 1u;
+    if (rem >= m) { rem -= m; quo |= 1u; }
+  }
+  // 1/a = (quo + rem/m) * 2^(102 - e): 24 significant bits, then the round bit quo & 1. No ties: m is not a
+  // power of two, so m * quo != 2^48 and rem != 0 — a set round bit always rounds up
+  var mant = quo >> 1u;
+  if ((quo & 1u) == 1u) { mant += 1u; }
+  var biased = 253u - e;
+  if (mant == 0x1000000u) { mant = 0x800000u; biased += 1u; }
+  return bitcast<f32>((biased << 23u) | (mant & 0x7FFFFFu));
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let m = wid.x;
@@ -36,11 +62,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (tid < stride) { red[tid] = max(red[tid], red[tid + stride]); }
     workgroupBarrier();
   }
-  // torch evaluates 127 / a as reciprocal(a) * 127 (Tensor.__rtruediv__), each step rounded; doing the
-  // same here gives the reference's s (and so its x_q) bit for bit where the reciprocal is correctly
-  // rounded (lavapipe; WGSL allows 2.5 ulp, so another GPU may differ by an ulp in s).
+  // torch evaluates 127 / a as reciprocal(a) * 127 (Tensor.__rtruediv__), each step rounded. WGSL allows
+  // 2.5 ulp for a division, and NVIDIA's Vulkan driver is an ulp off where lavapipe is not (seen on an H200),
+  // so the reciprocal is computed exactly in integers (recip_rn); the multiplication is correctly rounded.
   let a = max(red[0], 1e-5);
-  let s = (1.0 / a) * 127.0;
+  let s = recip_rn(a) * 127.0;
   if (tid == 0u) { s_out[m] = s; }
   for (var i = tid; i < p.K4; i += WG) {
     var word: u32 = 0u;
