@@ -24,7 +24,9 @@
 #      c. python -m pytest --benchmark-only bench/kernels/test_bench_wgsl.py (quick mode): register
 #         tiling, recorded-step replay, readbacks per iteration; its figures go into the table;
 #   7. compute-sanitizer memcheck of a few odd shapes, if installed and time is left;
-#   8. one compact table: step results and the benchmarks' "bitmtp ratio table".
+#   8. ncu (--clock-control none: the card's clocks are left alone) on the CUDA decode kernel at M = 1, 8, 16
+#      (duration, DRAM throughput, achieved occupancy, registers), if installed and time is left;
+#   9. one compact table: step results and the benchmarks' "bitmtp ratio table".
 #
 # Carrying the Vulkan loader and wgpu (the machine has no network): once, on a machine that has one,
 # in the repository root (.gl/ is git-ignored through .git/info/exclude):
@@ -313,6 +315,44 @@ EOF
 else
   [ $DRY = 1 ] && echo "+ compute-sanitizer --tool memcheck $PY memcheck.py   (not run: --dry-run)"
   result "compute-sanitizer memcheck" skipped "$([ $DRY = 1 ] && echo dry-run || echo 'not installed')"
+fi
+
+step "ncu: the CUDA decode kernel's width scaling (M = 1, 8, 16 at 2560x6912 and 6912x2560)"
+if [ $DRY = 0 ] && command -v ncu >/dev/null; then
+  cat > "$LOGS/ncu_probe.py" <<'EOF'
+import torch
+from bitmtp.formats import pack_t2
+from bitmtp.ops.registry import select
+impl = select("w2a8_linear_q", torch.device("cuda"), "cuda")
+for n, k in [(2560, 6912), (6912, 2560)]:
+    packed = pack_t2(torch.randint(-1, 2, (n, k), dtype=torch.int8)).cuda()
+    scales = torch.rand(n, 1).cuda()
+    for m in (1, 8, 16):
+        x_q = torch.randint(-127, 128, (m, k), dtype=torch.int8).cuda()
+        impl(x_q, torch.rand(m).cuda() + 0.5, packed, scales, k, k, torch.randn(n).cuda(), torch.float32)
+torch.cuda.synchronize()
+print("ncu probe done")
+EOF
+  run "ncu width probe" "$(limit 90 5)" skipped ncu --clock-control none -k regex:w2a8 --section SpeedOfLight \
+    --section Occupancy --section LaunchStats $PY "$LOGS/ncu_probe.py"
+  NCU_LOG=$(logfile "ncu width probe")
+  if [ -s "$NCU_LOG" ]; then
+    $PY - "$NCU_LOG" <<'EOF'
+import re, sys
+print("| kernel | grid x block | duration us | DRAM % | occupancy % | registers |")
+print("|---|---|---|---|---|---|")
+for b in re.split(r"\n  void ", open(sys.argv[1]).read())[1:]:
+    def f(key):
+        m = re.search(key + r"\s+\S+\s+([\d.,]+)", b)
+        return m.group(1) if m else "?"
+    g = re.search(r"\((\d+), 1, 1\)x\((\d+), 1, 1\)", b)
+    print(f"| {b.split('(')[0]} | {'x'.join(g.groups()) if g else '?'} | {f('Duration')} | {f('DRAM Throughput')} "
+          f"| {f('Achieved Occupancy')} | {f('Registers Per Thread')} |")
+EOF
+  fi
+else
+  [ $DRY = 1 ] && echo "+ ncu --clock-control none -k regex:w2a8 ... $PY ncu_probe.py   (not run: --dry-run)"
+  result "ncu width probe" skipped "$([ $DRY = 1 ] && echo dry-run || echo 'ncu not installed')"
 fi
 
 step "summary"
