@@ -266,6 +266,10 @@ MUTANTS: tuple[Mutant, ...] = (
            'HALF_FORMATS = {"bf16": torch.bfloat16, "f16": torch.bfloat16}',
            ("tests/formats/test_ggml_blocks.py", "-k", "half_rows_share_memory"),
            "f16 rows decoded as bfloat16 on the float path"),
+    Mutant("act-quant-reciprocal-rounds-down", "wgsl_fallback/act_quant.wgsl",
+           "if ((quo & 1u) == 1u) { mant += 1u; }", "",
+           ("tests/wgsl_fallback/test_act_quant.py", "-k", "correctly_rounded_reciprocal"),
+           "the Vulkan activation scale truncated instead of rounded (an ulp off, as NVIDIA's division was)"),
 )
 
 
