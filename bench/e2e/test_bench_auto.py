@@ -187,17 +187,19 @@ def test_one_pass_vs_two_pass_oracle_bitnet2b(benchmark):
            gates={k: HIGHER for k in figures}, **figures)
 
 
-def _one_pass_and_auto(device: str, layers: int, rounds: int) -> dict[str, float]:
+def _one_pass_and_auto(device: str, layers: int, rounds: int, vocab: int | None = None) -> dict[str, float]:
     """One pass over two passes (oracle drafter, D = 8) and ``auto`` (lookup) over AR at BitNet-2B shapes on
-    ``device``, alternated ``rounds`` times; every contender's tokens must equal AR's."""
-    from bench.models import bitnet2b_decoder
+    ``device`` (``vocab``: a smaller vocabulary than BitNet's), alternated ``rounds`` times; every contender's
+    tokens must equal AR's."""
+    from bench.models import BITNET2B_VOCAB, bitnet2b_decoder
     from bitmtp.decoding.drafters import LookupDrafter, OracleDrafter
     from bitmtp.runtime import Engine
 
     prompt = list(range(100, 164)) * 4  # repeats: lookup matches
     new = 64
     # the decoder's RoPE table holds 1024 positions: capacity + m_max must fit in it
-    eng = Engine(bitnet2b_decoder(layers, device=device), capacity=len(prompt) + new + 64, m_max=16)
+    dec = bitnet2b_decoder(layers, device=device, vocab=vocab or BITNET2B_VOCAB)
+    eng = Engine(dec, capacity=len(prompt) + new + 64, m_max=16)
 
     def run(**kw):
         return Engine.run(eng.decode(prompt, max_new_tokens=new, eos=[], **kw))
@@ -223,13 +225,14 @@ def _one_pass_and_auto(device: str, layers: int, rounds: int) -> dict[str, float
 
 
 def test_one_pass_and_auto_code_path_cpu():
-    """The GPU benchmark's body on the CPU (2 layers, one round, no figures): it runs, and its contenders equal AR
-    — so a GPU session spends its minutes measuring, not on a bug the CPU could have shown."""
+    """The GPU benchmark's body on the CPU (2 layers, a 4096-token vocabulary, one round, no figures): it runs,
+    and its contenders equal AR — so a GPU session spends its minutes measuring, not on a bug the CPU could
+    have shown."""
     from bitmtp.ops.registry import availability
 
     if not availability("cpu", "cpu")[0]:
         pytest.skip("native CPU extension not built")
-    figures = _one_pass_and_auto("cpu", layers=2, rounds=1)
+    figures = _one_pass_and_auto("cpu", layers=2, rounds=1, vocab=4096)
     assert set(figures) == {"oracle_d8_one_over_two", "oracle_d8_one_pass_over_ar", "oracle_d8_two_pass_over_ar",
                             "auto_lookup_over_ar"}
     assert all(v > 0 for v in figures.values()), figures
