@@ -28,15 +28,11 @@
 #      (duration, DRAM throughput, achieved occupancy, registers), if installed and time is left;
 #   9. one compact table: step results and the benchmarks' "bitmtp ratio table".
 #
-# Carrying the Vulkan loader and wgpu (the machine has no network): once, on a machine that has one,
-# in the repository root (.gl/ is git-ignored through .git/info/exclude):
-#   echo /.gl/ >>.git/info/exclude; mkdir -p .gl/wheels /tmp/amd64/partial
-#   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-#   apt-get $o update; (cd .gl && apt-get $o download libvulkan1)
-#   pip download --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11 -d .gl/wheels wgpu
-# and carry .gl with the tree (the device tool's `carry`). Step 6a unpacks .gl/*.deb into / (root only)
-# when `ldconfig -p` has no libvulkan, installs wgpu from .gl/wheels when it is not importable, and points
-# the loader at the NVIDIA ICD when no other is registered (VK_DRIVER_FILES).
+# Carrying the Vulkan loader, glvnd and wgpu (the machine has no network): `bash bench/gpu_carry.sh` here fills
+# .gl/ (git-ignored through .git/info/exclude; its header has the device command session 14 ran); carry .gl
+# with the tree (the device tool's `carry`). Step 6a unpacks .gl/*.deb into / (root only) when `ldconfig -p`
+# lacks libvulkan or libGLdispatch, installs wgpu from .gl/wheels when it is not importable, and points the
+# loader at the NVIDIA ICD (VK_DRIVER_FILES) and glvnd at NVIDIA's EGL vendor file when no other is registered.
 #
 # Usage: bash bench/gpu_check.sh [--dry-run]
 #   --dry-run  runs the same steps on the CPU, so CI can exercise the script: the setup for real,
@@ -50,7 +46,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument: $arg (use --dry-run)"; exit 2 ;;
   esac
 done
