@@ -20,6 +20,23 @@ from bitmtp.model.layers import DenseLinear
 BLOCK = 8
 
 
+def _alternate_per_width(benchmark, runners, switched, on: str, off: str) -> dict[str, float] | None:
+    """Each runner's step with the switch on and off: once each in smoke mode (None), else
+    ``speedup_<width>`` = time(off) / time(on), alternated, with both times in ms."""
+    if benchmark.disabled:
+        for r in runners.values():
+            switched(r.run, True)()
+            switched(r.run, False)()
+        return None
+    figures = {}
+    for name, r in runners.items():
+        ratio, t_off, t_on = alternating_ratio(switched(r.run, False), switched(r.run, True), rounds=5, inner=3)
+        figures[f"speedup_{name}"] = ratio
+        figures[f"{name}_{on}_ms"] = t_on * 1e3
+        figures[f"{name}_{off}_ms"] = t_off * 1e3
+    return figures
+
+
 def test_blocks_over_float32(benchmark):
     from bitmtp.ops.registry import availability
 
@@ -41,19 +58,12 @@ def test_blocks_over_float32(benchmark):
 
     benchmark.pedantic(switched(runners["ar"].run, True), rounds=1, iterations=1, warmup_rounds=1)
     assert dec.fused_plan() is not None, dec.fused_reason
-    if benchmark.disabled:
-        for r in runners.values():
-            switched(r.run, True)()
-            switched(r.run, False)()
+    figures = _alternate_per_width(benchmark, runners, switched, on="blocks", off="float32")
+    if figures is None:
         return
     switched(lambda: None, True)()
     summary = dec.dense_summary()
-    figures = {"float32_mb": summary["float_bytes"] / 1e6, "blocks_mb": summary["step_bytes"] / 1e6}
-    for name, r in runners.items():
-        ratio, t_f32, t_blk = alternating_ratio(switched(r.run, False), switched(r.run, True), rounds=5, inner=3)
-        figures[f"speedup_{name}"] = ratio
-        figures[f"{name}_blocks_ms"] = t_blk * 1e3
-        figures[f"{name}_float32_ms"] = t_f32 * 1e3
+    figures.update(float32_mb=summary["float_bytes"] / 1e6, blocks_mb=summary["step_bytes"] / 1e6)
     record(benchmark, shapes=f"smollm2, {dec.args.num_layers} layers, cpu", threads=torch.get_num_threads(),
            gates={k: HIGHER for k in figures if k.startswith("speedup_")}, **figures)
 
@@ -85,17 +95,9 @@ def test_bf16_head_over_float32_bitnet2b(benchmark):
 
     benchmark.pedantic(switched(runners["ar"].run, True), rounds=1, iterations=1, warmup_rounds=1)
     assert heads[True].lazy and heads[True].blocks.fmt == "bf16" and heads[False].blocks is None
-    if benchmark.disabled:
-        for r in runners.values():
-            switched(r.run, True)()
-            switched(r.run, False)()
+    figures = _alternate_per_width(benchmark, runners, switched, on="bf16", off="float32")
+    if figures is None:
         return
-    figures = {"head_float32_mb": heads[False].weight.numel() * 4 / 1e6,
-               "head_bf16_mb": heads[True].blocks.nbytes / 1e6}
-    for name, r in runners.items():
-        ratio, t_f32, t_half = alternating_ratio(switched(r.run, False), switched(r.run, True), rounds=5, inner=3)
-        figures[f"speedup_{name}"] = ratio
-        figures[f"{name}_bf16_ms"] = t_half * 1e3
-        figures[f"{name}_float32_ms"] = t_f32 * 1e3
+    figures.update(head_float32_mb=heads[False].weight.numel() * 4 / 1e6, head_bf16_mb=heads[True].blocks.nbytes / 1e6)
     record(benchmark, shapes=f"bitnet-2b, {dec.args.num_layers} layers, cpu", threads=torch.get_num_threads(),
            gates={k: HIGHER for k in figures if k.startswith("speedup_")}, **figures)
