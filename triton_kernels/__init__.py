@@ -13,10 +13,11 @@ Test: tests/ops/test_w2a8_linear.py, tests/ops/test_attention.py
 
 from bitmtp.triton_kernels.attention import attention_rows
 from bitmtp.triton_kernels.w2a8 import (
+    SMALL_TILED,
     WIDTH_BUCKETS,
     KernelConfig,
     config_for_width,
     w2a8_matmul,
 )
 
-__all__ = ["WIDTH_BUCKETS", "KernelConfig", "config_for_width", "w2a8_matmul", "attention_rows"]
+__all__ = ["SMALL_TILED", "WIDTH_BUCKETS", "KernelConfig", "config_for_width", "w2a8_matmul", "attention_rows"]

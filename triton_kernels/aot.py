@@ -29,7 +29,7 @@ _COMMON_PTRS = {"xq_ptr": "*i8", "xs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*
 def kernel_specs():
     """Yield ``(label, fn, signature, constexprs, num_warps)`` for every kernel variant to compile."""
     for out_ty in ("fp32", "bf16", "fp16"):
-        for lo, hi, cfg in w2a8.WIDTH_BUCKETS:
+        for lo, hi, cfg in (*w2a8.WIDTH_BUCKETS, (2, 16, w2a8.SMALL_TILED)):
             flag_sets = [dict(HAS_BIAS=True, WRITE_ACC=False, WRITE_OUT=True)]
             if out_ty == "fp32":
                 flag_sets.append(dict(HAS_BIAS=False, WRITE_ACC=True, WRITE_OUT=False))
@@ -48,7 +48,8 @@ def kernel_specs():
                     const = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw, **flags)
                     for name in const:
                         sig[name] = "constexpr"
-                    yield f"tiled out={out_ty} {flags}", w2a8._w2a8_tiled_kernel, sig, const, cfg.num_warps
+                    yield (f"tiled BLOCK_M={cfg.block_m} out={out_ty} {flags}", w2a8._w2a8_tiled_kernel, sig, const,
+                           cfg.num_warps)
 
 
 def attention_specs():

@@ -51,8 +51,24 @@ WIDTH_BUCKETS: tuple[tuple[int, int, KernelConfig], ...] = (
 )
 
 
-def config_for_width(m: int) -> KernelConfig:
-    """The kernel configuration for replay width ``m``."""
+#: The tiled kernel with BLOCK_M = 16: ``tl.dot`` (tensor cores on a GPU) for a width the decode buckets
+#: would multiply-reduce on CUDA cores — weights decoded once per program for all ≤ 16 tokens, as there.
+SMALL_TILED = KernelConfig("tiled", block_n=64, block_kw=4, block_m=16)
+
+#: The first width 2..16 that :data:`SMALL_TILED` runs instead of the decode buckets (17: none of them).
+#: The first GPU run (H200, session 14) measured the decode buckets at t8/t1 = 4.5–9.75 and t16/t1 =
+#: 5.7–9.5 (bench/kernels/test_bench_cuda.py), so that benchmark also times :data:`SMALL_TILED` at M = 8
+#: and 16 (``triton_tiled``); a GPU session moves this default from those figures.
+TILED_FROM = 17
+
+
+def config_for_width(m: int, tiled_from: int | None = None) -> KernelConfig:
+    """The kernel configuration for replay width ``m`` (``tiled_from``: :data:`TILED_FROM` unless given)."""
+    first = TILED_FROM if tiled_from is None else tiled_from
+    if first < 2:
+        raise ValueError(f"tiled_from: the decode kernel always runs width 1; expected >= 2, got {first}")
+    if first <= m <= 16:
+        return SMALL_TILED
     for lo, hi, cfg in WIDTH_BUCKETS:
         if lo <= m <= hi:
             return cfg
@@ -201,17 +217,19 @@ def w2a8_matmul(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     acc_out: torch.Tensor | None = None,
+    tiled_from: int | None = None,
 ) -> None:
     """Launch the W2A8 kernel for ``x_q[M, K]`` against T2 ``packed[N, ceil(K/16)]``.
 
     Writes ``out[M, N]`` (float epilogue) and/or ``acc_out int32[M, N, n_groups]``. Inputs must be
     contiguous, on one device, already validated (``bitmtp.ops`` does that); this layer only launches.
+    ``tiled_from``: see :func:`config_for_width`.
     """
     m, kk = x_q.shape
     n, kw = packed.shape
     ng = scales.shape[1]
     stride_sn = 0 if scales.shape[0] == 1 else ng
-    cfg = config_for_width(m)
+    cfg = config_for_width(m, tiled_from)
     dummy = act_scale  # any valid pointer for arguments a constexpr switch leaves unused
     args = (
         x_q, act_scale, packed, scales,
@@ -236,4 +254,4 @@ def w2a8_matmul(
         )
 
 
-__all__ = ["KernelConfig", "WIDTH_BUCKETS", "config_for_width", "w2a8_matmul"]
+__all__ = ["KernelConfig", "SMALL_TILED", "TILED_FROM", "WIDTH_BUCKETS", "config_for_width", "w2a8_matmul"]

@@ -9,6 +9,10 @@ Figures (recorded into the end-of-run ratio table by ``bench.conftest.record``):
   perfect width specialization: the weights are read once whatever M is), and ``*_m<M>_GBps``, the
   packed weight bytes over the time at width M (``python -m bench.plots`` draws it against M).
 
+* ``triton_tiled_*`` / ``triton_tiled_over_decode_m<M>`` — Triton with widths 2..16 on its ``tl.dot`` tiled
+  kernel, and its time over the decode buckets' at width M (below 1: the tiled kernel is faster; not gated —
+  what a GPU session reads to set ``bitmtp.triton_kernels.w2a8.TILED_FROM``).
+
 Gated (``bench.compare``): ``*_bw_frac`` (higher is better) and ``*_t<M>_over_t1`` (lower).
 
 Timing: CUDA events around replays of a CUDA graph holding one launch per weight copy, cycling
@@ -89,7 +93,8 @@ def _backends() -> list[str]:
 
 
 def _setup(n: int, k: int, widths, backends):
-    """Weight copies plus one :class:`_Rotation` per (backend, width)."""
+    """Weight copies plus one :class:`_Rotation` per (backend, width). ``triton_tiled``: the Triton backend with
+    every width 2..16 on its ``tl.dot`` tiled kernel (``SMALL_TILED``), chosen while the graph is captured."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(n * 31 + k)
     packed = pack_t2(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)).to(dev)
@@ -99,12 +104,21 @@ def _setup(n: int, k: int, widths, backends):
     scales = torch.rand(1, 1, generator=g, device="cpu").add_(0.1).to(dev)  # BitNet: one scale per tensor
     rotations = {}
     for name in backends:
-        impl = select("w2a8_linear_q", dev, name)
+        impl = select("w2a8_linear_q", dev, name.removesuffix("_tiled"))
         for m in widths:
             x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).to(dev)
             s = (torch.rand(m, generator=g) + 0.5).to(dev)
             out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-            rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
+            if name == "triton_tiled":
+                from bitmtp.triton_kernels import w2a8
+
+                saved, w2a8.TILED_FROM = w2a8.TILED_FROM, 2
+                try:
+                    rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
+                finally:
+                    w2a8.TILED_FROM = saved
+            else:
+                rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
     return weight_bytes, rotations
 
 
@@ -138,8 +152,12 @@ def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
 
 @pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
 def test_width_scaling(benchmark, n, k):
-    """time(M = 8) / time(M = 1) and time(M = 16) / time(M = 1) for the CUDA and Triton kernels."""
+    """time(M = 8) / time(M = 1) and time(M = 16) / time(M = 1) for the CUDA and Triton kernels, and for Triton
+    with widths 2..16 on its tiled ``tl.dot`` kernel (``triton_tiled``, not gated: the figures a GPU session
+    uses to choose ``bitmtp.triton_kernels.w2a8.TILED_FROM``)."""
     backends = _backends()
+    if "triton" in backends:
+        backends.append("triton_tiled")
     weight_bytes, rot = _setup(n, k, WIDTHS, backends)
     benchmark.pedantic(lambda: (rot["cuda", 16].graph.replay(), torch.cuda.synchronize()), rounds=5,
                        iterations=1, warmup_rounds=1)
@@ -159,5 +177,10 @@ def test_width_scaling(benchmark, n, k):
             figures[f"{name}_m{m}_GBps"] = weight_bytes / statistics.median(times[m]) / 1e9
         for m, r in ratios.items():
             figures[f"{name}_t{m}_over_t1"] = statistics.median(r)
-            gates[f"{name}_t{m}_over_t1"] = LOWER
+            if name != "triton_tiled":
+                gates[f"{name}_t{m}_over_t1"] = LOWER
+    if "triton_tiled" in backends:  # the candidate against today's decode buckets, same widths, same run
+        for m in WIDTHS[1:]:
+            figures[f"triton_tiled_over_decode_m{m}"] = (figures[f"triton_m{m}_GBps"]
+                                                         / figures[f"triton_tiled_m{m}_GBps"])
     record(benchmark, gates=gates, **figures)
