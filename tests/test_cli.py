@@ -270,3 +270,26 @@ def test_program_exit_flushes_piped_output_and_keeps_the_status(ckpt, fast):
     assert bad.returncode == 2 and "tau" in bad.stderr
     info = _program(["info"], {"BITMTP_FAST_EXIT": fast})
     assert info.returncode == 0 and "backends on cpu" in info.stdout
+
+
+@pytest.mark.wgpu
+def test_info_does_not_warn_about_bitmtps_own_vulkan_choice():
+    """wgpu logs "Forcing backend: Vulkan" whenever WGPU_BACKEND_TYPE is set; bitmtp sets it itself when the user
+    did not, and that is no news to the user — only a user's own setting is reported (wgpu's default)."""
+    import os
+    import subprocess
+    import sys
+
+    from bitmtp.wgsl_fallback.runner import availability
+
+    if not availability()[0]:
+        pytest.skip("no Vulkan adapter")
+    env = {k: v for k, v in os.environ.items() if k != "WGPU_BACKEND_TYPE"}
+    out = subprocess.run([sys.executable, "-m", "bitmtp", "info"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "runtimes (--runtime)" in out.stdout and "vulkan" in out.stdout
+    assert "Forcing backend" not in out.stdout + out.stderr
+    env["WGPU_BACKEND_TYPE"] = "Vulkan"
+    mine = subprocess.run([sys.executable, "-m", "bitmtp", "info"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "Forcing backend" in mine.stdout + mine.stderr  # the user's own setting is still reported

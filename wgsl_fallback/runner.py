@@ -17,6 +17,7 @@ provide one. ``WGPU_BACKEND_TYPE=Vulkan`` makes wgpu fail loudly instead of fall
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -83,8 +84,17 @@ def _preload_triton() -> None:
             pass
 
 
+class _OwnBackendChoice(logging.Filter):
+    """Drops wgpu's "Forcing backend: Vulkan" warning when the forcing is this module's default, not the user's
+    WGPU_BACKEND_TYPE (it read as a problem in every ``bitmtp info``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Forcing backend:")
+
+
 def _wgpu():
     _preload_triton()
+    own_choice = "WGPU_BACKEND_TYPE" not in os.environ
     os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's WSI probe complains loudly without one
     try:
@@ -92,6 +102,8 @@ def _wgpu():
     except ImportError as exc:
         raise BackendUnavailableError(f"wgpu backend: the wgpu package is not installed ({exc}); {VULKAN_HINT}") \
             from exc
+    if own_choice:  # after the import: wgpu installs its own logger class for "wgpu" and checks it is the one
+        logging.getLogger("wgpu").addFilter(_OwnBackendChoice())
     return wgpu
 
 
