@@ -77,6 +77,35 @@ def _load(args):
     return bitmtp.load(path, capacity=args.capacity, device=args.device, quantize=args.quantize, adapter=adapter)
 
 
+def _load_transformers(source: str | None, device: str):
+    """The model at ``source`` (default: the embedded one) as a float32 transformers causal LM on ``device``: a
+    GGUF file through transformers' GGUF reader, or a Hugging Face folder."""
+    from bitmtp.cli_common import default_model_path
+    from bitmtp.errors import BitMTPError
+
+    path = Path(source) if source else Path(default_model_path())
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise BitMTPError(f"--engine transformers: transformers is not installed ({exc}); pip install "
+                          f"'bitmtp[hf]', or use --engine bitmtp") from exc
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         torch_dtype=torch.float32)
+        elif path.is_dir():
+            model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+        else:
+            raise BitMTPError(f"--model: {path} is neither a .gguf file nor a Hugging Face folder; --engine "
+                              f"transformers reads one of those")
+    except (ImportError, OSError, ValueError) as exc:
+        raise BitMTPError(f"--engine transformers: transformers could not load {path} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); a GGUF model also needs `pip install "
+                          f"gguf`; or use --engine bitmtp") from exc
+    return model.to(device).eval()
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import logging
 
@@ -141,11 +170,22 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     prompts = distill_prompt_ids(model, args.data or ["stdlib"], args.count, chat_fraction=args.chat_fraction,
                                  lines=args.lines, seed=args.seed, general_fraction=args.general_fraction,
                                  general_pool=args.general_pool, exclude=exclude)
-    policy, block = ("ar", None) if args.policy == "ar" or model.drafter is None else ("speculative", args.block_size)
-    print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with {policy}"
-          + (f" D={block}" if block else "") + f" -> {out}", file=sys.stderr)
-    st = distill_corpus(model, prompts, out, max_new_tokens=args.new_tokens, policy=policy, block_size=block,
-                        overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
+    if args.engine == "transformers":
+        from bitmtp.train.distill import distill_corpus_hf
+
+        hf = _load_transformers(args.model, args.device)
+        print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with transformers' generate, "
+              f"{args.batch_size} a call on {args.device} -> {out}", file=sys.stderr)
+        st = distill_corpus_hf(hf, prompts, out, eos_ids=model.eos_ids(None), max_new_tokens=args.new_tokens,
+                               batch_size=args.batch_size, overwrite=args.overwrite, resume=args.resume,
+                               progress=not args.no_progress)
+    else:
+        policy, block = (("ar", None) if args.policy == "ar" or model.drafter is None
+                         else ("speculative", args.block_size))
+        print(f"bitmtp: {len(prompts)} prompts x {args.new_tokens} greedy tokens with {policy}"
+              + (f" D={block}" if block else "") + f" -> {out}", file=sys.stderr)
+        st = distill_corpus(model, prompts, out, max_new_tokens=args.new_tokens, policy=policy, block_size=block,
+                            overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress)
     print(f"bitmtp: wrote {st.path}: {st.records} records, {st.prompt_tokens} prompt + {st.generated_tokens} "
           f"generated tokens in {st.seconds / 60:.1f} min; train on it with "
           f"python -m bitmtp train --data {st.path} ...", file=sys.stderr)
@@ -384,6 +424,14 @@ def add_commands(sub) -> None:
                             help="speculative block size, 2..16 (default 2)"), between(2, 16))
     checked(di.add_argument("--adapter", metavar="DIR",
                             help="adapter for speculative generation (default: the shipped one)"), existing("folder"))
+    di.add_argument("--engine", default="bitmtp", choices=["bitmtp", "transformers"],
+                    help="bitmtp (default): this runtime, one prompt at a time, exactly its AR greedy tokens; "
+                         "transformers: the same weights through transformers' batched generate on --device — "
+                         "for a GPU, where it distils thousands of prompts a minute (greedy too; a logit tie "
+                         "within float rounding may break the other way). Needs transformers (and gguf for a "
+                         "GGUF model)")
+    checked(di.add_argument("--batch-size", type=int, default=64,
+                            help="prompts per generate call with --engine transformers (default 64)"), at_least(1))
     di.add_argument("--resume", action="store_true", help="continue from OUT.partial")
     di.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     _model_args(di)

