@@ -409,9 +409,10 @@ def add_commands(sub) -> None:
                                  "(bitmtp.train.chat_prompts; never the eval's chat prompts) instead of code "
                                  "snippets (default 0)"),
             between(0.0, 1.0))
-    di.add_argument("--general-pool", default="xl", choices=["xl", "wide", "base"],
-                    help="the general prompt set: xl (~3100 prompts, default), or what earlier corpora drew "
-                         "from: wide (its first ~1900) or base (its first ~700)")
+    di.add_argument("--general-pool", default="xl", choices=["xl", "xxl", "wide", "base"],
+                    help="the general prompt set: xl (~3100 prompts, default); xxl (xl, then each xl prompt with "
+                         "one of nine answer shapes appended, ~31000: for a GPU run); or what earlier corpora drew "
+                         "from: wide (xl's first ~1900) or base (its first ~700)")
     checked(di.add_argument("--exclude-prompts-of", nargs="+", metavar="JSONL",
                             help="skip every prompt of these earlier distill corpora, so the new corpus adds "
                                  "prompts instead of repeating them"), existing("file"))

@@ -5,13 +5,14 @@ questions, while the shipped adapters were trained on code only, so their drafts
 chat answer about anything but code. ``distill --general-fraction`` sends these prompts through the
 chat template so the corpus holds the base model's own answers to everyday requests.
 
-Three pools, each extending the one before: ``base`` (the first ~700 prompts, what the session-7/8
+Four pools, each extending the one before: ``base`` (the first ~700 prompts, what the session-7/8
 corpora drew from), ``wide`` (``base`` plus :data:`MORE_GROUPS`, ~1900 prompts: how things work,
 practical how-to and advice, letters and messages, arguments for and against, animals, countries,
 everyday maths; the session-9/10 corpora) and ``xl`` (``wide`` plus :data:`EXTRA_GROUPS`, ~3100: food,
 professions, the body, sports and games, materials, programming ideas in words, hard moments, places
-in nature, people of history, rewriting a sentence, ideas and plans). All three are frozen (a test
-pins them by hash): corpora's provenance commands reproduce only while they are, so more prompts go
+in nature, people of history, rewriting a sentence, ideas and plans); ``xxl`` (session 14, ``xl`` and every ``xl``
+prompt with one of :data:`ANSWER_SHAPES` appended, ~31000: for a GPU distillation run). All four are frozen (a
+test pins them by hash): corpora's provenance commands reproduce only while they are, so more prompts go
 into a new pool. The shipped
 adapter's first corpora plateaued at ~0.64 first-row accuracy on their own chat records against
 ~0.49 on the evaluation's chat generations (teacher-forced, session 9): a gap that more varied
@@ -255,8 +256,18 @@ EXTRA_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 #: the prompt pools by name: ``base`` = :data:`GROUPS`, ``wide`` = ``base`` + :data:`MORE_GROUPS`,
-#: ``xl`` = ``wide`` + :data:`EXTRA_GROUPS`
-POOLS = {"base": GROUPS, "wide": GROUPS + MORE_GROUPS, "xl": GROUPS + MORE_GROUPS + EXTRA_GROUPS}
+#: ``xl`` = ``wide`` + :data:`EXTRA_GROUPS`; ``xxl`` is ``xl`` and then every ``xl`` prompt with each of
+#: :data:`ANSWER_SHAPES` appended (:func:`all_chat_prompts`)
+POOLS = {"base": GROUPS, "wide": GROUPS + MORE_GROUPS, "xl": GROUPS + MORE_GROUPS + EXTRA_GROUPS,
+         "xxl": GROUPS + MORE_GROUPS + EXTRA_GROUPS}
+
+#: ``xxl``'s second dimension (session 14): how the answer should be shaped, appended to an ``xl`` prompt — ~10×
+#: the prompts for a GPU distillation run (the chat drafts gain ~0.035 per doubling of distinct prompts). The same
+#: topic asked for a list, two sentences or an example is answered differently, but its content repeats: a
+#: shaped prompt is likely worth less than a new topic (not measured yet).
+ANSWER_SHAPES = ("Answer in two sentences.", "Keep it under fifty words.", "Number the points.",
+                 "Give one concrete example.", "Start with a one-line summary.", "Write it for a complete beginner.",
+                 "End with a practical tip.", "Use plain, friendly language.", "Be brief and precise.")
 
 #: words of the evaluation's chat prompts' topics and request forms: no training prompt contains one
 EXCLUDED_WORDS = ("capital", "france", "paris", "photosynthesis", "paperclip", "paper clip", "haiku", "autumn",
@@ -276,7 +287,8 @@ def _groups(pool: str):
 
 
 def all_chat_prompts(pool: str = "xl") -> list[str]:
-    """Every general prompt of ``pool`` (``base``: ~700, ``wide``: ~1900, ``xl``: ~3100), in a fixed order."""
+    """Every general prompt of ``pool`` (``base``: ~700, ``wide``: ~1900, ``xl``: ~3100, ``xxl``: ~31000), in a
+    fixed order (a pool's prompts start with those of the pool it extends)."""
     out = []
     for templates, topics in _groups(pool):
         for topic in topics:
@@ -284,6 +296,9 @@ def all_chat_prompts(pool: str = "xl") -> list[str]:
                 prompt = template.format(t=topic)
                 if _banned(prompt) is None:
                     out.append(prompt)
+    if pool == "xxl":
+        out += [f"{prompt} {shape}" for shape in ANSWER_SHAPES for prompt in out
+                if _banned(f"{prompt} {shape}") is None]
     return out
 
 

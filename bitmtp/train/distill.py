@@ -230,7 +230,8 @@ def distill_prompt_ids(model: Any, sources: Iterable[str | Path] = ("stdlib",), 
     ``general_fraction`` of the ``count`` prompts are instead general chat questions and instructions
     (:func:`bitmtp.train.chat_prompts.chat_prompts`, chat template), shuffled in among the code ones so
     a partial corpus has both; ``chat_fraction`` applies to the rest. 0 (the default) keeps code only.
-    ``general_pool``: which set they come from (``xl``, or ``wide`` / ``base`` as earlier corpora used).
+    ``general_pool``: which set they come from (``xl``; ``xxl``, ~10× as many for a GPU run; or ``wide`` /
+    ``base`` as earlier corpora used).
 
     ``exclude``: prompts (token ids) to skip — those of corpora already made (:func:`corpus_prompts`),
     so a new corpus adds prompts rather than repeating them: the next prompts in the same seeded order

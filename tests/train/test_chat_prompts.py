@@ -9,7 +9,7 @@ import pytest
 
 import bitmtp
 from bitmtp.errors import BitMTPError
-from bitmtp.train.chat_prompts import EXCLUDED_WORDS, all_chat_prompts, chat_prompts
+from bitmtp.train.chat_prompts import ANSWER_SHAPES, EXCLUDED_WORDS, _banned, all_chat_prompts, chat_prompts
 from bitmtp.train.distill import corpus_prompts, distill_prompt_ids
 from bitmtp.train.evaluate import CHAT_PROMPTS
 from tests.support.adapters import INIT_RANGE
@@ -34,8 +34,9 @@ def test_set_is_large_distinct_and_deterministic():
             chat_prompts(bad)
 
 
-def test_eval_chat_prompts_stay_held_out():
-    pool = all_chat_prompts()
+@pytest.mark.parametrize("name", ["xl", "xxl"])
+def test_eval_chat_prompts_stay_held_out(name):
+    pool = all_chat_prompts(name)
     assert not set(pool) & set(CHAT_PROMPTS)
     # every eval prompt names a topic or request form on the exclusion list ...
     for q in CHAT_PROMPTS:
@@ -108,6 +109,12 @@ def test_pools_are_frozen_and_each_extends_the_last():
     assert wide[: len(base)] == base and len(wide) >= 1500 and len(set(wide)) == len(wide)
     assert xl[: len(wide)] == wide and len(xl) >= 3000 and len(set(xl)) == len(xl)
     assert all_chat_prompts() == xl and chat_prompts(40, seed=5) == chat_prompts(40, seed=5, pool="xl")
+    # xxl (session 14): xl, then every xl prompt with each answer shape appended; frozen from its first corpus on
+    xxl = all_chat_prompts("xxl")
+    assert hashlib.sha256("\n".join(xxl).encode()).hexdigest() == (
+        "6ae5d9b56ac754f86e971d7e9ba6cbdafec54c5933f59d147285a53c2fe7cb14")
+    assert xxl[: len(xl)] == xl and len(xxl) == len(xl) * (1 + len(ANSWER_SHAPES)) and len(set(xxl)) == len(xxl)
+    assert all(p.endswith(ANSWER_SHAPES) for p in xxl[len(xl):]) and not any(map(_banned, xxl))
     assert set(chat_prompts(40, seed=5, pool="base")) <= set(base)
     for bad in ("", "narrow"):
         with pytest.raises(BitMTPError, match="pool"):
