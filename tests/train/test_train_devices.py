@@ -1,7 +1,8 @@
 """Training an adapter on each device the runtime decodes on: the loss falls, the adapter file loads back, and
-decoding with it stays exact (speculative == AR); and ``distill --engine transformers`` on each device. The ``cuda`` case runs in bench/gpu_check.sh's ``-m cuda`` step
-— the route to more training data and longer runs than a CPU affords (issue "MTP that pays", item 3) starts
-there — and this file's CPU case checks the same code here.
+decoding with it stays exact (speculative == AR); and ``distill --engine transformers`` on each device. The
+``cuda`` cases run in bench/gpu_check.sh's ``-m cuda`` step — the route to more training data and longer runs
+than a CPU affords (issue "MTP that pays", item 3) starts there — and this file's CPU cases check the same code
+here.
 
 Rules: greedy token-by-token equality for decoding; the loss criterion as tests/train/test_train.py's."""
 
