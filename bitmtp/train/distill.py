@@ -105,9 +105,20 @@ def hf_greedy(hf_model: Any, batch: Sequence[Sequence[int]], *, max_new_tokens: 
     dev = next(hf_model.parameters()).device
     inputs = torch.tensor([[pad_id] * (width - len(ids)) + list(ids) for ids in batch], device=dev)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=dev)
-    with torch.no_grad():
-        out = hf_model.generate(input_ids=inputs, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=pad_id, eos_token_id=list(eos_ids))
+    from transformers import GenerationConfig
+
+    # the checkpoint's generation_config is set aside for the call: a repetition penalty or n-gram block stored
+    # there would make this something other than plain greedy decoding, and transformers fills the values a
+    # passed config leaves at their defaults from it
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id,
+                              eos_token_id=list(eos_ids))
+    saved = hf_model.generation_config
+    hf_model.generation_config = config
+    try:
+        with torch.no_grad():
+            out = hf_model.generate(input_ids=inputs, attention_mask=mask, generation_config=config)
+    finally:
+        hf_model.generation_config = saved
     eos = set(int(e) for e in eos_ids)
     rows = []
     for row in out[:, width:].tolist():

@@ -143,6 +143,8 @@ def test_transformers_engine_writes_the_same_records_in_batches(model, tmp_path)
     from bitmtp.train.distill import distill_corpus_hf, hf_greedy
 
     hf = tiny_model("llama", seed=3, initializer_range=INIT_RANGE)
+    # a checkpoint's generation defaults must not turn greedy into something else
+    hf.generation_config.repetition_penalty, hf.generation_config.no_repeat_ngram_size = 1.5, 2
     prompts = distill_prompt_ids(model, [_code(tmp_path)], count=5, chat_fraction=0.5, lines=3, seed=4)
     prompts = [p[: 12 + 9 * i] for i, p in enumerate(prompts)]  # five lengths: left padding is exercised
     ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
@@ -150,6 +152,7 @@ def test_transformers_engine_writes_the_same_records_in_batches(model, tmp_path)
     st = distill_corpus_hf(hf, prompts, theirs, eos_ids=model.eos_ids(None), max_new_tokens=12, batch_size=2,
                            progress=False)
     assert st.records == 5 and theirs.read_text() == ours.read_text()
+    assert hf.generation_config.repetition_penalty == 1.5  # set aside for the call only
     # a continuation stops after the first end-of-sequence id, which it keeps (as bitmtp.generate does)
     first = json.loads(ours.read_text().splitlines()[0])
     gen = first["tokens"][first["prompt_tokens"]:]
