@@ -280,10 +280,9 @@ def test_info_does_not_warn_about_bitmtps_own_vulkan_choice():
     import subprocess
     import sys
 
-    from bitmtp.wgsl_fallback.runner import availability
+    from tests.support.wgpu_device import device_runner_or_skip
 
-    if not availability()[0]:
-        pytest.skip("no Vulkan adapter")
+    device_runner_or_skip()  # a missing adapter fails under BITMTP_REQUIRE_WGPU=1 (CI), as in every wgpu test
     env = {k: v for k, v in os.environ.items() if k != "WGPU_BACKEND_TYPE"}
     out = subprocess.run([sys.executable, "-m", "bitmtp", "info"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -25,7 +25,9 @@ bench/ratios.py. The pytest-benchmark timing itself is the CUDA kernel's M = 1 g
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+from unittest import mock
 
 import pytest
 import torch
@@ -109,15 +111,9 @@ def _setup(n: int, k: int, widths, backends):
             x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).to(dev)
             s = (torch.rand(m, generator=g) + 0.5).to(dev)
             out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-            if name == "triton_tiled":
-                from bitmtp.triton_kernels import w2a8
-
-                saved, w2a8.TILED_FROM = w2a8.TILED_FROM, 2
-                try:
-                    rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
-                finally:
-                    w2a8.TILED_FROM = saved
-            else:
+            tiled = (mock.patch("bitmtp.triton_kernels.w2a8.TILED_FROM", 2) if name == "triton_tiled"
+                     else contextlib.nullcontext())  # the kernel is chosen at capture: the graph keeps it
+            with tiled:
                 rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
     return weight_bytes, rotations
 

