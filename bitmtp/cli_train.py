@@ -165,7 +165,9 @@ def _cmd_distill(args: argparse.Namespace) -> int:
         from bitmtp.errors import BitMTPError
 
         raise BitMTPError(f"--out: {out} exists; pass --overwrite to replace it")
-    model = _load(args)
+    # --engine transformers uses bitmtp's model for its tokenizer, chat template and end ids only: kept on the CPU
+    # (a GGUF's blocks stay unread there), whatever --device the transformers model runs on
+    model = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.engine == "transformers" else args)
     exclude = corpus_prompts(args.exclude_prompts_of or [])
     prompts = distill_prompt_ids(model, args.data or ["stdlib"], args.count, chat_fraction=args.chat_fraction,
                                  lines=args.lines, seed=args.seed, general_fraction=args.general_fraction,

@@ -1,0 +1,215 @@
+"""Chat drafts on a lent GPU (issue "MTP that pays", item 3): distil many prompts with transformers' batched
+``generate``, continue the shipped mask-block adapter on them, and write the adapter and the compressed corpus
+to an output folder — one prepared run, sized to a device call's ten minutes.
+
+Why a GPU: held out, the first mask row gains ~0.035 per doubling of distinct prompts (ARCHITECTURE, "Self-
+distillation corpora"); reaching 0.6 on eval-acceptance's chat set needs ~10x the ~2400 general prompts the
+shipped adapter saw — hours of this project's 2-core CPU, minutes of an H200.
+
+Stages (each bounded in time, each reported on stderr):
+
+1. ``python -m bitmtp distill --engine transformers --device DEVICE`` under a time limit; a run cut by the limit
+   keeps its complete records (``OUT.partial`` trimmed to whole lines);
+2. a short probe run of :func:`bitmtp.train.train` to measure seconds per step, then the real run with
+   ``max_steps`` sized to ``--train-seconds`` (so the cosine schedule ends where the time does);
+3. the corpus xz-compressed in parts of at most 15 MiB to ``OUT/`` (before training, so a cut run keeps it),
+   the adapter to ``OUT/adapter/``, ``OUT/summary.json``.
+
+Run here (CPU, tiny sizes) to check it before spending device time::
+
+    python bench/gpu_chat_drafts.py --device cpu --count 24 --batch-size 8 --new-tokens 32 \
+        --distill-seconds 120 --train-seconds 30 --train-batch 2 --out /tmp/cd
+
+On the device, see ``bench/gpu_chat_drafts.sh`` (model carried in two parts, unpacked under /tmp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parents[1] / "bitmtp" / "adapters" / "smollm2-135m-instruct-mask-block-d8"
+PART_BYTES = 15 * 2**20
+
+
+def log(msg: str) -> None:
+    print(f"[chat-drafts {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def trim_partial(partial: Path, final: Path) -> int:
+    """Keep the complete records of a distill run cut by its time limit; returns how many."""
+    if not partial.exists():
+        raise SystemExit(f"distill: no record was written before the time limit ({partial} missing): raise "
+                         f"--distill-seconds")
+    text = partial.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # the record being written when the run was cut
+    good = [ln for ln in lines if ln.strip()]
+    final.write_text("".join(ln + "\n" for ln in good), encoding="utf-8")
+    partial.unlink()
+    return len(good)
+
+
+def distill(args: argparse.Namespace, corpus: Path) -> None:
+    cmd = [sys.executable, "-m", "bitmtp", "distill", "--engine", "transformers", "--device", args.device,
+           "--batch-size", str(args.batch_size), "--count", str(args.count), "--general-fraction",
+           str(args.general_fraction), "--general-pool", "xxl", "--new-tokens", str(args.new_tokens),
+           "--seed", str(args.seed), "--out", str(corpus), "--overwrite", "--no-progress"]
+    if args.model:
+        cmd += ["--model", args.model]
+    log("distill: " + " ".join(cmd[1:]))
+    t0 = time.perf_counter()
+    try:
+        subprocess.run(cmd, check=True, timeout=args.distill_seconds)
+    except subprocess.TimeoutExpired:
+        partial = corpus.with_name(corpus.name + ".partial")
+        n = trim_partial(partial, corpus)
+        log(f"distill: cut at its {args.distill_seconds:.0f} s limit with {n} complete records")
+    n_rec = n_gen = 0
+    with corpus.open(encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            n_rec += 1
+            n_gen += len(rec["tokens"]) - rec["prompt_tokens"]
+    dt = time.perf_counter() - t0
+    log(f"distill: {n_rec} records, {n_gen} generated tokens in {dt:.0f} s ({n_gen / dt:.0f} tok/s with model load)")
+
+
+def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
+    import torch
+
+    import bitmtp
+    from bitmtp.cli_common import default_model_path
+    from bitmtp.train import TrainConfig, token_windows, train
+
+    path = args.model or default_model_path()
+    try:
+        if args.force_host_load:
+            raise RuntimeError("--force-host-load")
+        model = bitmtp.load(path, capacity=1024, device=args.device, adapter=None)
+        decoder = model.decoder
+    except Exception as exc:  # a GGUF decoder that cannot load on the device: train its float view there instead
+        log(f"train: bitmtp.load(device={args.device}) failed ({type(exc).__name__}: {exc}); loading on the CPU "
+            f"and moving the training view")
+        model = bitmtp.load(path, capacity=1024, device="cpu", adapter=None)
+        decoder = _on_device(model.decoder, torch.device(args.device))
+    eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
+    windows = token_windows([str(corpus)], model.tokenizer, 256, max_context=model.args.max_position_embeddings,
+                            eos_token_id=eos, split="train", shuffle_seed=args.seed,
+                            vocab_size=model.args.vocab_size)
+    log(f"train: {len(windows)} windows of 256 tokens")
+    common = dict(mode="mask-block", block_size=8, rank=args.rank, anchors=16, short_anchors=160, soft_targets=0.5,
+                  gamma=0.6, seq_len=256, batch_size=args.train_batch, init_from=str(SHIPPED), seed=args.seed,
+                  checkpoint_every=0, overwrite=True, save_dtype="float16")
+    probe_steps = 6
+    probe = train(decoder, windows, TrainConfig(out="/tmp/chat_drafts_probe", lr=args.lr,
+                                                      max_steps=probe_steps, **common), progress=False)
+    per_step = probe.seconds / probe_steps
+    steps = max(20, int(args.train_seconds / per_step))
+    epochs = steps * args.train_batch / len(windows)
+    log(f"train: probe {per_step * 1000:.0f} ms a step of {args.train_batch} windows -> {steps} steps "
+        f"({epochs:.2f} epochs)")
+    cfg = TrainConfig(out=str(out / "adapter"), lr=args.lr, max_steps=steps,
+                      time_budget=args.train_seconds * 1.2, **common)
+    cfg.data_description = (f"self-distilled JSONL {corpus.name} (transformers greedy on {args.device}, "
+                            f"{len(windows)} windows of 256 tokens, shuffled with seed {args.seed})")
+    res = train(decoder, windows, cfg, progress=args.progress)
+    acc = ", ".join(f"{a:.3f}" for a in res.accuracy)
+    log(f"train: {res.steps} steps, {res.tokens} tokens, {res.seconds:.0f} s, final losses "
+        f"{sum(res.losses[-20:]) / max(1, len(res.losses[-20:])):.4f}; block accuracy (last 20 steps): {acc}")
+    # the first 20 steps' accuracy on windows never seen before is a held-out figure for the start point
+    return {"windows": len(windows), "steps": res.steps, "seconds": round(res.seconds, 1),
+            "per_step_ms": round(per_step * 1000, 1), "accuracy_last20": res.accuracy,
+            "loss_first20": sum(res.losses[:20]) / max(1, len(res.losses[:20])),
+            "loss_last20": sum(res.losses[-20:]) / max(1, len(res.losses[-20:])), "device": str(torch.device(
+                args.device))}
+
+
+def _on_device(decoder, device):
+    """``decoder`` as :func:`bitmtp.train.train` sees it on ``device``: its ``device`` reads ``device``, and the
+    trainer's float view of it is built on the CPU and moved there (mask-block mode reads nothing else)."""
+    import bitmtp.train.trainer as trainer
+
+    class OnDevice:
+        def __getattr__(self, name):
+            return getattr(decoder, name)
+
+    proxy = OnDevice()
+    proxy.device = device
+    view_cls = trainer.TrainView
+    if not getattr(view_cls, "_moved", False):
+        def moved_view(dec, dtype=None, **kw):
+            return view_cls(decoder if dec is proxy else dec, dtype, **kw).to(device)
+
+        moved_view._moved = True
+        trainer.TrainView = moved_view
+    return proxy
+
+
+def compress(corpus: Path, out: Path) -> list[str]:
+    """``corpus`` as xz, in parts of at most 15 MiB (a device call returns files of at most 16 MiB)."""
+    xz = out / (corpus.name + ".xz")
+    if shutil.which("xz"):
+        subprocess.run(["xz", "-T0", "-6", "-k", "-c", str(corpus)], check=True, stdout=xz.open("wb"))
+    else:
+        with corpus.open("rb") as src, lzma.open(xz, "wb", preset=3) as dst:
+            shutil.copyfileobj(src, dst)
+    data, parts = xz.read_bytes(), []
+    xz.unlink()
+    for i in range(0, len(data), PART_BYTES):
+        part = out / f"{xz.name}.part{i // PART_BYTES:02d}"
+        part.write_bytes(data[i:i + PART_BYTES])
+        parts.append(part.name)
+    return parts
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help="the SmolLM2 GGUF (default: the embedded one)")
+    p.add_argument("--out", required=True, help="folder for adapter/, the corpus parts and summary.json")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--corpus", help="an existing distill corpus: skip stage 1")
+    p.add_argument("--count", type=int, default=40000, help="prompts to distil (default 40000)")
+    p.add_argument("--general-fraction", type=float, default=0.75,
+                   help="general chat prompts, the rest code snippets (default 0.75: keep code in the mix)")
+    p.add_argument("--new-tokens", type=int, default=160)
+    p.add_argument("--batch-size", type=int, default=1024, help="prompts per generate call (default 1024)")
+    p.add_argument("--distill-seconds", type=float, default=240)
+    p.add_argument("--train-seconds", type=float, default=200)
+    p.add_argument("--train-batch", type=int, default=32, help="windows per step (default 32)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--progress", action="store_true", help="tqdm bar while training")
+    p.add_argument("--force-host-load", action="store_true",
+                   help="take the fallback path (CPU load, view moved to --device) to check it")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if args.corpus:
+        corpus = Path(args.corpus)
+    else:
+        corpus = Path("/tmp/chat_drafts") / f"chat{args.count}.jsonl"
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        distill(args, corpus)
+    summary = {"args": vars(args)}
+    if not args.corpus:  # saved before training: a run cut later still returns its corpus
+        summary["corpus_parts"] = compress(corpus, out)
+        log(f"corpus: {', '.join(summary['corpus_parts'])}")
+    summary["train"] = train_adapter(args, corpus, out)
+    summary["seconds"] = round(time.perf_counter() - t0, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(f"done in {summary['seconds']:.0f} s: " + json.dumps(summary["train"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

