@@ -8,9 +8,9 @@ shipped adapter saw — hours of this project's 2-core CPU, minutes of an H200.
 
 Stages (each bounded in time, each reported on stderr):
 
-1. ``python -m bitmtp distill --engine transformers --device DEVICE`` under a time limit; a run cut by the limit
-   keeps its complete records (``OUT.partial`` trimmed to whole lines);
-2. a short probe run of :func:`bitmtp.train.train` to measure seconds per step, then the real run with
+1. the prompts of ``python -m bitmtp distill --general-pool xxl`` (minus earlier corpora's) through transformers'
+   batched ``generate`` on DEVICE, in length-sorted batches run in random order until ``--distill-seconds``;
+2. two short probe runs of :func:`bitmtp.train.train` to measure seconds per step, then the real run with
    ``max_steps`` sized to ``--train-seconds`` (so the cosine schedule ends where the time does);
 3. the corpus xz-compressed in parts of at most 15 MiB to ``OUT/`` (before training, so a cut run keeps it),
    the adapter to ``OUT/adapter/``, ``OUT/summary.json``.
@@ -34,6 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+# run as a script, bench/ would lead sys.path and its `kernels` package would shadow the `kernels` package
+# transformers imports: the repository root instead
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
 SHIPPED = Path(__file__).resolve().parents[1] / "bitmtp" / "adapters" / "smollm2-135m-instruct-mask-block-d8"
 PART_BYTES = 15 * 2**20
 
@@ -42,42 +47,46 @@ def log(msg: str) -> None:
     print(f"[chat-drafts {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def trim_partial(partial: Path, final: Path) -> int:
-    """Keep the complete records of a distill run cut by its time limit; returns how many."""
-    if not partial.exists():
-        raise SystemExit(f"distill: no record was written before the time limit ({partial} missing): raise "
-                         f"--distill-seconds")
-    text = partial.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if not text.endswith("\n"):
-        lines = lines[:-1]  # the record being written when the run was cut
-    good = [ln for ln in lines if ln.strip()]
-    final.write_text("".join(ln + "\n" for ln in good), encoding="utf-8")
-    partial.unlink()
-    return len(good)
-
-
 def distill(args: argparse.Namespace, corpus: Path) -> None:
-    cmd = [sys.executable, "-m", "bitmtp", "distill", "--engine", "transformers", "--device", args.device,
-           "--batch-size", str(args.batch_size), "--count", str(args.count), "--general-fraction",
-           str(args.general_fraction), "--general-pool", "xxl", "--new-tokens", str(args.new_tokens),
-           "--seed", str(args.seed), "--out", str(corpus), "--overwrite", "--no-progress"]
-    if args.model:
-        cmd += ["--model", args.model]
-    log("distill: " + " ".join(cmd[1:]))
+    """Greedy records of the prompts ``distill --general-pool xxl`` would make (minus ``--exclude-corpus``'s),
+    through transformers' batched generate: prompts sorted by length into batches (little left padding: a
+    decode step's cost grows with the padded width), the batches run in a seeded random order so a run cut by
+    ``--distill-seconds`` still holds a mix of general and code prompts."""
+    import random
+
+    import bitmtp
+    from bitmtp.cli_common import default_model_path
+    from bitmtp.cli_train import _load_transformers
+    from bitmtp.train.distill import corpus_prompts, distill_prompt_ids, hf_greedy
+
     t0 = time.perf_counter()
-    try:
-        subprocess.run(cmd, check=True, timeout=args.distill_seconds)
-    except subprocess.TimeoutExpired:
-        partial = corpus.with_name(corpus.name + ".partial")
-        n = trim_partial(partial, corpus)
-        log(f"distill: cut at its {args.distill_seconds:.0f} s limit with {n} complete records")
+    path = args.model or default_model_path()
+    model = bitmtp.load(path, capacity=1024, device="cpu", adapter=None)  # tokenizer, template, end ids
+    exclude = corpus_prompts(args.exclude_corpus or [])
+    prompts = distill_prompt_ids(model, ["stdlib"], args.count, chat_fraction=0.25, seed=args.seed,
+                                 general_fraction=args.general_fraction, general_pool="xxl", exclude=exclude)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    random.Random(args.seed).shuffle(batches)
+    hf = _load_transformers(path, args.device)
+    eos = model.eos_ids(None)
+    log(f"distill: {len(prompts)} prompts ({len(exclude)} excluded) in {len(batches)} batches of "
+        f"<= {args.batch_size}, model ready after {time.perf_counter() - t0:.0f} s")
     n_rec = n_gen = 0
-    with corpus.open(encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            n_rec += 1
-            n_gen += len(rec["tokens"]) - rec["prompt_tokens"]
+    with corpus.open("w", encoding="utf-8") as fh:
+        for b, batch in enumerate(batches):
+            if time.perf_counter() - t0 > args.distill_seconds:
+                log(f"distill: time limit after {b} of {len(batches)} batches")
+                break
+            tb = time.perf_counter()
+            gens = hf_greedy(hf, [prompts[i] for i in batch], max_new_tokens=args.new_tokens, eos_ids=eos)
+            for i, gen in zip(batch, gens, strict=True):
+                fh.write(json.dumps({"tokens": prompts[i] + gen, "prompt_tokens": len(prompts[i])}) + "\n")
+                n_gen += len(gen)
+            n_rec += len(batch)
+            log(f"distill: batch {b}: {len(batch)} prompts of {len(prompts[batch[0]])}-{len(prompts[batch[-1]])} "
+                f"tokens, {time.perf_counter() - tb:.1f} s")
+    del hf
     dt = time.perf_counter() - t0
     log(f"distill: {n_rec} records, {n_gen} generated tokens in {dt:.0f} s ({n_gen / dt:.0f} tok/s with model load)")
 
@@ -101,24 +110,26 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
         model = bitmtp.load(path, capacity=1024, device="cpu", adapter=None)
         decoder = _on_device(model.decoder, torch.device(args.device))
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
-    windows = token_windows([str(corpus)], model.tokenizer, 256, max_context=model.args.max_position_embeddings,
+    sources = [str(corpus)] + list(args.extra_corpus or [])
+    windows = token_windows(sources, model.tokenizer, 256, max_context=model.args.max_position_embeddings,
                             eos_token_id=eos, split="train", shuffle_seed=args.seed,
                             vocab_size=model.args.vocab_size)
     log(f"train: {len(windows)} windows of 256 tokens")
     common = dict(mode="mask-block", block_size=8, rank=args.rank, anchors=16, short_anchors=160, soft_targets=0.5,
-                  gamma=0.6, seq_len=256, batch_size=args.train_batch, init_from=str(SHIPPED), seed=args.seed,
+                  gamma=0.6, seq_len=256, batch_size=args.train_batch, init_from=args.init_from, seed=args.seed,
                   checkpoint_every=0, overwrite=True, save_dtype="float16")
-    probe_steps = 6
-    probe = train(decoder, windows, TrainConfig(out="/tmp/chat_drafts_probe", lr=args.lr,
-                                                      max_steps=probe_steps, **common), progress=False)
-    per_step = probe.seconds / probe_steps
+    # two probes: the first pays CUDA's start-up (run 1 sized from one probe: 823 ms a step, then 290 ms a step)
+    short, long_ = (train(decoder, windows, TrainConfig(out="/tmp/chat_drafts_probe", lr=args.lr, max_steps=n,
+                                                        **common), progress=False) for n in (2, 8))
+    per_step = max(1e-3, (long_.seconds - short.seconds) / 6)
     steps = max(20, int(args.train_seconds / per_step))
     epochs = steps * args.train_batch / len(windows)
     log(f"train: probe {per_step * 1000:.0f} ms a step of {args.train_batch} windows -> {steps} steps "
         f"({epochs:.2f} epochs)")
     cfg = TrainConfig(out=str(out / "adapter"), lr=args.lr, max_steps=steps,
-                      time_budget=args.train_seconds * 1.2, **common)
-    cfg.data_description = (f"self-distilled JSONL {corpus.name} (transformers greedy on {args.device}, "
+                      time_budget=args.train_seconds * 1.1, **common)
+    names = " + ".join(Path(x).name for x in sources)
+    cfg.data_description = (f"self-distilled JSONL {names} (transformers greedy on {args.device}, "
                             f"{len(windows)} windows of 256 tokens, shuffled with seed {args.seed})")
     res = train(decoder, windows, cfg, progress=args.progress)
     acc = ", ".join(f"{a:.3f}" for a in res.accuracy)
@@ -176,6 +187,9 @@ def main() -> int:
     p.add_argument("--out", required=True, help="folder for adapter/, the corpus parts and summary.json")
     p.add_argument("--device", default="cuda")
     p.add_argument("--corpus", help="an existing distill corpus: skip stage 1")
+    p.add_argument("--exclude-corpus", nargs="+", metavar="JSONL", help="earlier corpora: distil other prompts")
+    p.add_argument("--extra-corpus", nargs="+", metavar="JSONL", help="earlier corpora to train on as well")
+    p.add_argument("--init-from", default=str(SHIPPED), help="adapter to continue (default: the shipped one)")
     p.add_argument("--count", type=int, default=40000, help="prompts to distil (default 40000)")
     p.add_argument("--general-fraction", type=float, default=0.75,
                    help="general chat prompts, the rest code snippets (default 0.75: keep code in the mix)")

