@@ -47,13 +47,23 @@ def log(msg: str) -> None:
     print(f"[chat-drafts {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def length_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Prompt indices in batches of ``batch_size`` by length (a batch is left-padded to its longest prompt, and a
+    decode step's cost grows with that width: sorting doubled run 1's 5.7 k tok/s on the H200), the batches in a
+    seeded random order so a run cut by its time limit still holds general and code prompts alike."""
+    import random
+
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
 def distill(args: argparse.Namespace, corpus: Path) -> None:
     """Greedy records of the prompts ``distill --general-pool xxl`` would make (minus ``--exclude-corpus``'s),
     through transformers' batched generate: prompts sorted by length into batches (little left padding: a
     decode step's cost grows with the padded width), the batches run in a seeded random order so a run cut by
     ``--distill-seconds`` still holds a mix of general and code prompts."""
-    import random
-
     import bitmtp
     from bitmtp.cli_common import default_model_path
     from bitmtp.cli_train import _load_transformers
@@ -65,9 +75,7 @@ def distill(args: argparse.Namespace, corpus: Path) -> None:
     exclude = corpus_prompts(args.exclude_corpus or [])
     prompts = distill_prompt_ids(model, ["stdlib"], args.count, chat_fraction=0.25, seed=args.seed,
                                  general_fraction=args.general_fraction, general_pool="xxl", exclude=exclude)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
-    random.Random(args.seed).shuffle(batches)
+    batches = length_batches([len(p) for p in prompts], args.batch_size, args.seed)
     hf = _load_transformers(path, args.device)
     eos = model.eos_ids(None)
     log(f"distill: {len(prompts)} prompts ({len(exclude)} excluded) in {len(batches)} batches of "
@@ -121,7 +129,9 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
     # two probes: the first pays CUDA's start-up (run 1 sized from one probe: 823 ms a step, then 290 ms a step)
     short, long_ = (train(decoder, windows, TrainConfig(out="/tmp/chat_drafts_probe", lr=args.lr, max_steps=n,
                                                         **common), progress=False) for n in (2, 8))
-    per_step = max(1e-3, (long_.seconds - short.seconds) / 6)
+    per_step = (long_.seconds - short.seconds) / 6
+    if per_step <= 0.1 * long_.seconds / 8:  # start-up noise swamped the difference (run 2: "1 ms a step")
+        per_step = long_.seconds / 8
     steps = max(20, int(args.train_seconds / per_step))
     epochs = steps * args.train_batch / len(windows)
     log(f"train: probe {per_step * 1000:.0f} ms a step of {args.train_batch} windows -> {steps} steps "
