@@ -8,6 +8,11 @@
 #                and any earlier corpora .m/NAME.jsonl.xz (unpacked to /tmp/m/NAME.jsonl) and adapter folder,
 #                command: bash bench/gpu_chat_drafts.sh --run [gpu_chat_drafts.py options]   (timeout_s <= 590)
 # Each call carries at most 64 MiB with the ~16 MB tree: part00 is 50.5 MB, so part01 (40 MB) leaves ~10 MB.
+# Session 15 ran (H200): call 1, then call 2 with carry [".m/part01", ".m/gguf-0.19.0-py3-none-any.whl",
+#   ".m/c1.jsonl.xz", ".m/ad1"] and `bash bench/gpu_chat_drafts.sh --run --exclude-corpus /tmp/m/c1.jsonl
+#   --extra-corpus /tmp/m/c1.jsonl --init-from .m/ad1 --distill-seconds 185 --train-seconds 100 --count 20000
+#   --general-fraction 0.966` (330 s; c1 and ad1 came from an earlier run 1). The xxl pool is now used up (30240 of
+#   its 31290 prompts distilled) and the stdlib has ~1900 code prompts: a next run needs a new prompt source.
 # What comes back under $OUT: summary.json, log.txt, adapter/adapter.safetensors + adapter_config.json, the
 # corpus as chat40000.jsonl.xz.partNN (cat them, xz -d).
 set -uo pipefail
@@ -41,5 +46,5 @@ shutil.copyfileobj(lzma.open(sys.stdin.buffer), open('/tmp/m/$MODEL_NAME', 'wb')
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     python3 bench/gpu_chat_drafts.py --model /tmp/m/$MODEL_NAME --out "$OUT" --distill-seconds 220 \
       --train-seconds 180 "${@:2}" 2>&1 | grep --line-buffered -v 'it/s]$' | tee "$OUT/log.txt" ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,/^set /p' "$0" | grep '^#'; exit 2 ;;
 esac

@@ -211,6 +211,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     for kind in args.prompts:
         rows = evaluate_acceptance(model, prompt_ids(model, kind, args.count), policies=policies, block_sizes=blocks,
                                    max_new_tokens=args.max_new_tokens, tau=args.tau, min_prefix=args.min_prefix,
+                                   stop_at_eos=args.stop_at_eos,
                                    progress=not args.no_progress)
         out[kind] = rows
         if not args.json:
@@ -298,6 +299,9 @@ def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, po
             between(0.0, 1.0, low_open=True))
     checked(p.add_argument("--min-prefix", type=int, metavar="M", help="hybrid m (default max(2, D // 2))"),
             at_least(0))
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="stop each generation at the model's end-of-sequence token, as a user's does (default: "
+                        "run --max-new-tokens past it, the same count per prompt)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     checked(p.add_argument("--plot", metavar="PNG",
                            help="also save a bar chart (speedup over AR, committed tokens) to this .png, .svg or "

@@ -109,3 +109,25 @@ def test_train_full_mode_writes_one_gguf(tiny, tmp_path, capsys):
     assert "full fine-tune" in capsys.readouterr().err
     assert cli.main(argv[:-9] + ["--out", str(tmp_path / "folder"), "--no-progress"]) == 2  # not a .gguf
     assert ".gguf" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,expected", [([], False), (["--stop-at-eos"], True)])
+def test_eval_acceptance_stop_at_eos_reaches_the_evaluation(tiny, tmp_path, monkeypatch, flag, expected):
+    from bitmtp.formats.adapters import save_adapter
+    from bitmtp.train import evaluate
+    from tests.support.adapters import random_adapter
+
+    seen = {}
+
+    def fake(model, prompts, **kw):
+        seen.update(kw)
+        return []
+
+    monkeypatch.setattr(evaluate, "evaluate_acceptance", fake)
+    m = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256, adapter=None)
+    adapter = save_adapter(tmp_path / "ad", *random_adapter(m.args, "mask-block", 4))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello there\n")
+    assert cli.main(["eval-acceptance", "--adapter", str(adapter), "--prompts", str(prompts), "--json",
+                     "--no-progress", *flag]) == 0
+    assert seen["stop_at_eos"] is expected

@@ -113,11 +113,14 @@ def _prefix_match(a: list[int], b: list[int]) -> float:
 
 def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculative", "hybrid"), block_sizes=(8,),
                         max_new_tokens: int = 64, tau: float = 0.9, min_prefix: int | None = None,
-                        progress: bool = True) -> list[AcceptanceRow]:
+                        stop_at_eos: bool = False, progress: bool = True) -> list[AcceptanceRow]:
     """Run AR and each (policy, D) over ``prompts`` (token ids) on ``model`` (with its adapter).
 
     ``policies``: registered policy names (``bitmtp.decoding.policy_names()``), with the loose ``tau``
-    and ``min_prefix`` each takes. The "identical to AR" column is left out for lossless policies."""
+    and ``min_prefix`` each takes. The "identical to AR" column is left out for lossless policies.
+    Every generation runs ``max_new_tokens`` past any end-of-sequence token (the same count per prompt, the
+    figures recorded so far) unless ``stop_at_eos``: then each stops at the model's end ids, as a user's
+    generation does — a short chat answer then adds no drafts of the text the model makes up after it."""
     import bitmtp
     from bitmtp.decoding import get_policy
 
@@ -129,9 +132,10 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(prompts) * (1 + len(policies) * len(block_sizes)), desc="eval-acceptance", unit="gen")
+    eos = None if stop_at_eos else []  # None: the model's own end ids
     ar, ar_tps = [], []
     for ids in prompts:
-        res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy="ar", eos_token_id=[])
+        res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy="ar", eos_token_id=eos)
         ar.append(res.token_ids)
         ar_tps.append(res.stats.tokens_per_second)
         if bar is not None:
@@ -143,7 +147,7 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
             ver, iters, tps, same, ratio, runs = 0, 0, [], [], [], []
             for ids, ref, base_tps in zip(prompts, ar, ar_tps, strict=True):
                 res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy=policy,
-                                      block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=[])
+                                      block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=eos)
                 committed += res.stats.committed
                 runs.append((list(res.stats.committed), list(res.stats.verified)))
                 ver += res.stats.verifier_calls

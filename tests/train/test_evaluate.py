@@ -84,3 +84,43 @@ def test_evaluate_passes_each_generations_history(monkeypatch):
     (row,) = evaluate_acceptance(None, [[1], [2]], policies=("speculative",), block_sizes=(2,), progress=False)
     # kept: [3, 3, 2] and [2, 3] -> 3 of 5 first drafts accepted
     assert row.position_checked == [5] and row.position_acceptance == pytest.approx([3 / 5])
+
+
+@pytest.mark.parametrize("stop_at_eos,expected", [(False, []), (True, None)])
+def test_evaluate_runs_past_eos_unless_asked_to_stop(monkeypatch, stop_at_eos, expected):
+    """Past the end (the default, the recorded figures' setting) every run gets ``eos_token_id=[]``; with
+    ``stop_at_eos`` AR and every policy get None — the model's own end ids — alike."""
+    from types import SimpleNamespace
+
+    seen = []
+
+    def fake_generate(model, *, input_ids, policy, eos_token_id, **kw):
+        seen.append((policy, eos_token_id))
+        st = SimpleNamespace(committed=[2, 3], verified=[True, True], verifier_calls=2, iterations=2,
+                             tokens_per_second=10.0)
+        return SimpleNamespace(token_ids=[5] * 5, stats=st)
+
+    monkeypatch.setattr(bitmtp, "generate", fake_generate)
+    evaluate_acceptance(None, [[1], [2]], policies=("speculative",), block_sizes=(2, 4), stop_at_eos=stop_at_eos,
+                        progress=False)
+    assert [p for p, _ in seen] == ["ar"] * 2 + ["speculative"] * 4
+    assert all(e == expected for _, e in seen)
+
+
+def test_stop_at_eos_ends_generations_at_the_models_end_id(model):
+    """On a model: with ``stop_at_eos`` a generation whose AR output reaches an end id stops there, so fewer
+    first drafts are checked than when running past it."""
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, model.args.vocab_size, (n,), generator=g).tolist() for n in (6, 10)]
+    ar = bitmtp.generate(model, input_ids=prompts[0], max_new_tokens=24, policy="ar", eos_token_id=[]).token_ids
+    saved = model.args.eos_token_id
+    model.args.eos_token_id = [ar[5]]  # the sixth AR token ends the first prompt's answer
+    try:
+        kw = dict(policies=("speculative",), block_sizes=(2,), max_new_tokens=24, progress=False)
+        (past,) = evaluate_acceptance(model, prompts, **kw)
+        (stopped,) = evaluate_acceptance(model, prompts, stop_at_eos=True, **kw)
+    finally:
+        model.args.eos_token_id = saved
+    assert stopped.position_checked[0] < past.position_checked[0]
