@@ -127,6 +127,10 @@ def hf_greedy(hf_model: Any, batch: Sequence[Sequence[int]], *, max_new_tokens: 
     return rows
 
 
+#: batches per length-sorted chunk of :func:`distill_corpus_hf` (records are written a chunk at a time)
+SORT_CHUNK = 8
+
+
 def distill_corpus_hf(hf_model: Any, prompts: Sequence[list[int]], out: str | Path, *, eos_ids: Sequence[int],
                       max_new_tokens: int = 160, batch_size: int = 64, overwrite: bool = False,
                       resume: bool = False, progress: bool = True) -> DistillStats:
@@ -135,17 +139,29 @@ def distill_corpus_hf(hf_model: Any, prompts: Sequence[list[int]], out: str | Pa
     prompts a minute where bitmtp's engine decodes one sequence at a time. The tokens are the same greedy
     continuations up to float rounding: where two logits tie within it the two may choose differently (the
     records then are the transformers model's greedy output — fine for training data, not for exactness
-    tests). Same file format, ``OUT.partial`` and ``resume`` rules."""
+    tests). Same file format, ``OUT.partial`` and ``resume`` rules.
+
+    The prompts go in chunks of ``SORT_CHUNK`` batches: a chunk's prompts are sorted by length into its batches (a
+    batch is left-padded to its longest prompt, and each decode step's cost follows that width: length-sorted
+    batches doubled the H200's throughput, 5.7 → 11 k tok/s at batch 1024) and its records written in the prompts'
+    own order, so the file and ``resume`` are as without sorting."""
     if batch_size < 1:
         raise BitMTPError(f"batch_size: must be >= 1, got {batch_size}")
     if not eos_ids:
         raise BitMTPError("eos_ids: the model's end-of-sequence ids are needed to cut the continuations")
 
-    def generate(batch: list[list[int]]) -> list[list[int]]:
-        return hf_greedy(hf_model, batch, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    def generate(chunk: list[list[int]]) -> list[list[int]]:
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
+        rows: list[list[int]] = [[] for _ in chunk]
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo:lo + batch_size]
+            gens = hf_greedy(hf_model, [chunk[i] for i in idx], max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+            for i, gen in zip(idx, gens, strict=True):
+                rows[i] = gen
+        return rows
 
-    return _write_corpus(prompts, out, generate, batch_size=batch_size, overwrite=overwrite, resume=resume,
-                         progress=progress)
+    return _write_corpus(prompts, out, generate, batch_size=batch_size * SORT_CHUNK, overwrite=overwrite,
+                         resume=resume, progress=progress)
 
 
 def _write_corpus(prompts: Sequence[list[int]], out: str | Path, generate, *, batch_size: int, overwrite: bool,

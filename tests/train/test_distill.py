@@ -168,6 +168,35 @@ def test_transformers_engine_writes_the_same_records_in_batches(model, tmp_path)
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.partial").exists()
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 8])
+def test_transformers_engine_sorts_each_chunk_by_length_and_keeps_the_order(monkeypatch, tmp_path, chunk):
+    """Batches are cut from length-sorted chunks of SORT_CHUNK batches (less left padding), and each chunk's
+    records are written in the prompts' own order: the file is the one an unsorted run writes."""
+    import random
+
+    from bitmtp.train import distill
+
+    rng = random.Random(chunk)
+    prompts = [[rng.randrange(3, 50) for _ in range(n)] for n in (9, 3, 7, 1, 5, 11, 2, 8, 4)]
+    calls = []
+
+    def fake_greedy(hf, batch, *, max_new_tokens, eos_ids):
+        calls.append([len(p) for p in batch])
+        return [[p[0], len(p)] for p in batch]  # a continuation that names its prompt
+
+    monkeypatch.setattr(distill, "hf_greedy", fake_greedy)
+    monkeypatch.setattr(distill, "SORT_CHUNK", chunk)
+    out = tmp_path / "c.jsonl"
+    distill.distill_corpus_hf(None, prompts, out, eos_ids=[2], batch_size=2, progress=False)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["tokens"] for r in recs] == [p + [p[0], len(p)] for p in prompts]
+    assert all(len(c) <= 2 for c in calls) and sum(map(len, calls)) == len(prompts)
+    per_chunk = 2 * chunk
+    for lo in range(0, len(prompts), per_chunk):  # within a chunk: batches in ascending length, none overlapping
+        lens = [n for c in calls for n in c][lo:lo + per_chunk]
+        assert lens == sorted(len(p) for p in prompts[lo:lo + per_chunk])
+
+
 def test_cli_distill_with_the_transformers_engine(monkeypatch, tmp_path, capsys):
     folder = tmp_path / "hf"
     tiny_model("llama", seed=3, initializer_range=INIT_RANGE).save_pretrained(folder)
