@@ -105,22 +105,29 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
 
     import bitmtp
     from bitmtp.cli_common import default_model_path
-    from bitmtp.train import TrainConfig, token_windows, train
+    from bitmtp.train import TrainConfig, answer_windows, token_windows, train
 
     model = bitmtp.load(args.model or default_model_path(), capacity=1024, device=args.device, adapter=None)
     decoder = model.decoder
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
     sources = [str(corpus)] + list(args.extra_corpus or [])
-    windows = token_windows(sources, model.tokenizer, 256, max_context=model.args.max_position_embeddings,
-                            eos_token_id=eos, split="train", shuffle_seed=args.seed,
-                            vocab_size=model.args.vocab_size)
+    masks = None
+    if args.answer_only:  # whole records, blocks on answer tokens only (BENCHMARKS, session 16)
+        windows, masks = answer_windows(sources, 256, max_context=model.args.max_position_embeddings,
+                                        eos_token_id=eos, split="train", shuffle_seed=args.seed,
+                                        vocab_size=model.args.vocab_size)
+    else:
+        windows = token_windows(sources, model.tokenizer, 256, max_context=model.args.max_position_embeddings,
+                                eos_token_id=eos, split="train", shuffle_seed=args.seed,
+                                vocab_size=model.args.vocab_size)
     log(f"train: {len(windows)} windows of 256 tokens")
     common = dict(mode="mask-block", block_size=8, rank=args.rank, anchors=16, short_anchors=160, soft_targets=0.5,
                   gamma=0.6, seq_len=256, batch_size=args.train_batch, init_from=args.init_from, seed=args.seed,
-                  checkpoint_every=0, overwrite=True, save_dtype="float16")
+                  checkpoint_every=0, overwrite=True, save_dtype="float16", answer_only=args.answer_only)
     # two probes: the first pays CUDA's start-up (run 1 sized from one probe: 823 ms a step, then 290 ms a step)
     short, long_ = (train(decoder, windows, TrainConfig(out="/tmp/chat_drafts_probe", lr=args.lr, max_steps=n,
-                                                        **common), progress=False) for n in (2, 8))
+                                                        **common), progress=False, anchor_masks=masks)
+                      for n in (2, 8))
     per_step = (long_.seconds - short.seconds) / 6
     if per_step <= 0.1 * long_.seconds / 8:  # start-up noise swamped the difference (run 2: "1 ms a step")
         per_step = long_.seconds / 8
@@ -133,7 +140,7 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
     names = " + ".join(Path(x).name for x in sources)
     cfg.data_description = (f"self-distilled JSONL {names} (transformers greedy on {args.device}, "
                             f"{len(windows)} windows of 256 tokens, shuffled with seed {args.seed})")
-    res = train(decoder, windows, cfg, progress=args.progress)
+    res = train(decoder, windows, cfg, progress=args.progress, anchor_masks=masks)
     acc = ", ".join(f"{a:.3f}" for a in res.accuracy)
     log(f"train: {res.steps} steps, {res.tokens} tokens, {res.seconds:.0f} s, final losses "
         f"{sum(res.losses[-20:]) / max(1, len(res.losses[-20:])):.4f}; block accuracy (last 20 steps): {acc}")
@@ -180,7 +187,9 @@ def main() -> int:
     p.add_argument("--train-seconds", type=float, default=200)
     p.add_argument("--train-batch", type=int, default=32, help="windows per step (default 32)")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16; above the init's, it grows)")
+    p.add_argument("--answer-only", action="store_true",
+                   help="windows of whole records, blocks anchored on answer tokens only (train --answer-only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="tqdm bar while training")
     args = p.parse_args()

@@ -111,7 +111,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from bitmtp.train import TrainConfig, token_windows, train
+    from bitmtp.train import TrainConfig, answer_windows, token_windows, train
 
     logging.basicConfig(level=logging.WARNING, format="bitmtp: %(message)s")
     if args.threads:
@@ -123,7 +123,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       time_budget=parse_duration(args.time_budget), seed=args.seed,
                       self_distill=not args.no_self_distill, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, overwrite=args.overwrite, save_dtype=args.save_dtype,
-                      init_from=args.init_from, soft_targets=args.soft_targets)
+                      init_from=args.init_from, soft_targets=args.soft_targets, answer_only=args.answer_only)
     cfg.validate()  # refuse an existing output before loading anything
     model = _load(args)
     if model.tokenizer is None:
@@ -133,11 +133,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     data = args.data or ["stdlib"]
     max_tokens = args.max_tokens or cfg.max_steps * cfg.batch_size * cfg.seq_len
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
-    windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
-                            eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
-                            vocab_size=model.args.vocab_size)
+    masks = None
+    if cfg.answer_only:
+        windows, masks = answer_windows(data, cfg.seq_len, max_context=model.args.max_position_embeddings,
+                                        eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
+                                        vocab_size=model.args.vocab_size)
+    else:
+        windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
+                                eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
+                                vocab_size=model.args.vocab_size)
     split = "train split, " if "stdlib" in map(str, data) else ""  # only the stdlib corpus is split
-    cfg.data_description = (f"{', '.join(map(str, data))} ({split}{len(windows)} windows of {cfg.seq_len} "
+    packing = "whole records, blocks on answer tokens only, " if cfg.answer_only else ""
+    cfg.data_description = (f"{', '.join(map(str, data))} ({split}{packing}{len(windows)} windows of {cfg.seq_len} "
                             f"tokens, shuffled with seed {cfg.seed})")
     what = "full fine-tune (all weights, NTP + MTP)" if cfg.mode == "full" else f"{cfg.mode} adapter"
     print(f"bitmtp: training a {what} (D={cfg.block_size}, rank {cfg.rank}) on {len(windows)} windows "
@@ -146,7 +153,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if cfg.mode == "full":
         export = dict(tokenizer=model.tokenizer, tokenizer_fields=model.gguf_tokenizer_fields,
                       name=f"{Path(str(model.source)).stem}-bitmtp-full")
-    res = train(model.decoder, windows, cfg, progress=not args.no_progress, export=export)
+    res = train(model.decoder, windows, cfg, progress=not args.no_progress, export=export, anchor_masks=masks)
     print(f"bitmtp: wrote {res.path} after {res.steps} steps, {res.tokens} tokens, {res.seconds / 60:.1f} min; "
           f"block accuracy (k=1..{cfg.block_size - 1}): {', '.join(f'{a:.2f}' for a in res.accuracy)}",
           file=sys.stderr)
@@ -366,6 +373,10 @@ def add_commands(sub) -> None:
                                  "distribution rather than its argmax alone (mask-block with self-distillation; "
                                  "default 0)"),
             between(0.0, 1.0))
+    tr.add_argument("--answer-only", action="store_true",
+                    help="anchor draft blocks only on answer tokens, with windows of whole records (--data: distill "
+                         "JSONL with 'prompt_tokens', as `bitmtp distill` writes): train on what decoding drafts, "
+                         "never the prompt (mask-block, heads)")
     checked(tr.add_argument("--gamma", type=float, default=0.8,
                             help="loss discount in (0, 1]: block position k weighs gamma^k (default 0.8)"),
             between(0.0, 1.0, low_open=True))

@@ -76,6 +76,9 @@ class TrainConfig:
     #: mask-block with self-distillation: the share of each row's loss taken against the base's whole
     #: next-token distribution instead of its argmax alone (0: argmax only, the earlier runs' loss)
     soft_targets: float = 0.0
+    #: anchor blocks only on answer tokens of whole distill records (``answer_windows``): train on what
+    #: decoding drafts — never the prompt, never a record cut from its prompt
+    answer_only: bool = False
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -96,6 +99,9 @@ class TrainConfig:
         if self.short_anchors and self.mode == "heads":
             raise BitMTPError("short_anchors (--short-anchors): one-row mask blocks train mask rows; heads draft in "
                               "a chain from their anchor, so a heads run takes --anchors only")
+        if self.answer_only and self.mode == "full":
+            raise BitMTPError("answer_only (--answer-only): the full fine-tune also trains next-token prediction on "
+                              "every sequence row; answer-only anchors are for the mask-block and heads adapters")
         if not 0.0 <= self.soft_targets <= 1.0:
             raise BitMTPError(f"soft_targets: must be in [0, 1], got {self.soft_targets}")
         if self.soft_targets and (self.mode != "mask-block" or not self.self_distill):
@@ -127,7 +133,7 @@ _CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "params": dict, "opt": dict, "step": int, "tokens": int, "seconds": (int, float), "losses": list,
     "order": list, "gen": torch.Tensor, "config": dict}
 # run settings that must match the interrupted run: they shape the trainable tensors or the data
-_RESUME_MUST_MATCH = ("mode", "block_size", "rank", "targets", "seq_len", "batch_size")
+_RESUME_MUST_MATCH = ("mode", "block_size", "rank", "targets", "seq_len", "batch_size", "answer_only")
 
 
 def _checkpoint_path(out: str | Path) -> Path:
@@ -239,10 +245,12 @@ def _resume_from(state: dict[str, Any], cfg: TrainConfig, decoder: Decoder, fing
 
 def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tensor, anchors: list[int],
                     block_size: int, gamma: float, self_distill: bool, widths: list[int] | None = None,
-                    soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                    soft_weight: float = 0.0, block_weight: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss and per-position top-1 accuracy ``[D−1]`` of one batch ``tokens [B, T]`` (shared anchors;
     ``widths``: mask rows per anchor's block, default D − 1; ``soft_weight``: the share of the loss
-    against the base's whole next-token distribution, see ``weighted_block_ce``)."""
+    against the base's whole next-token distribution, see ``weighted_block_ce``; ``block_weight [B, A]``:
+    0 for a block that must not count, see :func:`anchor_weights`)."""
     bsz, t_len = tokens.shape
     lay = packed_layout(t_len, anchors, block_size, device=tokens.device, widths=widths)
     emb = view.embed[tokens]
@@ -259,8 +267,19 @@ def mask_block_loss(view: TrainView, params: MaskBlockParams, tokens: torch.Tens
                 soft = torch.log_softmax(seq_logits.float(), -1)
     else:
         targets = tokens[:, lay.block_targets]
+    rows = torch.tensor(widths if widths is not None else [block_size - 1] * len(anchors), device=tokens.device)
     return weighted_block_ce(logits, targets, lay.block_k, block_size, gamma, n_blocks=len(anchors), soft=soft,
-                             soft_weight=soft_weight)
+                             soft_weight=soft_weight, block_weight=block_weight,
+                             block_of_row=torch.arange(len(anchors), device=tokens.device).repeat_interleave(rows))
+
+
+def anchor_weights(masks: list[list[bool]], window_ids: list[int], anchors: list[int],
+                   device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[B, A]`` float 0/1: whether window ``window_ids[b]`` may anchor a block at ``anchors[a]`` (its
+    ``answer_windows`` mask). The anchors are shared by the batch's windows, so a block anchored in one
+    window's prompt still runs there, it just does not count."""
+    picked = torch.tensor([[masks[w][t] for t in anchors] for w in window_ids], dtype=torch.float32)
+    return picked.to(device)
 
 
 def anchors_and_widths(seq_len: int, block_size: int, full: int, short: int,
@@ -319,8 +338,8 @@ class BaseStateCache:
 
 
 def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, anchors: list[int], block_size: int,
-               gamma: float, self_distill: bool, states: tuple[torch.Tensor, torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               gamma: float, self_distill: bool, states: tuple[torch.Tensor, torch.Tensor] | None = None,
+               block_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Heads: s_0 = the base's hidden state at the anchor, teacher-forced chain over the true tokens.
     ``states``: the windows' :func:`base_states` when cached (:class:`BaseStateCache`)."""
     bsz, t_len = tokens.shape
@@ -340,7 +359,10 @@ def heads_loss(view: TrainView, params: HeadsParams, tokens: torch.Tensor, ancho
     logits_t = torch.stack(logits, 2).flatten(1, 2)
     targets_t = torch.stack(targets, 2).flatten(1, 2)
     k_t = torch.stack(ks, 1).flatten()
-    return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma, n_blocks=len(anchors))
+    return weighted_block_ce(logits_t, targets_t, k_t, block_size, gamma, n_blocks=len(anchors),
+                             block_weight=block_weight,
+                             block_of_row=torch.arange(len(anchors), device=tokens.device).repeat_interleave(
+                                 block_size - 1))
 
 
 def _tensors_to_continue(cfg: TrainConfig, config: AdapterConfig, decoder: Decoder) -> dict[str, torch.Tensor]:
@@ -384,8 +406,10 @@ def grow_lora_rank(tensors: dict[str, torch.Tensor], config: AdapterConfig, *, s
 
 
 def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progress: bool = True,
-          export: dict | None = None) -> TrainResult:
-    """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``).
+          export: dict | None = None, anchor_masks: list[list[bool]] | None = None) -> TrainResult:
+    """Train an adapter of ``cfg.mode`` on token ``windows`` (from ``bitmtp.train.data.token_windows``,
+    or with ``anchor_masks`` from ``bitmtp.train.data.answer_windows`` when ``cfg.answer_only``: a block
+    anchored where its window's mask is False does not count).
 
     ``full`` mode fine-tunes ``decoder`` itself: on return it holds the trained weights, and
     ``cfg.out`` is a GGUF file of it with its adapter (``export``: extra keyword arguments of
@@ -397,6 +421,12 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
         raise BitMTPError("data: training windows must all have the same length")
     if len(windows[0]) < cfg.block_size + 2:
         raise BitMTPError(f"seq_len: windows of {len(windows[0])} tokens are too short for D={cfg.block_size}")
+    if cfg.answer_only != (anchor_masks is not None):
+        raise BitMTPError("answer_only: pass the windows and anchor masks of bitmtp.train.answer_windows together with "
+                          "answer_only=True (and neither without it)")
+    if anchor_masks is not None and (len(anchor_masks) != len(windows) or any(
+            len(m) != len(w) for m, w in zip(anchor_masks, windows, strict=True))):
+        raise BitMTPError("anchor_masks: one mask per window, as long as the window (bitmtp.train.answer_windows)")
     device = decoder.device
     use_cuda = device.type == "cuda"
     torch.manual_seed(cfg.seed)
@@ -466,6 +496,8 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
                     extra["widths"] = widths
                 if cfg.soft_targets:
                     extra["soft_weight"] = cfg.soft_targets
+                if anchor_masks is not None:
+                    extra["block_weight"] = anchor_weights(anchor_masks, idx, anchors, device)
                 loss, acc = loss_fn(view, params, tokens, anchors, cfg.block_size, cfg.gamma, cfg.self_distill,
                                     **extra)
             opt.zero_grad(set_to_none=True)
@@ -489,12 +521,13 @@ def train(decoder: Decoder, windows: list[list[int]], cfg: TrainConfig, *, progr
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t_start
-    recent = torch.stack(accs[-20:]).mean(0).tolist() if accs else []
+    recent = torch.stack(accs[-20:]).nanmean(0).tolist() if accs else []  # NaN: a step with no block kept
     config.training = {
         "mode": kind, "data": cfg.data_description, "steps": step, "tokens": seen_tokens,
         "minutes": round(seconds / 60, 2), "seq_len": len(windows[0]), "batch_size": cfg.batch_size,
         "anchors": cfg.anchors, **({"short_anchors": cfg.short_anchors} if cfg.short_anchors else {}),
         **({"soft_targets": cfg.soft_targets} if cfg.soft_targets else {}),
+        **({"answer_only": True} if cfg.answer_only else {}),
         "lr": cfg.lr, "seed": cfg.seed, "self_distill": cfg.self_distill,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}, threads "
                    f"{torch.get_num_threads()}" + (f", {torch.cuda.get_device_name()}" if use_cuda else ""),
