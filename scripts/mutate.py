@@ -270,6 +270,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "if ((quo & 1u) == 1u) { mant += 1u; }", "",
            ("tests/wgsl_fallback/test_act_quant.py", "-k", "correctly_rounded_reciprocal"),
            "the Vulkan activation scale truncated instead of rounded (an ulp off, as NVIDIA's division was)"),
+    Mutant("answer-only-anchors-in-prompts", "bitmtp/train/data.py",
+           "rec_mask = [False] * pt + [True] * (len(ids) - pt)",
+           "rec_mask = [True] * len(ids)",
+           ("tests/train/test_answer_only.py", "-k", "whole_records"),
+           "train --answer-only still anchors draft blocks in the prompts"),
+    Mutant("answer-only-masks-ignored", "bitmtp/train/trainer.py",
+           'extra["block_weight"] = anchor_weights(anchor_masks, idx, anchors, device)',
+           "pass",
+           ("tests/train/test_answer_only.py", "-k", "run_trains"),
+           "train --answer-only computes the masks but every block counts"),
 )
 
 
