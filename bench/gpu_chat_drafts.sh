@@ -13,6 +13,13 @@
 #   --extra-corpus /tmp/m/c1.jsonl --init-from .m/ad1 --distill-seconds 185 --train-seconds 100 --count 20000
 #   --general-fraction 0.966` (330 s; c1 and ad1 came from an earlier run 1). The xxl pool is now used up (30240 of
 #   its 31290 prompts distilled) and the stdlib has ~1900 code prompts: a next run needs a new prompt source.
+# Next (session 16's plan, BENCHMARKS "Which drafter could reach 0.6 on chat?"): capacity and epochs on the corpora
+#   already made, A/B'd in one call — copy /work/w/s15/gpu1/chat40000.jsonl.xz.part00 to .m/c1.jsonl.xz and
+#   gpu2/chat20000.jsonl.xz.part00 to .m/c2.jsonl.xz (each one whole xz file), carry them with part01 and the wheel,
+#   and run (a later --out wins over --run's; ~510 s): `bash bench/gpu_chat_drafts.sh --run --corpus /tmp/m/c1.jsonl
+#   --extra-corpus /tmp/m/c2.jsonl --rank 32 --train-seconds 200 --out $OUT/std; bash bench/gpu_chat_drafts.sh --run
+#   --corpus /tmp/m/c1.jsonl --extra-corpus /tmp/m/c2.jsonl --rank 32 --answer-only --train-seconds 200 --out $OUT/ans`
+#   then score both here: python -m bitmtp eval-acceptance --adapter DIR --policies speculative --block-sizes 2,4.
 # What comes back under $OUT: summary.json, log.txt, adapter/adapter.safetensors + adapter_config.json, the
 # corpus as chat40000.jsonl.xz.partNN (cat them, xz -d).
 set -uo pipefail
