@@ -93,17 +93,27 @@ def iter_documents(sources: Iterable[str | Path], tokenizer: Any = None, skipped
             yield text
 
 
-def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str | list[int]]:
+def _jsonl_records(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed record)`` of each non-blank line of a JSONL file's ``text``."""
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
             raise BitMTPError(f"data: {path}:{lineno} is not valid JSON ({exc.msg})") from exc
+
+
+def _is_token_list(ids: Any) -> bool:
+    return isinstance(ids, list) and bool(ids) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+
+
+def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str | list[int]]:
+    for lineno, rec in _jsonl_records(path, text):
         if isinstance(rec, dict) and isinstance(rec.get("tokens"), list):
             ids = rec["tokens"]
-            if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            if not _is_token_list(ids):
                 raise BitMTPError(f"data: {path}:{lineno} 'tokens' must be a non-empty list of token ids (ints >= 0)")
             yield ids
         elif isinstance(rec, dict) and isinstance(rec.get("text"), str):
@@ -127,16 +137,9 @@ def iter_answer_records(sources: Iterable[str | Path], **file_options) -> Iterat
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise BitMTPError(f"data: {path} is not UTF-8") from exc
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BitMTPError(f"data: {path}:{lineno} is not valid JSON ({exc.msg})") from exc
+        for lineno, rec in _jsonl_records(path, text):
             ids = rec.get("tokens") if isinstance(rec, dict) else None
-            if not isinstance(ids, list) or not ids or not all(
-                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            if not _is_token_list(ids):
                 raise BitMTPError(f"data: {path}:{lineno} needs 'tokens', a non-empty list of token ids (ints >= 0)")
             pt = rec.get("prompt_tokens")
             if not isinstance(pt, int) or isinstance(pt, bool) or not 0 <= pt < len(ids):
