@@ -105,21 +105,17 @@ def train_adapter(args: argparse.Namespace, corpus: Path, out: Path) -> dict:
 
     import bitmtp
     from bitmtp.cli_common import default_model_path
-    from bitmtp.train import TrainConfig, answer_windows, token_windows, train
+    from bitmtp.train import TrainConfig, train
+    from bitmtp.train.data import training_windows
 
     model = bitmtp.load(args.model or default_model_path(), capacity=1024, device=args.device, adapter=None)
     decoder = model.decoder
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
     sources = [str(corpus)] + list(args.extra_corpus or [])
-    masks = None
-    if args.answer_only:  # whole records, blocks on answer tokens only (BENCHMARKS, session 16)
-        windows, masks = answer_windows(sources, 256, max_context=model.args.max_position_embeddings,
-                                        eos_token_id=eos, split="train", shuffle_seed=args.seed,
-                                        vocab_size=model.args.vocab_size)
-    else:
-        windows = token_windows(sources, model.tokenizer, 256, max_context=model.args.max_position_embeddings,
-                                eos_token_id=eos, split="train", shuffle_seed=args.seed,
-                                vocab_size=model.args.vocab_size)
+    # --answer-only: whole records, blocks on answer tokens only (BENCHMARKS, session 16)
+    windows, masks = training_windows(sources, model.tokenizer, 256, answer_only=args.answer_only,
+                                      max_context=model.args.max_position_embeddings, eos_token_id=eos,
+                                      split="train", shuffle_seed=args.seed, vocab_size=model.args.vocab_size)
     log(f"train: {len(windows)} windows of 256 tokens")
     common = dict(mode="mask-block", block_size=8, rank=args.rank, anchors=16, short_anchors=160, soft_targets=0.5,
                   gamma=0.6, seq_len=256, batch_size=args.train_batch, init_from=args.init_from, seed=args.seed,

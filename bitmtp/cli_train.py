@@ -111,7 +111,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from bitmtp.train import TrainConfig, answer_windows, token_windows, train
+    from bitmtp.train import TrainConfig, train
+    from bitmtp.train.data import training_windows
 
     logging.basicConfig(level=logging.WARNING, format="bitmtp: %(message)s")
     if args.threads:
@@ -133,15 +134,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     data = args.data or ["stdlib"]
     max_tokens = args.max_tokens or cfg.max_steps * cfg.batch_size * cfg.seq_len
     eos = model.args.eos_token_id[0] if model.args.eos_token_id else None
-    masks = None
-    if cfg.answer_only:
-        windows, masks = answer_windows(data, cfg.seq_len, max_context=model.args.max_position_embeddings,
-                                        eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
-                                        vocab_size=model.args.vocab_size)
-    else:
-        windows = token_windows(data, model.tokenizer, cfg.seq_len, max_context=model.args.max_position_embeddings,
-                                eos_token_id=eos, max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
-                                vocab_size=model.args.vocab_size)
+    windows, masks = training_windows(data, model.tokenizer, cfg.seq_len, answer_only=cfg.answer_only,
+                                      max_context=model.args.max_position_embeddings, eos_token_id=eos,
+                                      max_tokens=max_tokens, split="train", shuffle_seed=cfg.seed,
+                                      vocab_size=model.args.vocab_size)
     split = "train split, " if "stdlib" in map(str, data) else ""  # only the stdlib corpus is split
     packing = "whole records, blocks on answer tokens only, " if cfg.answer_only else ""
     cfg.data_description = (f"{', '.join(map(str, data))} ({split}{packing}{len(windows)} windows of {cfg.seq_len} "

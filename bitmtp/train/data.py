@@ -126,6 +126,21 @@ def _jsonl_documents(path: Path, text: str, tokenizer: Any) -> Iterator[str | li
             raise BitMTPError(f"data: {path}:{lineno} needs a 'text' string, a 'messages' list or a 'tokens' list")
 
 
+def _check_vocab(ids: list[int], vocab_size: int | None) -> None:
+    if vocab_size is not None and max(ids) >= vocab_size:
+        raise BitMTPError(f"data: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); "
+                          f"was this corpus made with another model?")
+
+
+def training_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *, answer_only: bool = False,
+                     **options) -> tuple[list[list[int]], list[list[bool]] | None]:
+    """``(windows, anchor masks)`` for :func:`bitmtp.train.train`: :func:`answer_windows` when ``answer_only``,
+    else :func:`token_windows` and no masks (``options``: their shared keyword arguments)."""
+    if answer_only:
+        return answer_windows(sources, seq_len, **options)
+    return token_windows(sources, tokenizer, seq_len, **options), None
+
+
 def iter_answer_records(sources: Iterable[str | Path], **file_options) -> Iterator[tuple[list[int], int]]:
     """``(tokens, prompt_tokens)`` of each distill record (JSONL ``tokens`` + ``prompt_tokens``, as
     ``bitmtp distill`` writes) in the sources; anything else is a :class:`BitMTPError` naming the file and line."""
@@ -181,9 +196,7 @@ def answer_windows(sources: Iterable[str | Path], seq_len: int, *, max_context: 
         cur_mask.clear()
 
     for ids, pt in iter_answer_records(sources, split=split, shuffle_seed=shuffle_seed):
-        if vocab_size is not None and max(ids) >= vocab_size:
-            raise BitMTPError(f"data: token id {max(ids)} is outside the model's vocabulary ({vocab_size}); "
-                              f"was this corpus made with another model?")
+        _check_vocab(ids, vocab_size)
         rec = list(ids) + ([int(eos_token_id)] if eos_token_id is not None else [])
         rec_mask = [False] * pt + [True] * (len(ids) - pt) + [False] * (len(rec) - len(ids))
         rec, rec_mask = rec[:seq_len], rec_mask[:seq_len]
@@ -220,9 +233,7 @@ def token_windows(sources: Iterable[str | Path], tokenizer: Any, seq_len: int, *
     for doc in iter_documents(sources, tokenizer, skipped, split=split, shuffle_seed=shuffle_seed):
         docs += 1
         if isinstance(doc, list):
-            if vocab_size is not None and max(doc) >= vocab_size:
-                raise BitMTPError(f"data: token id {max(doc)} is outside the model's vocabulary ({vocab_size}); "
-                                  f"was this corpus made with another model?")
+            _check_vocab(doc, vocab_size)
             stream.extend(doc)
         else:
             stream.extend(tokenizer(doc)["input_ids"])
