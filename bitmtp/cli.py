@@ -418,8 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "auto uses lookup+adapter (lookup alone without a mask-block adapter), the others adapter")
     gen.add_argument("--schedule", choices=SCHEDULES,
                      help="speculative only: two-pass (default: a draft step, then a verify step), one-pass (one "
-                          "step verifies the previous guesses and drafts the next) or tree (one pass with mask rows "
-                          "after every row, so drafts survive a partial accept; mask-block adapters)")
+                          "step verifies the previous guesses and drafts the next), tree (one pass with mask rows "
+                          "after every row, so drafts survive a partial accept; mask-block adapters) or top2 (one "
+                          "pass; the first mask-drafted guess is verified with its runner-up, one more row; "
+                          "mask-block adapters, greedy only)")
     checked(_adapter, existing("folder"))
     checked(gen.add_argument("--block-size", type=int, metavar="D",
                              help="tokens drafted per iteration, 2..16 (default: the adapter's block size)"),

@@ -214,7 +214,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     for kind in args.prompts:
         rows = evaluate_acceptance(model, prompt_ids(model, kind, args.count), policies=policies, block_sizes=blocks,
                                    max_new_tokens=args.max_new_tokens, tau=args.tau, min_prefix=args.min_prefix,
-                                   stop_at_eos=args.stop_at_eos,
+                                   stop_at_eos=args.stop_at_eos, schedule=args.schedule,
                                    progress=not args.no_progress)
         out[kind] = rows
         if not args.json:
@@ -302,6 +302,12 @@ def _eval_args(p: argparse.ArgumentParser, *, prompts: list[str], count: int, po
             between(0.0, 1.0, low_open=True))
     checked(p.add_argument("--min-prefix", type=int, metavar="M", help="hybrid m (default max(2, D // 2))"),
             at_least(0))
+    from bitmtp.decoding.policies import SCHEDULES
+
+    p.add_argument("--schedule", choices=SCHEDULES,
+                   help="the speculative policy's schedule (default two-pass); one-pass schedules report each "
+                        "guess position's acceptance from the decode stats, and top2 counts the first position "
+                        "accepted when the mask row's first or second choice is (use with --policies speculative)")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="stop each generation at the model's end-of-sequence token, as a user's does (default: "
                         "run --max-new-tokens past it, the same count per prompt)")

@@ -15,6 +15,11 @@ that guess j is accepted given guesses < j were — kept per source (lookup by t
 match; mask drafts by the draft's own probability bucket), per position, as decayed counts with a prior,
 in a memory the engine keeps across its generations.
 
+With a mask-block adapter and greedy decoding, a plan verifying mask drafts may also verify g_1's
+runner-up in one more row (the ``top2`` schedule's row, ``bitmtp.decoding.onepass``): it adds
+``(1 − α_1)·β`` expected tokens, β the running estimate that the runner-up holds when g_1 does not, for
+the cost of that row; the planner takes it only where that pays.
+
 Every committed token is verified (guess rows are AR-causal; a guess commits only when the AR argmax of
 the row before it equals it), so the output equals AR greedy's token for token whatever is planned.
 Where no draft is expected to pay, the plan is a width-1 step: AR itself. Options that are not chosen
@@ -37,6 +42,10 @@ LOOKUP_PRIOR = {1: 0.25, 2: 0.45, 3: 0.6, 4: 0.65, 5: 0.7}
 #: 0.0 / 0.37 / 0.26 — priors sit below both so that mask rows are bought on evidence
 MASK_PRIOR = (0.1, 0.35, 0.7)
 PRIOR_WEIGHT = 2.0
+#: prior probability that a mask draft's runner-up (the first mask row's second choice) is the token when
+#: the draft itself is not: measured with SmolLM2's shipped mask-block adapter (top-2 minus top-1 over
+#: 1 − top-1, first mask row, teacher-forced on the eval-acceptance sets): chat 0.27, code 0.41
+RUNNER_UP_PRIOR = 0.25
 #: the weight of older observations shrinks by this factor per observation of the same key: the
 #: estimates follow a text that changes character within ~15 iterations (0.97 carried estimates learnt
 #: on code into the next chat prompt for long enough to cost it 8 %)
@@ -74,6 +83,7 @@ class AutoPlanner(Planner):
         self._chain: tuple[int, float] = (0, 0.0)
         self._chain_left = 0
         self._chain_costs = None
+        self._alt_bucket = 0  # the probability bucket of the g_1 whose runner-up the plan verifies
 
     # -- estimates ----------------------------------------------------------------------------------
 
@@ -105,17 +115,25 @@ class AutoPlanner(Planner):
 
     @staticmethod
     def _best_k(alphas: list[float], costs, extra: int, max_width: int,
-                draft_cost: float | None = None) -> tuple[float, int]:
+                draft_cost: float | None = None, runner_up: float | None = None) -> tuple[float, int]:
         """(rate, k) maximising (1 + Σ_(i≤k) Π α) / cost over k ≥ 0, with ``extra`` drafts appended for the
         next iteration: mask rows (``draft_cost`` None: cost(1 + k + extra)) or heads drafts, which take
-        output slots, not rows (cost(1 + k) + extra · draft_cost)."""
-        def cost(k: int) -> float:
-            return costs[1 + k + extra] if draft_cost is None else costs[1 + k] + extra * draft_cost
+        output slots, not rows (cost(1 + k) + extra · draft_cost). ``runner_up``: β, the plans with k ≥ 1
+        also verify g_1's runner-up — one more row, (1 − α_1)·β more expected tokens."""
+        alt = runner_up is not None
 
-        best_rate, best_k = 1.0 / cost(0) if 1 + extra < len(costs) else 0.0, 0
+        def cost(k: int) -> float:
+            rows = 1 + k + (alt and k > 0)
+            return costs[rows + extra] if draft_cost is None else costs[rows] + extra * draft_cost
+
+        best_rate, best_k = (1.0 / cost(0) if 1 + extra < len(costs) else 0.0), 0
+        if alt:
+            best_rate = 0.0  # k = 0 is the plan without the runner-up: the caller weighs it
         expect, run = 1.0, 1.0
+        if alt and alphas:
+            expect += (1.0 - alphas[0]) * runner_up
         for k, a in enumerate(alphas, 1):
-            w = 1 + k + extra
+            w = 1 + k + extra + alt
             if w > max_width or w >= len(costs):
                 break
             run *= a
@@ -168,17 +186,24 @@ class AutoPlanner(Planner):
         best = PassPlan([], "", 0)
         best_rate = DRAFT_MARGIN  # AR: one token per width-1 step, and the margin a draft must clear
         dc = ctx.draft_cost if ctx.fused == "heads" else None
+        beta = None
+        if ctx.top2 and ctx.mask_alt is not None and self._mask_probs:
+            self._alt_bucket = _mask_bucket(self._mask_probs[0])
+            beta = self.alpha(("runner-up", self._alt_bucket), RUNNER_UP_PRIOR)
         for source, guesses, alphas in options:
             for extra in ((0, masks - 1) if masks else (0,)):
-                rate, k = self._best_k(alphas, costs, extra, ctx.max_width, dc)
-                if rate > best_rate and k > 0:
-                    best, best_rate = PassPlan(guesses[:k], source, extra + 1 if extra else 0), rate
+                # a runner-up row runs in fused steps (mask rows appended) only
+                for alt in ((None, beta) if source == "masks" and beta is not None and extra else (None,)):
+                    rate, k = self._best_k(alphas, costs, extra, ctx.max_width, dc, alt)
+                    if rate > best_rate and k > 0:
+                        best, best_rate = PassPlan(guesses[:k], source, extra + 1 if extra else 0,
+                                                   alt=None if alt is None else ctx.mask_alt), rate
         # drafts appended now pay in the next iteration. Mask rows must beat this iteration's plan (as
         # tuned on held-out prompts); a heads chain, which feeds itself at any accept length, must beat
         # AR's rate — or the lookup's, when the lookup is what this iteration verifies
         bar = DRAFT_MARGIN if ctx.fused == "heads" and best.source in ("", "heads") else best_rate
         if masks and chain_rate > bar * MASK_MARGIN and not best.masks:
-            best = PassPlan(best.guesses, best.source, masks)
+            best = PassPlan(best.guesses, best.source, masks, alt=best.alt)
         # re-tries of options not chosen lately
         self.since_lookup += 1
         self.since_masks += 1
@@ -191,16 +216,19 @@ class AutoPlanner(Planner):
             best = PassPlan(guesses[:1], source, best.masks)
             self.since_lookup = 0
         elif ctx.masks is not None and not best.masks and self.since_masks >= EXPLORE_EVERY:
-            best = PassPlan(best.guesses, best.source, 2)
+            best = PassPlan(best.guesses, best.source, 2, alt=best.alt)
             self.since_masks = 0
         best = fit(best, ctx.max_width)
-        label = (best.source or "ar") + (f"+{ctx.fused}" if best.masks else "")
+        label = (best.source or "ar") + ("+alt" if best.alt is not None else "") + (f"+{ctx.fused}" if best.masks
+                                                                                    else "")
         self.choices[label] = self.choices.get(label, 0) + 1
         return best
 
     def observe(self, plan: PassPlan, accepted: int, ctx: PassContext) -> None:
         if not plan.guesses:
             return
+        if plan.alt is not None and accepted == 0:  # g_1 failed: was the runner-up the token?
+            self._update(("runner-up", self._alt_bucket), ctx.runner_up)
         tried = min(accepted + 1, len(plan.guesses))  # guess i is judged only when guesses < i were accepted
         for i in range(1, tried + 1):
             if plan.source == "lookup":
@@ -225,6 +253,9 @@ class AutoPolicy(Policy):
     default_drafter: ClassVar[str] = "lookup+adapter"
     #: plans with the measured step costs (the decode loop loads them: bitmtp.runtime.calibration)
     uses_costs: ClassVar[bool] = True
+    #: may verify a mask draft's runner-up beside it (greedy, mask-block adapters; the decode loop reads the
+    #: runner-ups for it)
+    plans_runner_ups: ClassVar[bool] = True
 
     @property
     def decode_schedule(self) -> str:

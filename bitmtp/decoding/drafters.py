@@ -165,16 +165,29 @@ class MaskBlockDrafter(Drafter):
         # the history, P and the whole block (bidirectional inside it): every row ≤ the last position.
         reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])
         mask = runner.kv_index[None, :] <= reach[:, None]
+        slots = None
+        if st.alt:
+            # the top2 schedule's runner-up row (row p, at g_1's position n + 1, KV in the scratch slot the
+            # loop wrote to runner.slots): it sees the committed rows up to t's (≤ n) and itself only
+            n = pos[:1]
+            alt = (runner.kv_index <= n) | (runner.kv_index == runner.slots[p : p + 1])
+            mask = torch.cat([mask[:p], alt[None, :], mask[p + 1 :]])
+            slots = runner.slots
         dec = self.decoder
-        step = StepInputs(runner.tokens, pos, mask, mask_rows=d - 1, mask_block=self.block)
+        step = StepInputs(runner.tokens, pos, mask, mask_rows=d - 1, mask_block=self.block, slots=slots)
         hidden = dec.hidden_states(step, runner.kv)
         # LM head only over the rows that draft (the last pending row and the mask rows): the other
         # pending rows' logits are never read in a draft step, and the LM head is the largest matrix
         # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
         lo = 0 if st.role == "fused" else p - 1
-        tok, prob = _choose(runner, dec.logits(hidden[lo:]), pos[lo:], p if lo == 0 else 0)
+        logits = dec.logits(hidden[lo:])
+        tok, prob = _choose(runner, logits, pos[lo:], p if lo == 0 else 0)
         runner.out_token[lo:].copy_(tok)
         runner.out_prob[lo:].copy_(prob)
+        if st.role == "fused":
+            # the first mask row's runner-up: the top2 schedule verifies it beside the next step's g_1
+            # (one row's top-2 over the vocabulary, ~0.3 % of a SmolLM2 step on the CPU)
+            runner.out_second.copy_(logits[p + st.alt - lo].topk(2).indices[1:])
 
 
 class HeadsDrafter(Drafter):

@@ -18,7 +18,10 @@ A planner decides each iteration's rows (:class:`PassPlan`) from what the loop t
 
 * :class:`FixedPlanner` — ``speculative`` with ``schedule="one-pass"``: always D − 1 guesses from the
   drafter (lookup / oracle: proposed on the host; mask-block: the previous step's mask drafts) and, for a
-  mask-block drafter, D − 1 mask rows every step.
+  mask-block drafter, D − 1 mask rows every step. With ``schedule="top2"`` a mask-drafted g_1 comes with
+  its runner-up (the first mask row's second choice) in one more row at g_1's position, KV to a scratch
+  slot: when the pending row's argmax is the runner-up, it commits with that row's own argmax, and its KV
+  row moves to its position (``KVStore.move_row``).
 * ``auto`` (``bitmtp.decoding.auto``): per iteration, AR or drafting with the number of guesses and
   mask rows that maximise expected committed tokens per unit of measured step cost.
 """
@@ -61,6 +64,18 @@ def tree_layout(p: int, d: int) -> tuple[list[int], list[int], list[int], list[i
     return pos, slot, anchor, lo, hi
 
 
+def top2_layout(p: int, d: int) -> tuple[list[int], list[int]]:
+    """Rows of a ``top2`` step with ``p`` AR rows (t, g_1..g_k, k ≥ 1), g_1's runner-up, then ``d − 1`` mask
+    rows (``ReplayState(p + d, σ, "fused", d, alt=1)``): per row, offsets from n of its position and its KV
+    slot. The runner-up sits at g_1's position (n + 1) and writes the scratch slot n + p + d − 1, past the
+    mask rows' slots, so no row of the step reads it but itself; the mask rows keep the positions they have
+    in a plain fused step (after the last guess)."""
+    if p < 2 or d < 2:
+        raise ValueError(f"top2 layout: needs a guess (p >= 2) and a block (d >= 2), got p={p}, d={d}")
+    masks = list(range(p, p + d - 1))
+    return [*range(p), 1, *masks], [*range(p), p + d - 1, *masks]
+
+
 @dataclass
 class PassPlan:
     """One iteration's rows: ``guesses`` (g_1..g_k, host-known) from ``source`` (``"lookup"``,
@@ -73,12 +88,14 @@ class PassPlan:
     masks: int = 0
     #: the mask rows form a tree: a block after the pending row and after every guess (width (k + 1)·D')
     tree: bool = False
+    #: the ``top2`` schedule: g_1's runner-up, verified in one more row beside g_1 (None: no such row)
+    alt: int | None = None
 
     @property
     def width(self) -> int:
         if self.tree and self.masks:
             return (1 + len(self.guesses)) * self.masks
-        return 1 + len(self.guesses) + (self.masks - 1 if self.masks else 0)
+        return 1 + len(self.guesses) + (self.alt is not None) + (self.masks - 1 if self.masks else 0)
 
 
 @dataclass
@@ -93,7 +110,10 @@ class PassContext:
     drafter, another host drafter such as the oracle, a drafter of fused steps: mask-block or heads),
     None where absent; ``fused``: how ``masks`` drafts (``"masks"`` or ``"heads"``, its ``fused_drafts``:
     also the source name of its guesses); ``draft_cost``: what one heads draft costs relative to a
-    width-1 step (heads only; their drafts take no rows); ``tree``: the schedule is ``tree``;
+    width-1 step (heads only; their drafts take no rows); ``tree``: the schedule is ``tree``; ``top2``: the
+    plans may verify runner-ups (the ``top2`` schedule, or ``auto`` decoding greedily with a mask-block
+    adapter), and ``mask_alt`` the previous step's runner-up of its first mask draft (None when the mask
+    drafts are not valid);
     ``costs``: relative step cost by width at the current context (``costs[w]``, ``costs[1] == 1``;
     None when the planner does not need them).
     """
@@ -111,6 +131,11 @@ class PassContext:
     fused: str = ""
     draft_cost: float = 0.0
     tree: bool = False
+    top2: bool = False
+    mask_alt: int | None = None
+    #: after a step whose plan had a runner-up: whether the runner-up committed (:meth:`Planner.observe`
+    #: then gets ``accepted`` = 0, g_1 having been rejected)
+    runner_up: bool = False
 
 
 class Planner:
@@ -120,7 +145,8 @@ class Planner:
         raise NotImplementedError
 
     def observe(self, plan: PassPlan, accepted: int, ctx: PassContext) -> None:
-        """``accepted``: how many of ``plan.guesses`` were accepted (a ≤ k)."""
+        """``accepted``: how many of ``plan.guesses`` were accepted (a ≤ k; 0 when g_1's runner-up
+        committed instead, ``ctx.runner_up`` then True)."""
 
 
 def fit(plan: PassPlan, max_width: int) -> PassPlan:
@@ -128,6 +154,8 @@ def fit(plan: PassPlan, max_width: int) -> PassPlan:
     (a tree keeps its block size and verifies fewer guesses)."""
     if plan.width <= max_width:
         return plan
+    if plan.alt is not None:  # the runner-up row goes first: it is the least likely to commit anything
+        return fit(PassPlan(plan.guesses, plan.source, plan.masks, plan.tree), max_width)
     if plan.tree and plan.masks:
         if plan.masks <= max_width:
             return PassPlan(plan.guesses[: max_width // plan.masks - 1], plan.source, plan.masks, True)
@@ -155,7 +183,7 @@ class FixedPlanner(Planner):
                 if props:
                     plan = PassPlan(props, "lookup")
             if not plan.guesses and ctx.mask_guesses:
-                plan = PassPlan(ctx.mask_guesses[: d - 1], ctx.fused)
+                plan = PassPlan(ctx.mask_guesses[: d - 1], ctx.fused, alt=ctx.mask_alt if ctx.top2 else None)
             if ctx.masks is not None:
                 plan.masks = d
                 plan.tree = ctx.tree

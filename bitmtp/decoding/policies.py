@@ -113,10 +113,12 @@ def check_min_prefix(min_prefix: Any) -> int | None:
 #: the decode loop's schedules: ``two-pass`` (a draft step, then a verify step), ``one-pass`` (one
 #: step verifies the pending guesses and drafts the next; ``bitmtp.decoding.onepass``) and ``tree``
 #: (one pass with a block of mask rows after the pending row and after every guess, so a next draft
-#: exists at any accept length; mask-block adapters)
-SCHEDULES = ("two-pass", "one-pass", "tree")
+#: exists at any accept length; mask-block adapters) and ``top2`` (one pass whose first mask-drafted guess
+#: is verified together with its runner-up, the first mask row's second choice, in one more row:
+#: mask-block adapters, greedy decoding)
+SCHEDULES = ("two-pass", "one-pass", "tree", "top2")
 #: the schedules run by the one-pass loop
-ONE_PASS_SCHEDULES = ("one-pass", "tree")
+ONE_PASS_SCHEDULES = ("one-pass", "tree", "top2")
 
 
 def check_schedule(schedule: Any) -> str | None:
@@ -149,8 +151,8 @@ class ConfidenceParams:
 @dataclass(frozen=True)
 class SpeculativeParams:
     """``schedule``: ``"two-pass"`` (draft step, then verify step), ``"one-pass"`` (one step verifies
-    the guesses and drafts the next ones) or ``"tree"`` (one pass, mask rows after every AR row); None:
-    two-pass."""
+    the guesses and drafts the next ones), ``"tree"`` (one pass, mask rows after every AR row) or
+    ``"top2"`` (one pass, the first mask-drafted guess verified with its runner-up); None: two-pass."""
 
     schedule: str | None = None
 

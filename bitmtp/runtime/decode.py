@@ -33,7 +33,7 @@ import torch
 
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
-from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan, tree_layout
+from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan, top2_layout, tree_layout
 from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Commit, Plan, Policy, Verify, resolve_policy
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
@@ -75,6 +75,14 @@ class DecodeStats:
     #: guesses verified and accepted (one pass)
     guesses: int = 0
     accepted: int = 0
+    #: one pass, guesses drafted by the adapter's mask rows: per guess position j (g_(j+1)), how many steps
+    #: checked it (every guess before it accepted) and how many accepted it — the ``top2`` schedule counts
+    #: position 0 accepted when g_1 or its runner-up is
+    position_checked: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    #: the ``top2`` schedule: runner-up rows verified, and how many of them committed
+    runner_ups: int = 0
+    runner_ups_accepted: int = 0
     #: what the caller should know about how it decoded (e.g. "auto: no adapter, lookup drafts only")
     notes: list[str] = field(default_factory=list)
 
@@ -109,6 +117,8 @@ class DecodeStats:
                 "widths": dict(sorted(self.widths.items())), "syncs": self.syncs, "draft_steps": self.draft_steps,
                 "flushes": self.flushes, "tokens_per_second": self.tokens_per_second, "schedule": self.schedule,
                 "choices": dict(sorted(self.choices.items())), "guesses": self.guesses, "accepted": self.accepted,
+                "position_checked": list(self.position_checked), "position_accepted": list(self.position_accepted),
+                "runner_ups": self.runner_ups, "runner_ups_accepted": self.runner_ups_accepted,
                 "notes": list(self.notes)}
 
 
@@ -215,6 +225,10 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         costs = engine.memory.get("live_costs")
         if costs is None or costs.table is not table:  # observations carry over to the engine's next generation
             costs = engine.memory["live_costs"] = LiveCosts(table, engine.kv.m_max)
+    if one_pass and pol.decode_schedule == "top2" and sampling is not None and not sampling.greedy:
+        raise BitMTPError("schedule: 'top2' verifies a runner-up guess beside the first one, which greedy decoding "
+                          "only can accept exactly; decode greedily (temperature 0, no penalties) or use "
+                          "schedule='one-pass'")
     params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
     sampler = engine.pool.set_sampling(params)
     engine.reset()
@@ -257,6 +271,19 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
                             out.logprobs, params.seed if params is not None else None)
 
 
+def _count_positions(stats: DecodeStats, k: int, accepted: int, runner_up: bool) -> None:
+    """Per guess position (``DecodeStats.position_checked`` / ``position_accepted``): a step with ``k`` mask
+    guesses of which the first ``accepted`` held checked positions 0..min(accepted, k − 1) — after an
+    accepted runner-up the chain's later guesses were drafted after g_1 and are not checked."""
+    top = 1 if runner_up else min(accepted + 1, k)
+    for lst in (stats.position_checked, stats.position_accepted):
+        if len(lst) < k:
+            lst.extend([0] * (k - len(lst)))
+    for j in range(top):
+        stats.position_checked[j] += 1
+        stats.position_accepted[j] += j < accepted
+
+
 def _check_drafter(engine, drafter, policy: Policy) -> None:
     """The drafter suits the policy's schedule (module docstring; ``bitmtp.decoding.drafters``)."""
     kind = getattr(drafter, "kind", "")
@@ -280,6 +307,9 @@ def _check_drafter(engine, drafter, policy: Policy) -> None:
         what = "heads draft at any accept length already" if fused == "heads" else "it has no mask rows"
         raise BitMTPError(f"schedule: the tree schedule grows mask rows after every row and needs a mask-block "
                           f"adapter; the {kind} drafter does not fit ({what}); use schedule='one-pass'")
+    if policy.decode_schedule == "top2" and fused != "masks":
+        raise BitMTPError(f"schedule: the top2 schedule verifies the runner-up of a mask row's draft and needs a "
+                          f"mask-block adapter; the {kind} drafter has no mask rows; use schedule='one-pass'")
 
 
 def _check_block(engine, d: int, drafter, policy: Policy) -> None:
@@ -476,8 +506,11 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         pool.set_drafter(masks)
     index = lookup.index(ids + [first]) if lookup is not None else LookupIndex(ids + [first], ngram_max=1)
     ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks, fused=fused,
-                      tree=policy.decode_schedule == "tree")
-    layouts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # tree: position / slot offsets
+                      tree=policy.decode_schedule == "tree",
+                      top2=policy.decode_schedule == "top2" or (getattr(policy, "plans_runner_ups", False)
+                                                                and fused == "masks" and sampler is None))
+    # tree and top2 steps: position / slot offsets from n, by (kind, k + 1, D)
+    layouts: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     if fused == "heads":
         ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if costs is not None else HEADS_DRAFT_COST
     # sampled guesses are accepted less often than greedy ones (a guess must match a sample, not the argmax):
@@ -505,32 +538,41 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         k = len(guesses)
         w = plan.width
         tree = plan.tree and plan.masks
+        alt = plan.alt if plan.masks and k and not tree else None  # the runner-up of g_1 (top2)
+        r0 = k + 1 + (alt is not None)  # the first mask row
         if plan.masks:
-            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "tree" if tree else "fused", plan.masks))
+            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "tree" if tree else "fused", plan.masks,
+                                          alt=int(alt is not None)))
         else:
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))
             if sampler is not None and k:
                 runner.fresh_from.fill_(1)  # row 0 is the committed pending token; the guesses are new
         if k:
-            runner.tokens[: k + 1].copy_(torch.tensor([tok, *guesses], dtype=torch.long))
+            runner.tokens[:r0].copy_(torch.tensor([tok, *guesses] + ([alt] if alt is not None else []),
+                                                  dtype=torch.long))
         else:
             runner.tokens[:1].fill_(tok)
-        if tree:
-            offs = layouts.get((k + 1, plan.masks))
+        if tree or alt is not None:
+            key = ("tree" if tree else "top2", k + 1, plan.masks)
+            offs = layouts.get(key)
             if offs is None:
-                pos_off, slot_off, *_ = tree_layout(k + 1, plan.masks)
-                offs = layouts[(k + 1, plan.masks)] = (torch.tensor(pos_off, device=arange.device),
-                                                       torch.tensor(slot_off, device=arange.device))
+                pos_off, slot_off = (tree_layout(k + 1, plan.masks)[:2] if tree
+                                     else top2_layout(k + 1, plan.masks))
+                offs = layouts[key] = (torch.tensor(pos_off, device=arange.device),
+                                       torch.tensor(slot_off, device=arange.device))
             torch.add(offs[0], n, out=runner.positions)
             torch.add(offs[1], n, out=runner.slots)
         else:
             torch.add(arange[:w], n, out=runner.positions)
         t0 = time.perf_counter()
         runner.run()
-        row_p = None
+        row_p = second = None
         if plan.masks or logprobs:
-            v, row_p = engine.read(runner.out_token[:w], runner.out_prob[:w])
-            drafts_p = row_p[k + 1 : w]
+            if ctx.top2 and plan.masks and not tree:
+                v, row_p, (second,) = engine.read(runner.out_token[:w], runner.out_prob[:w], runner.out_second)
+            else:
+                v, row_p = engine.read(runner.out_token[:w], runner.out_prob[:w])
+            drafts_p = row_p[r0:w]
         else:
             (v,) = engine.read(runner.out_token[:w])
         if costs is not None:
@@ -543,31 +585,51 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         a = 0
         while a < k and guesses[a] == v[a]:
             a += 1
-        # the accepted guesses are the outputs of the rows before them: rows 0..a chose what commits
-        taken = out.add([*guesses[:a], v[a]], row_p[: a + 1] if logprobs else None)
+        runner_up = alt is not None and a == 0 and v[0] == alt
+        if runner_up:
+            # the pending row chose g_1's runner-up: it commits with its own row's argmax (row k + 1), and
+            # its KV row, written to the scratch slot n + w − 1, becomes position n + 1's
+            taken = out.add([alt, v[k + 1]], [row_p[0], row_p[k + 1]] if logprobs else None)
+        else:
+            # the accepted guesses are the outputs of the rows before them: rows 0..a chose what commits
+            taken = out.add([*guesses[:a], v[a]], row_p[: a + 1] if logprobs else None)
         stats.committed.append(len(taken))
         stats.verified.append(k > 0)
         stats.widths[w] += 1
-        stats.choices[(plan.source or "ar") + (("+tree" if tree else f"+{fused}") if plan.masks else "")] += 1
+        stats.choices[(plan.source or "ar") + ("+alt" if alt is not None else "")
+                      + (("+tree" if tree else f"+{fused}") if plan.masks else "")] += 1
         if k:
             stats.verifier_calls += 1
             stats.guesses += k
-            stats.accepted += a
+            stats.accepted += 1 if runner_up else a
+            if plan.source == "masks":
+                _count_positions(stats, k, 1 if runner_up else a, runner_up)
+        if alt is not None:
+            stats.runner_ups += 1
+            stats.runner_ups_accepted += runner_up
         if plan.masks:
             stats.draft_steps += 1
+        ctx.runner_up = runner_up
         planner.observe(plan, a, ctx)
-        n += a + 1
+        if runner_up:
+            kv.move_row(n + w - 1, n + 1)
+            n += 2
+            tok = v[k + 1]
+        else:
+            n += a + 1
+            tok = v[a]
         engine.n = n
-        tok = v[a]
         index.extend(taken)
         # the mask rows drafted the positions after the last guess: valid only if every guess was
         # accepted; the heads drafted after the last accepted row: valid whatever was accepted; a tree
         # has a block of mask rows after every row: block a's drafts follow v_a
+        ctx.mask_alt = None
         if tree:
             b = plan.masks - 1
             ctx.mask_guesses, ctx.mask_probs = v[k + 1 + a * b : k + 1 + (a + 1) * b], drafts_p[a * b : (a + 1) * b]
-        elif plan.masks and (a == k or fused == "heads"):
-            ctx.mask_guesses, ctx.mask_probs = v[k + 1 : w], drafts_p
+        elif plan.masks and not runner_up and (a == k or fused == "heads"):
+            ctx.mask_guesses, ctx.mask_probs = v[r0:w], drafts_p
+            ctx.mask_alt = second
         else:
             ctx.mask_guesses, ctx.mask_probs = [], []
         yield taken

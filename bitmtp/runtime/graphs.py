@@ -68,6 +68,8 @@ class StepRunner:
         self.slots = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_token = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_prob = torch.zeros(m, dtype=torch.float32, device=dev)
+        #: a fused step's first mask row's second choice (the ``top2`` schedule's runner-up for the next g_1)
+        self.out_second = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits = torch.zeros(m, decoder.args.vocab_size, dtype=torch.float32, device=dev) if keep_logits else None
         self.kv_index = torch.arange(state.segment, device=dev)
         self.capture = capture

@@ -3,9 +3,11 @@
 Layout per layer: ``[kv_heads, capacity + M_max, head_dim]``. A step writes its rows in place at
 their absolute positions (``index_copy_`` with a device tensor of positions — no host sync, graph
 capturable) and reads rows ``[0, L)`` where L is the step's segment length. Rows a step wrote
-but the policy rejected are simply overwritten by the next step that owns those positions. No
-method of this class copies KV rows: there is no promotion, compaction or segment migration, so
-``rows_copied`` stays zero by construction (tests assert it, and that the buffers never move).
+but the policy rejected are simply overwritten by the next step that owns those positions. There is
+no promotion, compaction or segment migration: the one copy is :meth:`move_row`, which the ``top2``
+schedule uses when it accepts the runner-up of a first guess (that row was written to a scratch slot
+beside the first guess's): one row per layer, counted in ``rows_copied``, which every other schedule
+leaves at zero (tests assert it, and that the buffers never move).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class KVStore:
         else:
             self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.rows_copied = 0  # stays 0: nothing here copies rows (see module docstring)
+        self.rows_copied = 0  # rows moved by move_row (the top2 schedule's accepted runner-ups); else 0
         self.segments = self._segments()
 
     def _segments(self) -> list[int]:
@@ -88,3 +90,13 @@ class KVStore:
         kb.index_copy_(1, positions, k.transpose(0, 1).to(kb.dtype))
         vb.index_copy_(1, positions, v.transpose(0, 1).to(vb.dtype))
         return kb, vb
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy KV row ``src`` onto row ``dst`` in every layer (K and V): a ``top2`` step's accepted runner-up,
+        written to a scratch slot, becomes the committed row of its position. ~60 row copies for SmolLM2's
+        30 layers, against a ~10 ms step: it runs only in the iterations that accept a runner-up."""
+        if not (0 <= src < self.rows and 0 <= dst < self.rows):
+            raise BitMTPError(f"kv: move_row({src}, {dst}) outside the store's {self.rows} rows")
+        for buf in (*self.k, *self.v):
+            buf[:, dst].copy_(buf[:, src])
+        self.rows_copied += 1

@@ -4,8 +4,9 @@ For each (policy, D): mean committed tokens per iteration and their histogram, v
 decode tokens/s and its ratio to AR on the same engine, and — for the unverified policies
 (confidence, hybrid) — the fraction of generated tokens identical to AR greedy's (position by
 position up to the first difference, averaged over prompts). For ``speculative`` rows, also the
-acceptance of each drafted position (:func:`position_acceptance`): how often mask row k's draft
-was accepted, given the verifier got to check it.
+acceptance of each drafted position (:func:`position_acceptance`; one-pass schedules:
+:func:`onepass_position_acceptance`): how often mask row k's draft was accepted, given the verifier got
+to check it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,26 @@ def position_acceptance(runs: list[tuple[list[int], list[bool]]], block_size: in
     return [a / c if c else float("nan") for a, c in zip(accepted, checked, strict=True)], checked
 
 
+def onepass_position_acceptance(stats: list, block_size: int) -> tuple[list[float], list[int]]:
+    """:func:`position_acceptance` for the one-pass schedules, from each generation's ``DecodeStats``
+    ``position_checked`` / ``position_accepted``: per guess position k = 1..D − 1 (g_k, drafted by mask row
+    k of the step before — the same mask rows as a two-pass draft's d_2..d_D), the fraction accepted among
+    the steps that checked it. Under ``schedule="top2"`` position 1 counts as accepted when g_1 or its
+    runner-up is (the step verifies both)."""
+    if block_size < 2:
+        raise BitMTPError(f"block_size: drafted positions need D >= 2, got {block_size}")
+    checked = [0] * (block_size - 1)
+    accepted = [0] * (block_size - 1)
+    for st in stats:
+        if len(st.position_checked) > block_size - 1:
+            raise BitMTPError(f"stats: {len(st.position_checked)} guess positions at D={block_size}; a one-pass "
+                              f"step verifies at most D - 1 guesses")
+        for k, (c, a) in enumerate(zip(st.position_checked, st.position_accepted, strict=True)):
+            checked[k] += c
+            accepted[k] += a
+    return [a / c if c else float("nan") for a, c in zip(accepted, checked, strict=True)], checked
+
+
 def _prefix_match(a: list[int], b: list[int]) -> float:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -113,20 +134,29 @@ def _prefix_match(a: list[int], b: list[int]) -> float:
 
 def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculative", "hybrid"), block_sizes=(8,),
                         max_new_tokens: int = 64, tau: float = 0.9, min_prefix: int | None = None,
-                        stop_at_eos: bool = False, progress: bool = True) -> list[AcceptanceRow]:
+                        stop_at_eos: bool = False, progress: bool = True,
+                        schedule: str | None = None) -> list[AcceptanceRow]:
     """Run AR and each (policy, D) over ``prompts`` (token ids) on ``model`` (with its adapter).
 
     ``policies``: registered policy names (``bitmtp.decoding.policy_names()``), with the loose ``tau``
     and ``min_prefix`` each takes. The "identical to AR" column is left out for lossless policies.
     Every generation runs ``max_new_tokens`` past any end-of-sequence token (the same count per prompt, the
     figures recorded so far) unless ``stop_at_eos``: then each stops at the model's end ids, as a user's
-    generation does — a short chat answer then adds no drafts of the text the model makes up after it."""
+    generation does — a short chat answer then adds no drafts of the text the model makes up after it.
+    ``schedule``: ``speculative``'s schedule (None: two-pass; ``bitmtp.decoding.policies.SCHEDULES``), e.g.
+    ``"top2"`` to count a first drafted position accepted when the mask row's first or second choice is."""
     import bitmtp
     from bitmtp.decoding import get_policy
 
     if not prompts:
         raise BitMTPError("prompts: the prompt set is empty")
+    from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, check_schedule
+
     lossless = {p: get_policy(p).lossless for p in policies}  # unknown names fail here, before any work
+    check_schedule(schedule)
+    if schedule is not None and list(policies) != ["speculative"]:
+        raise BitMTPError(f"schedule: applies to the speculative policy only; evaluate --policies speculative with "
+                          f"--schedule {schedule}, got policies {', '.join(policies)}")
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -144,10 +174,12 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
     for policy in policies:
         for d in block_sizes:
             committed: list[int] = []
-            ver, iters, tps, same, ratio, runs = 0, 0, [], [], [], []
+            ver, iters, tps, same, ratio, runs, all_stats = 0, 0, [], [], [], [], []
             for ids, ref, base_tps in zip(prompts, ar, ar_tps, strict=True):
                 res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy=policy,
-                                      block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=eos)
+                                      block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=eos,
+                                      **({"schedule": schedule} if schedule is not None else {}))
+                all_stats.append(res.stats)
                 committed += res.stats.committed
                 runs.append((list(res.stats.committed), list(res.stats.verified)))
                 ver += res.stats.verifier_calls
@@ -157,7 +189,10 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
                 same.append(_prefix_match(res.token_ids, ref))
                 if bar is not None:
                     bar.update(1)
-            pos, pos_n = position_acceptance(runs, d) if policy == "speculative" else (None, None)
+            pos, pos_n = None, None
+            if policy == "speculative":
+                pos, pos_n = (onepass_position_acceptance(all_stats, d) if schedule in ONE_PASS_SCHEDULES
+                              else position_acceptance(runs, d))
             rows.append(AcceptanceRow(
                 policy, d, len(prompts), sum(committed) / max(1, len(committed)),
                 dict(sorted(Counter(committed).items())), ver / max(1, iters), statistics.median(tps),
