@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bitmtp.decoding.lookup import LookupIndex
+from bitmtp.ops.linear import ATTENTION_CHUNK, ATTENTION_LANES
 
 #: what one heads draft costs relative to a width-1 step before any is observed: a head is a rank-r
 #: residual block plus an LM-head row, and the LM head is the largest matrix of a small model's step
@@ -64,16 +65,32 @@ def tree_layout(p: int, d: int) -> tuple[list[int], list[int], list[int], list[i
     return pos, slot, anchor, lo, hi
 
 
+def runner_up_slot(p: int, d: int) -> int:
+    """The KV slot (offset from n) of a ``top2`` step's runner-up row: the first n + 1 + 16·j past the step's
+    other rows (their slots end at n + p + d − 2). Its attention then sums every KV row in the lane it
+    would have at its own position n + 1 (``bitmtp.ops.linear.ATTENTION_LANES``), so its outputs and
+    its KV row are AR's bits — provided n + 1 and the slot share a softmax chunk (:func:`runner_up_fits`)."""
+    return 1 + ATTENTION_LANES * -(-(p + d - 2) // ATTENTION_LANES)
+
+
+def runner_up_fits(n: int, p: int, d: int, rows: int) -> bool:
+    """Whether a ``top2`` step at pending position ``n`` can verify a runner-up: its scratch slot
+    (:func:`runner_up_slot`) lies in n + 1's softmax chunk (``bitmtp.ops.linear.ATTENTION_CHUNK``) and inside
+    a KV store of ``rows`` rows. About 7 pending positions in 8 qualify at D ≤ 8."""
+    at = n + runner_up_slot(p, d)
+    return at < rows and at // ATTENTION_CHUNK == (n + 1) // ATTENTION_CHUNK
+
+
 def top2_layout(p: int, d: int) -> tuple[list[int], list[int]]:
     """Rows of a ``top2`` step with ``p`` AR rows (t, g_1..g_k, k ≥ 1), g_1's runner-up, then ``d − 1`` mask
     rows (``ReplayState(p + d, σ, "fused", d, alt=1)``): per row, offsets from n of its position and its KV
-    slot. The runner-up sits at g_1's position (n + 1) and writes the scratch slot n + p + d − 1, past the
-    mask rows' slots, so no row of the step reads it but itself; the mask rows keep the positions they have
-    in a plain fused step (after the last guess)."""
+    slot. The runner-up sits at g_1's position (n + 1) and writes the scratch slot :func:`runner_up_slot`,
+    past the other rows' slots, so no row of the step reads it but itself; the mask rows keep the positions
+    they have in a plain fused step (after the last guess)."""
     if p < 2 or d < 2:
         raise ValueError(f"top2 layout: needs a guess (p >= 2) and a block (d >= 2), got p={p}, d={d}")
     masks = list(range(p, p + d - 1))
-    return [*range(p), 1, *masks], [*range(p), p + d - 1, *masks]
+    return [*range(p), 1, *masks], [*range(p), runner_up_slot(p, d), *masks]
 
 
 @dataclass

@@ -141,6 +141,15 @@ def dense_reads_blocks(device: torch.device, backend: str | None = None) -> bool
     return getattr(getattr(impl, "__self__", None), "name", None) == "cpu"
 
 
+#: the CPU attention kernel's summation structure (csrc/cpu/attention.h, attention_body.inc): a query row's
+#: softmax runs per chunk of ATTENTION_CHUNK KV rows, and inside a chunk KV row l's weight is summed in lane
+#: l mod ATTENTION_LANES. A KV row moved by a multiple of the lanes inside its chunk, with nothing between
+#: its old and new place visible, gives every query row that sees it the same bits (the ``top2`` schedule's
+#: runner-up row relies on it: ``bitmtp.decoding.onepass.top2_layout``)
+ATTENTION_LANES = 16
+ATTENTION_CHUNK = 128
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
               *, backend: str | None = None) -> torch.Tensor:
     """Masked GQA attention of ``q[M, H, D]`` over KV rows ``[0, L)`` of ``k, v[KVH, S, D]``.

@@ -33,7 +33,15 @@ import torch
 
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
-from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext, PassPlan, top2_layout, tree_layout
+from bitmtp.decoding.onepass import (
+    HEADS_DRAFT_COST,
+    PassContext,
+    PassPlan,
+    runner_up_fits,
+    runner_up_slot,
+    top2_layout,
+    tree_layout,
+)
 from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Commit, Plan, Policy, Verify, resolve_policy
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
@@ -534,15 +542,20 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
                 ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST)
             next_costs = stats.iterations + 8
         plan: PassPlan = planner.plan(ctx)
+        if plan.alt is not None and not (plan.masks and plan.guesses and not plan.tree
+                                         and runner_up_fits(n, len(plan.guesses) + 1, plan.masks, kv.rows)):
+            # a runner-up rides in fused steps only, and only where its scratch slot gives AR's bits
+            plan = PassPlan(plan.guesses, plan.source, plan.masks, plan.tree)
         guesses = plan.guesses
         k = len(guesses)
         w = plan.width
         tree = plan.tree and plan.masks
-        alt = plan.alt if plan.masks and k and not tree else None  # the runner-up of g_1 (top2)
+        alt = plan.alt  # the runner-up of g_1 (top2)
         r0 = k + 1 + (alt is not None)  # the first mask row
+        alt_slot = n + runner_up_slot(k + 1, plan.masks) if alt is not None else n
         if plan.masks:
-            runner = pool.get(ReplayState(w, kv.segment_for(n + w), "tree" if tree else "fused", plan.masks,
-                                          alt=int(alt is not None)))
+            seg = kv.segment_for(max(n + w, alt_slot + 1))
+            runner = pool.get(ReplayState(w, seg, "tree" if tree else "fused", plan.masks, alt=int(alt is not None)))
         else:
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))
             if sampler is not None and k:
@@ -588,7 +601,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         runner_up = alt is not None and a == 0 and v[0] == alt
         if runner_up:
             # the pending row chose g_1's runner-up: it commits with its own row's argmax (row k + 1), and
-            # its KV row, written to the scratch slot n + w − 1, becomes position n + 1's
+            # its KV row, written to its scratch slot (the same bits as at n + 1: onepass.runner_up_slot),
+            # becomes position n + 1's
             taken = out.add([alt, v[k + 1]], [row_p[0], row_p[k + 1]] if logprobs else None)
         else:
             # the accepted guesses are the outputs of the rows before them: rows 0..a chose what commits
@@ -612,7 +626,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         ctx.runner_up = runner_up
         planner.observe(plan, a, ctx)
         if runner_up:
-            kv.move_row(n + w - 1, n + 1)
+            kv.move_row(alt_slot, n + 1)
             n += 2
             tok = v[k + 1]
         else:

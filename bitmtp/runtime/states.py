@@ -9,7 +9,8 @@ D − 1 mask rows after *each* of them: width (k + 1)·D, so p = width / D. Ever
 
 ``alt`` = 1 marks a ``fused`` step of the ``top2`` schedule: after its p AR rows (t, g_1..g_k) one more
 row carries the runner-up of g_1 (the previous step's first mask row's second choice) at g_1's position,
-written to a scratch slot; then the D − 1 mask rows. Its width is p + 1 + D − 1.
+written to a scratch slot (``onepass.runner_up_slot``, possibly past the width: the segment covers it);
+then the D − 1 mask rows. Its width is p + 1 + D − 1.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Rules stated per test: every one-pass configuration (lookup, mask-block, heads, lookup+adapter, oracle; D = 2..8)
 and ``auto`` commit exactly AR greedy's tokens; an iteration is one step and one device→host read; a
 perfect (oracle) guesser commits D tokens per iteration; mask guesses are used only after a full accept;
-heads guesses follow any accept length;
+heads guesses follow any accept length; the top2 schedule's runner-up row sees only the committed rows and
+itself, commits exactly AR's tokens when it holds (its KV row moved into place), and is the first mask row's
+second choice;
 the KV rows [0, n) after generation equal a fresh prefill; stops (EOS inside accepted guesses, capacity,
 max_new_tokens) cut exactly where AR's output would.
 """
@@ -234,6 +236,148 @@ def test_kv_rows_equal_fresh_prefill_after_one_pass(model, prompts):
             assert torch.equal(a, b[:, :n])
 
 
+def _force_runner_ups(monkeypatch, model, prompt, ref, every: int = 2):
+    """Speculative top2 over ``prompt`` with FixedPlanner's plans rewritten so that, every ``every``-th plan
+    with mask guesses, g_1 is a wrong token and the runner-up is AR's token there (known from ``ref``): the
+    runner-up path — commit, KV move, the next step's lack of mask guesses — runs many times."""
+    from bitmtp.decoding import onepass
+
+    orig = onepass.FixedPlanner.plan
+    count = [0]
+
+    def plan(self, ctx):
+        p = orig(self, ctx)
+        if p.alt is not None:
+            count[0] += 1
+            if count[0] % every == 0:
+                at = len(ctx.index.tokens) - len(prompt)  # ref index of the token g_1 guesses
+                if at < len(ref):
+                    right = ref[at]
+                    p.guesses[0] = (right + 1) % model.args.vocab_size
+                    p.alt = right
+        return p
+
+    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
+    try:
+        return _gen(model, prompt, policy="speculative", schedule="top2", block_size=4)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("p,d", [(2, 2), (2, 8), (3, 4), (4, 3), (8, 8), (9, 16)])
+def test_top2_layout(p, d):
+    """The runner-up (row p) sits at g_1's position and writes the first slot 1 + 16·j past every other row's
+    (the CPU attention's lane of position 1); the AR rows and the mask rows keep a plain fused step's
+    positions and write them in place."""
+    from bitmtp.decoding.onepass import runner_up_fits, runner_up_slot, top2_layout
+    from bitmtp.ops.linear import ATTENTION_CHUNK, ATTENTION_LANES
+
+    pos, slot = top2_layout(p, d)
+    w = p + d
+    others = slot[:p] + slot[p + 1 :]
+    assert len(pos) == len(slot) == w and sorted(others) == list(range(w - 1))
+    assert pos[:p] == slot[:p] == list(range(p))
+    assert pos[p] == 1 and slot[p] == runner_up_slot(p, d) >= w - 1
+    assert slot[p] % ATTENTION_LANES == 1 and slot[p] - ATTENTION_LANES < w - 1
+    assert pos[p + 1 :] == slot[p + 1 :] == list(range(p, p + d - 1))
+    # the slot must share n + 1's softmax chunk and fit the store
+    fits = [n for n in range(4 * ATTENTION_CHUNK) if runner_up_fits(n, p, d, 10_000)]
+    assert all((n + slot[p]) // ATTENTION_CHUNK == (n + 1) // ATTENTION_CHUNK for n in fits)
+    assert len(fits) == 4 * (ATTENTION_CHUNK - slot[p] + 1)
+    assert not runner_up_fits(100, p, d, 100 + slot[p])
+    with pytest.raises(ValueError, match="needs a guess"):
+        top2_layout(1, 4)
+
+
+@pytest.mark.parametrize("block", (2, 3, 4, 8))
+@pytest.mark.parametrize("drafter", ("adapter", "lookup+adapter"))
+def test_top2_equals_ar(model, prompts, ar_outputs, drafter, block):
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=block))
+    copied0 = model.engine.kv.rows_copied
+    tried = held = 0
+    for prompt, ref in zip(prompts, ar_outputs, strict=True):
+        out = _gen(model, prompt, policy="speculative", schedule="top2", drafter=drafter, block_size=block)
+        assert out.token_ids == ref, (drafter, block, prompt)
+        s = out.stats
+        assert s.schedule == "top2" and sum(s.committed) == NEW - 1
+        assert s.syncs == 1 + s.iterations and s.draft_steps == s.iterations
+        assert all(w <= 2 * block for w in s.widths)
+        # a runner-up rides with mask guesses only, and every accepted one moved one KV row
+        alt = sum(v for c, v in s.choices.items() if "+alt" in c)
+        assert s.runner_ups == alt and all(c.startswith("masks") for c in s.choices if "+alt" in c)
+        assert s.runner_ups_accepted <= s.runner_ups and len(s.position_checked) <= block - 1
+        assert s.position_accepted[:1] <= s.position_checked[:1]
+        tried, held = tried + s.runner_ups, held + s.runner_ups_accepted
+    assert tried > 0
+    assert model.engine.kv.rows_copied - copied0 == held
+    if drafter == "adapter":
+        assert held > 0  # tiny vocabulary: the random adapter's second choice is right now and then
+
+
+@pytest.mark.parametrize("every", (1, 2, 3))
+def test_top2_forced_runner_ups_equal_ar_and_keep_kv_exact(model, prompts, ar_outputs, monkeypatch, every):
+    """Runner-ups that are AR's token in every (every=1), every other or every third step with mask guesses:
+    each commits two tokens, its KV row moves into place, and the text and the KV rows [0, n) stay AR's."""
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=21))
+    eng = model.engine
+    for prompt, ref in list(zip(prompts, ar_outputs, strict=True))[:4]:
+        copied0 = eng.kv.rows_copied
+        out = _force_runner_ups(monkeypatch, model, prompt, ref, every)
+        assert out.token_ids == ref, (every, prompt)
+        s = out.stats
+        assert s.runner_ups_accepted >= 2 and eng.kv.rows_copied - copied0 == s.runner_ups_accepted
+        assert s.position_accepted[0] >= s.runner_ups_accepted
+        n = eng.n
+        text = (prompt + out.token_ids)[:n]
+        ks = [k[:, :n].clone() for k in eng.kv.k]
+        vs = [v[:, :n].clone() for v in eng.kv.v]
+        fresh = bitmtp.load(tiny_model("llama", seed=3, initializer_range=INIT_RANGE), capacity=256,
+                            quantize="ternary").engine
+        fresh.prefill(text)
+        for a, b in zip(ks + vs, fresh.kv.k + fresh.kv.v, strict=True):
+            assert torch.equal(a, b[:, :n])
+
+
+def test_top2_runner_up_is_the_first_mask_rows_second_choice(model, prompts, monkeypatch):
+    """The runner-up a fused step hands on is the second-largest logit of its first mask row: the same step
+    replayed with logits kept (an independent runner on a fresh session) ranks it second, after g_1."""
+    from bitmtp.runtime.states import ReplayState
+
+    block = 4
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=23))
+    from bitmtp.decoding import onepass
+
+    seen = []
+    orig = onepass.FixedPlanner.plan
+
+    def plan(self, ctx):
+        p = orig(self, ctx)
+        seen.append((list(ctx.index.tokens), list(p.guesses), ctx.mask_alt, list(ctx.mask_guesses)))
+        return p
+
+    monkeypatch.setattr(onepass.FixedPlanner, "plan", plan)
+    _gen(model, prompts[2], policy="speculative", schedule="top2", block_size=block)
+    monkeypatch.undo()
+    checked = 0
+    for (seq, guesses, _, _), (_, _, alt, nxt) in zip(seen, seen[1:], strict=False):
+        if alt is None:
+            continue
+        # replay the step that drafted them: rows [t, g_1..g_k, D − 1 masks] after the text before t
+        eng = model.session().engine
+        eng.prefill(seq[:-1])
+        eng.pool.set_drafter(model.drafter)
+        rows = [seq[-1], *guesses]
+        w = len(rows) + block - 1
+        r = eng.pool.get(ReplayState(w, eng.kv.segment_for(eng.n + w), "fused", block))
+        r.tokens[: len(rows)].copy_(torch.tensor(rows))
+        torch.arange(eng.n, eng.n + w, out=r.positions)
+        r.run()
+        assert r.out_token[len(rows):].tolist() == nxt and r.out_second.tolist() == [alt]
+        assert alt != nxt[0]
+        checked += 1
+    assert checked >= 3
+
+
 def test_stops_inside_accepted_guesses(model, prompts, ar_outputs):
     """EOS among accepted guesses ends the output right after it; capacity and max_new_tokens cut as AR's."""
     ref = ar_outputs[-1]
@@ -342,9 +486,15 @@ def test_bad_input(model, prompts):
         _gen(model, prompts[0], policy="speculative", drafter="lookup+adapter")
     with pytest.raises(BitMTPError, match="tree schedule .* needs a mask-block adapter"):
         _gen(model, prompts[0], policy="speculative", schedule="tree", drafter="lookup")
+    with pytest.raises(BitMTPError, match="top2 schedule .* needs a mask-block adapter"):
+        _gen(model, prompts[0], policy="speculative", schedule="top2", drafter="lookup")
+    with pytest.raises(BitMTPError, match="'top2' .* greedy decoding only"):
+        _gen(model, prompts[0], policy="speculative", schedule="top2", temperature=0.8, seed=1)
     model.load_adapter(random_adapter(model.args, "heads"))
     with pytest.raises(BitMTPError, match="heads draft at any accept length already"):
         _gen(model, prompts[0], policy="speculative", schedule="tree")
+    with pytest.raises(BitMTPError, match="top2 schedule .* the heads drafter has no mask rows"):
+        _gen(model, prompts[0], policy="speculative", schedule="top2")
     model.load_adapter(random_adapter(model.args, "mask-block"))
     with pytest.raises(BitMTPError, match="schedule: expected one of"):
         _gen(model, prompts[0], policy="speculative", schedule="three-pass")
