@@ -215,7 +215,9 @@ def stats_lines(stats) -> list[str]:
         f"{_fmt(stats.tokens_per_second, '.1f')} tok/s decode",
     ] + ([f"stats: {stats.schedule} iterations by choice: "
           + "  ".join(f"{k}:{v}" for k, v in sorted(stats.choices.items()))
-          + f"; guesses accepted {stats.accepted}/{stats.guesses}"] if stats.choices else []) + [
+          + f"; guesses accepted {stats.accepted}/{stats.guesses}"
+          + (f" (runner-ups {stats.runner_ups_accepted}/{stats.runner_ups})" if stats.runner_ups else "")]
+         if stats.choices else []) + [
         f"stats: note: {n}" for n in stats.notes]
 
 

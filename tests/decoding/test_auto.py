@@ -1,6 +1,7 @@
 """The ``auto`` planner (``bitmtp.decoding.auto``): what it plans for given step costs and estimates.
 
-Rules: with steps that cost as much as their rows it plans AR (no guesses) except for a rare re-try;
+Rules: with steps that cost as much as their rows it plans AR (no guesses) except for a rare re-try; it verifies
+a mask draft's runner-up only when that row pays (cheap rows, a good estimate) and only with mask rows appended;
 with flat costs and reliable guesses it verifies as many guesses as fit; its acceptance estimates move
 toward what it observes and persist in the engine's memory; it never plans wider than the step allows.
 """
@@ -113,3 +114,54 @@ def test_heads_drafts_cost_what_they_are_observed_to_cost():
     assert any(key[0] == "heads" for key in memory["auto_acceptance"])
     dear = AutoPlanner(memory).plan(_heads_ctx(linear(0.05), 1.5))
     assert dear.source == "heads" and dear.masks == 0  # verifying is still worth it, drafting more is not
+
+
+def _top2_ctx(costs, alt=9):
+    ctx = ctx_for(costs, tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9), masks=True, mask_guesses=[5, 6, 7])
+    ctx.fused, ctx.top2, ctx.mask_alt = "masks", True, alt
+    ctx.mask_probs = [0.6, 0.6, 0.6]  # the middle bucket: g_1 is often wrong
+    return ctx
+
+
+def test_runner_up_planned_where_rows_are_cheap_and_with_mask_rows_only():
+    from bitmtp.decoding.auto import RUNNER_UP_PRIOR
+
+    planner = AutoPlanner({})
+    flat = _top2_ctx(linear(0.0))
+    for _ in range(3):  # warm: the mask chain's estimates (prior 0.35) pay on flat costs
+        plan = planner.plan(flat)
+    assert plan.source == "masks" and plan.alt == 9 and plan.masks
+    assert plan.width == 1 + len(plan.guesses) + 1 + plan.masks - 1
+    # steep rows: the runner-up's expected (1 - α₁)·β ≈ 0.16 tokens never pays its row
+    steep = _top2_ctx(linear(0.9))
+    assert all(AutoPlanner({}).plan(steep).alt is None for _ in range(5))
+    # no runner-up at hand, or top2 off: never planned
+    assert planner.plan(_top2_ctx(linear(0.0), alt=None)).alt is None
+    off = _top2_ctx(linear(0.0))
+    off.top2 = False
+    assert planner.plan(off).alt is None
+    assert 0 < RUNNER_UP_PRIOR < 0.5
+
+
+def test_runner_up_estimate_follows_observations():
+    from bitmtp.decoding.auto import RUNNER_UP_PRIOR
+
+    memory = {}
+    planner = AutoPlanner(memory)
+    ctx = _top2_ctx(linear(0.0))
+    for hit in (True,) * 20:
+        plan = planner.plan(ctx)
+        assert plan.alt is not None
+        ctx.runner_up = hit
+        planner.observe(plan, 0, ctx)  # g_1 rejected, its runner-up committed
+    assert planner.alpha(("runner-up", 1), RUNNER_UP_PRIOR) > 0.8
+    for _ in range(40):
+        plan = planner.plan(ctx)
+        ctx.runner_up = False
+        planner.observe(plan, 0, ctx)
+    assert planner.alpha(("runner-up", 1), RUNNER_UP_PRIOR) < 0.1
+    # an accepted g_1 says nothing about its runner-up
+    before = dict(memory["auto_acceptance"])
+    plan = planner.plan(ctx)
+    planner.observe(plan, 1, ctx)
+    assert memory["auto_acceptance"][("runner-up", 1)] == before[("runner-up", 1)]

@@ -52,6 +52,53 @@ def test_rows_independent_of_width_and_segment(backend, rng):
             assert torch.equal(alone[0], together[i])
 
 
+def test_lane_and_chunk_constants_match_the_kernel():
+    """``bitmtp.ops.linear.ATTENTION_LANES`` / ``ATTENTION_CHUNK`` (what the top2 schedule's runner-up slot is
+    built from) are the CPU kernel's score lanes and softmax chunk (csrc/cpu/attention.h)."""
+    import re
+
+    from bitmtp.ops.linear import ATTENTION_CHUNK, ATTENTION_LANES
+    from tests.support.paths import REPO_ROOT
+
+    header = (REPO_ROOT / "csrc" / "cpu" / "attention.h").read_text()
+    assert int(re.search(r"kAttnTile = (\d+);", header).group(1)) == ATTENTION_LANES
+    assert int(re.search(r"kAttnChunk = (\d+);", header).group(1)) == ATTENTION_CHUNK == CHUNK
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the native CPU extension is not built")
+@pytest.mark.parametrize("at", (1, 37, 130, 255))
+@pytest.mark.parametrize("kv_dtype", (torch.float32, torch.float16))
+def test_a_row_moved_by_lanes_inside_its_chunk_gives_the_same_bits(at, kv_dtype, rng):
+    """The top2 schedule's premise (``bitmtp.decoding.onepass.runner_up_slot``): a query row that sees KV rows
+    [0, at) and its own row gets the same bits whether its row sits at ``at`` or at ``at + 16·j`` in the same
+    128-row chunk, the rows between hidden (they hold other data, even NaN)."""
+    from bitmtp.ops.linear import ATTENTION_CHUNK, ATTENTION_LANES
+
+    d, kvh, h, s = 64, 3, 9, 400
+    q = torch.randn(1, h, d, generator=rng)
+    k = torch.randn(kvh, s, d, generator=rng).to(kv_dtype)
+    v = torch.randn(kvh, s, d, generator=rng).to(kv_dtype)
+    length = 384
+    base = torch.zeros(1, length, dtype=torch.bool)
+    base[0, : at + 1] = True
+    ref = attention(q, k, v, base, d**-0.5, backend="cpu")
+    moved = 0
+    for j in range(1, 8):
+        to = at + ATTENTION_LANES * j
+        if to // ATTENTION_CHUNK != at // ATTENTION_CHUNK:
+            break
+        k2, v2 = k.clone(), v.clone()
+        k2[:, to], v2[:, to] = k[:, at], v[:, at]
+        k2[:, at : to] = float("nan")
+        v2[:, at : to] = float("nan")
+        mask = torch.zeros(1, length, dtype=torch.bool)
+        mask[0, :at] = True
+        mask[0, to] = True
+        assert torch.equal(attention(q, k2, v2, mask, d**-0.5, backend="cpu"), ref), (at, to)
+        moved += 1
+    assert moved >= (1 if at != 255 else 0)
+
+
 def test_bad_shapes(rng):
     q, k, v, mask = _inputs(rng)
     with pytest.raises(ShapeError, match="mask"):

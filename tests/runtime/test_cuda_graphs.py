@@ -67,11 +67,13 @@ def test_mtp_graph_replay_equals_eager_and_ar(kind, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kind,schedule", [("mask-block", "one-pass"), ("mask-block", "tree"), ("heads", "one-pass")])
+@pytest.mark.parametrize("kind,schedule", [("mask-block", "one-pass"), ("mask-block", "tree"), ("mask-block", "top2"),
+                                           ("heads", "one-pass")])
 def test_one_pass_graph_replay_equals_ar(kind, schedule, monkeypatch):
     """The one-pass schedule under CUDA graphs: fused steps (mask rows; heads with the accept count found
     on the device), tree steps (scratch KV slots) and auto all replay as captured graphs, one read per
-    iteration, tokens equal to AR greedy's and to the eager run's stats."""
+    iteration, tokens equal to AR greedy's and to the eager run's stats (top2: runner-up rows in captured fused
+    steps, their KV rows moved between replays)."""
     from tests.support.adapters import INIT_RANGE, random_adapter
 
     monkeypatch.setenv("BITMTP_CACHE_DIR", str(__import__("tempfile").mkdtemp()))

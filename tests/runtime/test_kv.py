@@ -128,3 +128,23 @@ def test_cpu_store_is_zero_separate_aligned_and_resident_only_where_written(dtyp
     kb, vb = kv.write(2, k, v, pos)
     assert torch.equal(kb[:, pos].transpose(0, 1), k) and torch.equal(vb[:, pos].transpose(0, 1), v)
     assert not kv.k[1].any() and not kv.v[3].any() and not kv.k[2][:, 1:5].any()  # nothing spilled
+
+
+def test_move_row_copies_one_row_in_every_layer_and_counts_it(rng):
+    """``move_row`` (the top2 schedule's accepted runner-up) copies K and V of one row in every layer, touches
+    no other row, counts one copy, and refuses rows outside the store."""
+    kv = KVStore(3, 2, 8, capacity=40, m_max=9)
+    for t in kv.k + kv.v:
+        t.copy_(torch.randn(t.shape, generator=rng))
+    before = [t.clone() for t in kv.k + kv.v]
+    ptrs = kv.data_ptrs()
+    kv.move_row(33, 7)
+    for old, new in zip(before, kv.k + kv.v, strict=True):
+        assert torch.equal(new[:, 7], old[:, 33])
+        keep = [r for r in range(kv.rows) if r != 7]
+        assert torch.equal(new[:, keep], old[:, keep])
+    assert kv.rows_copied == 1 and kv.data_ptrs() == ptrs
+    for src, dst in ((49, 0), (0, -1), (-1, 3)):
+        with pytest.raises(BitMTPError, match="move_row"):
+            kv.move_row(src, dst)
+    assert kv.rows_copied == 1

@@ -130,6 +130,10 @@ def _schedule_configs(model):
                     dict(policy="speculative", schedule="tree", block_size=block)))
         out.append((f"lookup+adapter tree D={block}", "mask-block",
                     dict(policy="speculative", drafter="lookup+adapter", schedule="tree", block_size=block)))
+        out.append((f"mask-block top2 D={block}", "mask-block",
+                    dict(policy="speculative", schedule="top2", block_size=block)))
+        out.append((f"lookup+adapter top2 D={block}", "mask-block",
+                    dict(policy="speculative", drafter="lookup+adapter", schedule="top2", block_size=block)))
         out.append((f"heads two-pass D={block}", "heads", dict(policy="speculative", block_size=block)))
         out.append((f"heads one-pass D={block}", "heads",
                     dict(policy="speculative", schedule="one-pass", block_size=block)))
@@ -164,7 +168,7 @@ def _every_drafter_and_schedule(smol, prompts_used: int) -> None:
 @pytest.mark.slow
 def test_smollm2_every_drafter_and_schedule_equals_ar(smol):
     """Lossless on 20 prompts × 128 tokens for D ∈ {2, 4, 8}, every drafter (mask-block, heads, lookup,
-    lookup+adapter, oracle), every schedule (two-pass, one-pass, tree), and auto with and without an
+    lookup+adapter, oracle), every schedule (two-pass, one-pass, tree, top2), and auto with and without an
     adapter (~35 min, 2 cores)."""
     _every_drafter_and_schedule(smol, len(PROMPTS_20))
 
@@ -173,3 +177,27 @@ def test_smollm2_every_drafter_and_schedule_equals_ar(smol):
 def test_smollm2_every_drafter_and_schedule_first_two(smol):
     """The same on the first two prompts (CI's slow subset)."""
     _every_drafter_and_schedule(smol, 2)
+
+
+def test_smollm2_top2_with_the_shipped_adapter_equals_ar():
+    """The top2 schedule with the shipped mask-block adapter (real drafts, so real runner-ups: about one in
+    eight of its first drafts is rejected and its runner-up accepted) commits exactly AR's tokens, and every
+    accepted runner-up moved one KV row."""
+    path = smollm2_or_skip()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import bitmtp
+
+    model = bitmtp.load(path, capacity=512, adapter="auto")
+    if model.adapter_config is None or model.adapter_config.kind != "mask-block":
+        pytest.skip("no shipped mask-block adapter for SmolLM2 in this checkout")
+    held = 0
+    for text in PROMPTS_20[:2]:
+        ids = model.encode([{"role": "user", "content": text}])
+        ref = model.generate_ar(ids, max_new_tokens=64, eos_token_id=[]).tokens
+        copied = model.engine.kv.rows_copied
+        out = bitmtp.generate(model, input_ids=ids, max_new_tokens=64, eos_token_id=[], policy="speculative",
+                              schedule="top2", block_size=4)
+        assert out.token_ids == ref, text
+        assert model.engine.kv.rows_copied - copied == out.stats.runner_ups_accepted
+        held += out.stats.runner_ups_accepted
+    assert held > 0

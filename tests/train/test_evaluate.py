@@ -8,7 +8,12 @@ import pytest
 
 import bitmtp
 from bitmtp.errors import BitMTPError
-from bitmtp.train.evaluate import evaluate_acceptance, format_table, position_acceptance
+from bitmtp.train.evaluate import (
+    evaluate_acceptance,
+    format_table,
+    onepass_position_acceptance,
+    position_acceptance,
+)
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import tiny_model
 
@@ -124,3 +129,43 @@ def test_stop_at_eos_ends_generations_at_the_models_end_id(model):
     finally:
         model.args.eos_token_id = saved
     assert stopped.position_checked[0] < past.position_checked[0]
+
+
+def test_onepass_position_acceptance_sums_the_stats():
+    from bitmtp.runtime.decode import DecodeStats
+
+    a, b = DecodeStats("speculative", 4), DecodeStats("speculative", 4)
+    a.position_checked, a.position_accepted = [10, 6, 3], [6, 3, 1]
+    b.position_checked, b.position_accepted = [4], [2]
+    rates, checked = onepass_position_acceptance([a, b], 4)
+    assert checked == [14, 6, 3] and rates == pytest.approx([8 / 14, 3 / 6, 1 / 3])
+    rates, checked = onepass_position_acceptance([DecodeStats("speculative", 3)], 3)
+    assert checked == [0, 0] and all(math.isnan(r) for r in rates)
+    with pytest.raises(BitMTPError, match="at most D - 1"):
+        onepass_position_acceptance([a], 3)
+    with pytest.raises(BitMTPError, match="block_size"):
+        onepass_position_acceptance([], 1)
+
+
+@pytest.mark.parametrize("schedule", ("one-pass", "top2"))
+def test_evaluate_one_pass_schedules_report_guess_positions(model, schedule):
+    """With a one-pass schedule the rows come from the decode stats: position 1 counts the steps that verified
+    mask guesses; top2 counts a runner-up that committed as an accepted first position."""
+    import torch
+
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, model.args.vocab_size, (n,), generator=g).tolist() for n in (4, 11)]
+    rows = evaluate_acceptance(model, prompts, policies=("speculative",), block_sizes=(4,), max_new_tokens=32,
+                               progress=False, schedule=schedule)
+    (row,) = rows
+    stats = [bitmtp.generate(model, input_ids=ids, max_new_tokens=32, policy="speculative", block_size=4,
+                             schedule=schedule, eos_token_id=[]).stats for ids in prompts]
+    assert row.position_checked[0] == sum(s.position_checked[0] for s in stats) > 0
+    first = sum(s.position_accepted[0] for s in stats)
+    assert row.position_acceptance[0] == pytest.approx(first / row.position_checked[0])
+    if schedule == "top2":
+        assert first >= sum(s.runner_ups_accepted for s in stats)
+    with pytest.raises(BitMTPError, match="applies to the speculative policy only"):
+        evaluate_acceptance(model, prompts, policies=("speculative", "hybrid"), progress=False, schedule=schedule)
+    with pytest.raises(BitMTPError, match="schedule: expected one of"):
+        evaluate_acceptance(model, prompts, policies=("speculative",), progress=False, schedule="top3")
