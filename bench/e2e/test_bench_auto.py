@@ -10,6 +10,10 @@
 * ``test_one_pass_vs_two_pass_smollm2`` — speculative with the same drafter and D (2, 4, 8), one pass
   over two passes (tokens/s ratio, alternated), for the shipped mask-block adapter (also the tree
   variant), the shipped heads adapter and lookup.
+* ``test_top2_vs_one_pass_smollm2`` — does the runner-up row pay here? speculative D = 2 and 4 with the
+  shipped mask-block adapter on the chat and code sets: ``schedule="top2"`` over ``"one-pass"`` and over AR
+  (tokens/s, alternated, 3 rounds), with each schedule's first guess position acceptance (top2: g_1 or its
+  runner-up) from the decode stats.
 * ``test_one_pass_vs_two_pass_oracle_bitnet2b`` — the oracle drafter at BitNet-2B shapes (30 layers):
   rows pending + D − 1 oracle guesses, no mask rows; one pass over two passes at D = 8 (goal ≥ 1.4).
 * ``test_one_pass_and_auto_gpu`` — the same oracle comparison and ``auto`` (lookup) over AR on a
@@ -150,6 +154,45 @@ def test_one_pass_vs_two_pass_smollm2(benchmark):
     model.load_adapter(shipped)
     record(benchmark, model="SmolLM2-135M cpu", threads=torch.get_num_threads(), new_tokens=NEW,
            gates={k: HIGHER for k in figures if k.endswith("_one_over_two")}, **figures)
+
+
+@pytest.mark.full_only
+def test_top2_vs_one_pass_smollm2(benchmark):
+    import bitmtp
+    from bitmtp.train.evaluate import prompt_ids
+
+    model = _smollm2(1024)
+    if model.adapter_config is None or model.adapter_config.kind != "mask-block":
+        pytest.skip("no shipped mask-block adapter for SmolLM2")
+    benchmark.pedantic(lambda: bitmtp.generate(model, input_ids=prompt_ids(model, "chat", 1)[0], max_new_tokens=8,
+                                               policy="ar"), rounds=1, iterations=1)
+    if benchmark.disabled:
+        return
+    figures = {}
+    for kind in ("chat", "code"):
+        prompts = prompt_ids(model, kind, 12)
+        for d in (2, 4):
+            contenders = {s: dict(policy="speculative", block_size=d, schedule=s) for s in ("top2", "one-pass")}
+            contenders["ar"] = dict(policy="ar")
+            over_one, over_ar = [], []
+            checked = {s: 0 for s in ("top2", "one-pass")}
+            accepted = dict(checked)
+            for ids in prompts:
+                tps = _alternate(model, ids, 3, contenders)
+                over_one.append(_median_ratio(tps, "top2", "one-pass"))
+                over_ar.append(_median_ratio(tps, "top2", "ar"))
+                for s in checked:  # acceptance: one more (deterministic) run each
+                    st = bitmtp.generate(model, input_ids=ids, max_new_tokens=NEW, eos_token_id=[],
+                                         **contenders[s]).stats
+                    checked[s] += st.position_checked[0] if st.position_checked else 0
+                    accepted[s] += st.position_accepted[0] if st.position_accepted else 0
+            figures[f"{kind}_d{d}_top2_over_one_pass"] = statistics.median(over_one)
+            figures[f"{kind}_d{d}_top2_over_ar"] = statistics.median(over_ar)
+            for s in checked:
+                figures[f"{kind}_d{d}_{s.replace('-', '_')}_first_accept"] = accepted[s] / max(1, checked[s])
+            print(f"{kind} D={d}: top2/one-pass per prompt " + " ".join(f"{r:.2f}" for r in over_one))
+    record(benchmark, model="SmolLM2-135M cpu + shipped mask-block", threads=torch.get_num_threads(), new_tokens=NEW,
+           gates={k: HIGHER for k in figures if k.endswith("_first_accept") and "top2" in k}, **figures)
 
 
 @pytest.mark.full_only

@@ -373,7 +373,16 @@ def test_top2_runner_up_is_the_first_mask_rows_second_choice(model, prompts, mon
         torch.arange(eng.n, eng.n + w, out=r.positions)
         r.run()
         assert r.out_token[len(rows):].tolist() == nxt and r.out_second.tolist() == [alt]
-        assert alt != nxt[0]
+        # and from the logits themselves (the decoder run directly, no drafter code): second-largest
+        from bitmtp.model.decoder import StepInputs
+
+        p = len(rows)
+        reach = torch.where(torch.arange(w) < p, r.positions, r.positions[-1])
+        mask = r.kv_index[None, :] <= reach[:, None]
+        step = StepInputs(r.tokens, r.positions, mask, mask_rows=block - 1, mask_block=model.drafter.block)
+        logits = model.decoder.logits(model.decoder.hidden_states(step, eng.kv)[p : p + 1])[0]
+        order = logits.argsort(descending=True)[:2].tolist()
+        assert order == [nxt[0], alt]
         checked += 1
     assert checked >= 3
 
