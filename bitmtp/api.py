@@ -752,7 +752,10 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             lookup when the context matches, the adapter's mask drafts otherwise), or a Drafter object
             (e.g. an ``OracleDrafter``).
         schedule: ``speculative``'s schedule: ``"two-pass"`` (default: a draft step, then a verify
-            step) or ``"one-pass"`` (one step verifies the previous guesses and drafts the next).
+            step), ``"one-pass"`` (one step verifies the previous guesses and drafts the next), ``"tree"``
+            (one pass, mask rows after every row; mask-block adapters) or ``"top2"`` (one pass; the first
+            mask-drafted guess is verified together with its runner-up, the mask row's second choice, in
+            one more row; mask-block adapters, greedy decoding only).
         temperature: 0 (default) picks the most likely token; > 0 samples from softmax(logits / T). Every
             verifying policy (auto, speculative, hybrid's verified blocks) then commits exactly the tokens AR
             sampling with the same ``seed`` commits (``bitmtp.decoding.sampling``: one uniform per position,
