@@ -20,6 +20,11 @@
 #   --extra-corpus /tmp/m/c2.jsonl --rank 32 --train-seconds 200 --out $OUT/std; bash bench/gpu_chat_drafts.sh --run
 #   --corpus /tmp/m/c1.jsonl --extra-corpus /tmp/m/c2.jsonl --rank 32 --answer-only --train-seconds 200 --out $OUT/ans`
 #   then score both here: python -m bitmtp eval-acceptance --adapter DIR --policies speculative --block-sizes 2,4.
+#   Session 17: those corpora are gone (the scratch folder did not survive the move to a new checkout; only what
+#   is committed does), so the A/B must distil again first (a new prompt source: the xxl pool is used up), or
+#   commit the corpora next time (c1 + c2 were ~90 MB as xz: too big for git here; keep them as device-call
+#   outputs instead). Also worth a GPU measurement: `--schedule top2` vs one-pass on the GPU, where the runner-up
+#   row is nearly free (BENCHMARKS.md, session 17).
 # What comes back under $OUT: summary.json, log.txt, adapter/adapter.safetensors + adapter_config.json, the
 # corpus as chat40000.jsonl.xz.partNN (cat them, xz -d).
 set -uo pipefail
