@@ -338,6 +338,18 @@ def test_top2_forced_runner_ups_equal_ar_and_keep_kv_exact(model, prompts, ar_ou
             assert torch.equal(a, b[:, :n])
 
 
+def test_top2_forced_runner_ups_up_to_capacity(model, monkeypatch):
+    """Runner-ups accepted up to the end of the KV store (240 of 256 rows taken by the prompt): the scratch slot
+    never leaves the store (near the end a runner-up is left out), the stop is "capacity" exactly where AR's is."""
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=22))
+    long_prompt = [5, 6, 7, 8] * 60
+    ar = bitmtp.generate(model, input_ids=long_prompt, max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    assert ar.stop_reason == "capacity"
+    out = _force_runner_ups(monkeypatch, model, long_prompt, ar.token_ids, every=1)
+    assert out.stop_reason == "capacity" and out.token_ids == ar.token_ids
+    assert out.stats.runner_ups_accepted >= 1
+
+
 def test_top2_runner_up_is_the_first_mask_rows_second_choice(model, prompts, monkeypatch):
     """The runner-up a fused step hands on is the second-largest logit of its first mask row: the same step
     replayed with logits kept (an independent runner on a fresh session) ranks it second, after g_1."""
