@@ -552,9 +552,10 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         tree = plan.tree and plan.masks
         alt = plan.alt  # the runner-up of g_1 (top2)
         r0 = k + 1 + (alt is not None)  # the first mask row
-        alt_slot = n + runner_up_slot(k + 1, plan.masks) if alt is not None else n
+        # the runner-up's scratch KV row may lie past the step's width: the segment must cover it
+        alt_slot = n + runner_up_slot(k + 1, plan.masks) if alt is not None else None
         if plan.masks:
-            seg = kv.segment_for(max(n + w, alt_slot + 1))
+            seg = kv.segment_for(n + w if alt_slot is None else max(n + w, alt_slot + 1))
             runner = pool.get(ReplayState(w, seg, "tree" if tree else "fused", plan.masks, alt=int(alt is not None)))
         else:
             runner = pool.get(ReplayState(w, kv.segment_for(n + w), "verify" if k else "ar"))

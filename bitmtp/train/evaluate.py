@@ -174,14 +174,13 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
     for policy in policies:
         for d in block_sizes:
             committed: list[int] = []
-            ver, iters, tps, same, ratio, runs, all_stats = 0, 0, [], [], [], [], []
+            ver, iters, tps, same, ratio, all_stats = 0, 0, [], [], [], []
             for ids, ref, base_tps in zip(prompts, ar, ar_tps, strict=True):
                 res = bitmtp.generate(model, input_ids=ids, max_new_tokens=max_new_tokens, policy=policy,
                                       block_size=d, tau=tau, min_prefix=min_prefix, eos_token_id=eos,
-                                      **({"schedule": schedule} if schedule is not None else {}))
+                                      schedule=schedule)
                 all_stats.append(res.stats)
                 committed += res.stats.committed
-                runs.append((list(res.stats.committed), list(res.stats.verified)))
                 ver += res.stats.verifier_calls
                 iters += res.stats.iterations
                 tps.append(res.stats.tokens_per_second)
@@ -192,7 +191,7 @@ def evaluate_acceptance(model, prompts: list[list[int]], *, policies=("speculati
             pos, pos_n = None, None
             if policy == "speculative":
                 pos, pos_n = (onepass_position_acceptance(all_stats, d) if schedule in ONE_PASS_SCHEDULES
-                              else position_acceptance(runs, d))
+                              else position_acceptance([(s.committed, s.verified) for s in all_stats], d))
             rows.append(AcceptanceRow(
                 policy, d, len(prompts), sum(committed) / max(1, len(committed)),
                 dict(sorted(Counter(committed).items())), ver / max(1, iters), statistics.median(tps),
