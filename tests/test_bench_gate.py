@@ -23,7 +23,7 @@ import torch
 
 from bench import compare
 from bench.kernels.op_ratio import OP, benchmark_name, op_vs_copy
-from bench.machine import cpu_isa, machine_kind, slug
+from bench.machine import DEFAULT_LLC_BYTES, cpu_isa, last_level_cache_bytes, machine_kind, slug, streaming_bytes
 from bitmtp.ops.registry import availability, override, select
 
 N, K, M = 64, 512, 1
@@ -160,6 +160,41 @@ def test_cpu_isa_from_flags(tmp_path) -> None:
     assert cpu_isa(info) == "avx512vnni"
     info.write_text("flags\t: sse2 sse4_2\n")
     assert cpu_isa(info) is None
+
+
+def _cache_tree(root, entries) -> None:
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+
+
+def test_last_level_cache_from_sysfs(tmp_path) -> None:
+    """The largest highest-level data/unified cache, in bytes; instruction caches and junk are ignored."""
+    intel = tmp_path / "intel"
+    _cache_tree(intel, [(1, "Data", "48K"), (1, "Instruction", "64K"), (2, "Unified", "2048K"),
+                        (3, "Unified", "491520K")])
+    assert last_level_cache_bytes(intel) == 480 * 2**20
+    amd = tmp_path / "amd"
+    _cache_tree(amd, [(1, "Data", "32K"), (2, "Unified", "512K"), (3, "Unified", "32M"), (3, "Instruction", "64M")])
+    assert last_level_cache_bytes(amd) == 32 * 2**20
+    junk = tmp_path / "junk"
+    _cache_tree(junk, [(2, "Unified", "1024K"), (3, "Unified", "lots")])
+    assert last_level_cache_bytes(junk) == 2**20  # the unreadable L3 is skipped, not guessed
+    assert last_level_cache_bytes(tmp_path / "missing") is None
+
+
+def test_streaming_bytes_outgrow_the_cache() -> None:
+    """Rotating weight copies total twice the last-level cache (at least 128 MiB, at most the cap), so a
+    benchmark's weights stream from memory on a 480 MiB-L3 host as on a 32 MiB one."""
+    assert streaming_bytes(llc=32 * 2**20) == 128 * 2**20
+    assert streaming_bytes(llc=480 * 2**20) == 960 * 2**20
+    assert streaming_bytes(llc=None) == max(128 * 2**20, 2 * DEFAULT_LLC_BYTES)
+    assert streaming_bytes(minimum=512 * 2**20, llc=32 * 2**20) == 512 * 2**20
+    assert streaming_bytes(llc=64 * 2**30) == 2 * 2**30
+    assert streaming_bytes() >= 2 * (last_level_cache_bytes() or DEFAULT_LLC_BYTES) or streaming_bytes() == 2 * 2**30
 
 
 def test_committed_baseline_for_this_machine_kind_is_valid() -> None:
