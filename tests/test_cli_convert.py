@@ -121,8 +121,18 @@ def float_file(tmp_path_factory) -> Path:
     return float_source(tmp_path_factory.mktemp("src") / "src.gguf", "llama", False, seed=5)
 
 
+@pytest.fixture
+def default_fatal_signals():
+    """SIGTERM and SIGHUP at their default action during the test, restored after: under ``nohup`` SIGHUP
+    starts ignored, and the writer rightly leaves an ignored signal ignored (see the test below)."""
+    saved = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize("mode", ["exception", "SIGINT", "SIGTERM", "SIGHUP"])
-def test_interrupted_convert_leaves_no_file(mode, float_file, tmp_path, monkeypatch, capsys):
+def test_interrupted_convert_leaves_no_file(mode, float_file, tmp_path, monkeypatch, capsys, default_fatal_signals):
     """In process: the write fails or is signalled after half of a tensor's bytes reached the temporary file."""
     folder = tmp_path / "out"
     folder.mkdir()
@@ -141,6 +151,30 @@ def test_interrupted_convert_leaves_no_file(mode, float_file, tmp_path, monkeypa
         assert want in err.strip().splitlines()[-1] and "Traceback" not in err, err  # one line, no traceback
     assert list(folder.iterdir()) == [], "a temporary or partial file was left"
     assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
+
+
+def test_an_ignored_sighup_stays_ignored(float_file, tmp_path, monkeypatch):
+    """Under ``nohup`` (SIGHUP ignored) a hang-up must not stop the write: the writer only turns signals left at
+    their default action into a clean exit, so the file is completed and the disposition is unchanged."""
+    out = tmp_path / "out.gguf"
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        real = G.numpy_of
+        raised = []
+
+        def numpy_of(t):
+            if not raised:
+                raised.append(1)
+                signal.raise_signal(signal.SIGHUP)  # ignored: nothing happens
+            return real(t)
+
+        monkeypatch.setattr(G, "numpy_of", numpy_of)
+        assert cli.main(["convert", str(float_file), "-o", str(out), "--no-adapter"]) == 0
+        assert raised and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, saved)
+    assert out.is_file() and [p.name for p in tmp_path.iterdir()] == ["out.gguf"]
+    assert G.read_gguf(out) is not None
 
 
 _CHILD = textwrap.dedent("""
