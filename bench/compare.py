@@ -26,7 +26,7 @@ Usage::
     python -m bench.compare RUN.json                     # gate against bench/baselines/<kind>.json
     python -m bench.compare RUN.json --baseline FILE     # an explicit baseline
     python -m bench.compare RUN1.json RUN2.json --spread # run-to-run spread of every gated figure
-    python -m bench.compare RUN1.json [RUN2.json …] --update [--spread-factor 2]   # write the baseline
+    python -m bench.compare RUN1.json [RUN2.json …] --update   # write the baseline (margins: bench/noise.py)
 
 Exit status: 0 the gate passes (with no baseline for this machine kind and mode: the
 machine-independent checks pass, unless ``--require-baseline``), 1 a gated figure regressed beyond
@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--update", action="store_true", help="write/update the baseline from the run(s) instead")
     p.add_argument("--spread", action="store_true", help="print the run-to-run spread of the gated figures")
     p.add_argument("--spread-factor", type=float,
-                   help="with --update and several runs: widen each margin to this × the figure's observed spread")
+                   help="with --update and several runs: widen each margin to this × the figure's observed spread "
+                        "(local experiments: a committed baseline keeps bench/noise.py's margins)")
     p.add_argument("--require-baseline", action="store_true", help="fail (exit 2) when no baseline exists")
     p.add_argument("--candidate-dir", type=Path, default=CANDIDATE_DIR,
                    help="where a run without a baseline writes candidate-<kind>.json (default: bench/out)")
@@ -437,7 +438,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"\nno baseline for this machine kind and mode: only the {len(rows)} machine-independent checks ran "
               f"(passed). Candidate baseline from this run: {candidate}\n"
               f"adopt it: run the quick suite 2-3 times on a quiet machine of this kind and record\n"
-              f"  python -m bench.compare q1.json q2.json q3.json --update --spread-factor 2 --baseline {path}\n"
+              f"  python -m bench.compare q1.json q2.json q3.json --update --baseline {path}\n"
+              f"(margins from bench/noise.py, as tests/test_bench_gate.py requires of a committed baseline)\n"
               f"or take this one run as it is:\n  cp {candidate} {path}\nthen commit {path}")
         return 0
     print(f"\nbench gate passed: {len(rows)} checks within their margins, floors and exact values")
