@@ -104,6 +104,14 @@ def streaming_bytes(minimum: int = 128 * 2**20, cap: int = 2 * 2**30, llc: int |
     return min(cap, max(minimum, 2 * (size or DEFAULT_LLC_BYTES)))
 
 
+def rotating_copies(base, total_bytes: int, minimum: int = 1) -> list:
+    """``base`` and clones of it, together at least ``total_bytes`` (and ``minimum`` tensors): weights a
+    benchmark cycles through so that each call reads its copy from memory (size ``total_bytes`` with
+    :func:`streaming_bytes`)."""
+    count = max(minimum, -(-total_bytes // (base.numel() * base.element_size())))
+    return [base] + [base.clone() for _ in range(count - 1)]
+
+
 def gpu_name() -> str | None:
     """CUDA device 0's name, or None without a visible GPU (or without torch)."""
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from bench.machine import rotating_copies
 from bench.ratios import alternating_ratio
 from bitmtp.formats import pack_t2
 from bitmtp.ops.registry import select
@@ -33,7 +34,7 @@ class OpCall:
         self.backend, self.device = backend, torch.device(device)
         base = pack_t2(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)).to(self.device)
         self.weight_bytes = base.numel() * base.element_size()
-        self.copies = [base] + [base.clone() for _ in range(max(0, -(-rotate_bytes // self.weight_bytes) - 1))]
+        self.copies = rotating_copies(base, rotate_bytes)
         self.x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).to(self.device)
         self.s = (torch.rand(m, generator=g) + 0.5).to(self.device)
         self.scales = (torch.rand(1, 1, generator=g) + 0.1).to(self.device)

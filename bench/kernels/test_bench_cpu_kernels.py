@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.conftest import HIGHER, LOWER, by_mode, record
-from bench.machine import streaming_bytes
+from bench.machine import rotating_copies, streaming_bytes
 from bench.ratios import alternating_ratio
 from bitmtp.formats import pack_t2
 
@@ -56,7 +56,7 @@ class KernelCall:
     def __init__(self, n: int, k: int, m: int, g: torch.Generator):
         base = pack_t2(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8))
         self.weight_bytes = base.numel() * 4
-        self.copies = [base.clone() for _ in range(max(2, -(-ROTATE_BYTES // self.weight_bytes)))]
+        self.copies = rotating_copies(base, ROTATE_BYTES, minimum=2)
         self.x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
         self.s = torch.rand(m, generator=g) + 0.5
         self.scales = torch.rand(1, 1, generator=g) + 0.1
@@ -119,12 +119,12 @@ def test_cpu_vs_dense_f32(benchmark, n, k):
     if benchmark.disabled:
         return
     w = torch.randn(n, k, generator=g)  # 70 MB: stays in a large L3 (see the module docstring), so rotate it too
-    dense_copies = [w] + [w.clone() for _ in range(max(1, -(-ROTATE_BYTES // (w.numel() * 4)) - 1))]
+    dense_copies = rotating_copies(w, ROTATE_BYTES, minimum=2)
     x = torch.randn(1, k, generator=g)
-    turn = itertools.count()
+    turn = itertools.cycle(dense_copies)
 
     def dense():
-        return F.linear(x, dense_copies[next(turn) % len(dense_copies)])
+        return F.linear(x, next(turn))
 
     # One pass over every copy of both first: the clones above leave up to an L3 of dirty lines, whose
     # write-back slowed the first kernel rounds (a run measured 8.7 where the others gave 13-14).
