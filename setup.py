@@ -4,7 +4,7 @@ optional native CPU extension.
 * ``triton_kernels/`` installs as ``bitmtp.triton_kernels``, ``wgsl_fallback/`` as
   ``bitmtp.wgsl_fallback`` and the CUDA sources ``csrc/cuda/`` as ``bitmtp._csrc.cuda`` (they are
   compiled at run time through NVRTC, so users need no compiler).
-* ``bitmtp._cpu_w2a8`` (csrc/cpu, pybind11 + OpenMP) is optional: if it fails to compile (no C++
+* ``bitmtp._cpu_w2a8`` (csrc/cpu, pybind11 and its own thread team, csrc/cpu/pool.h) is optional: if it fails to compile (no C++
   compiler, no pybind11), the install still succeeds with a warning, and bitmtp runs on its pure-torch
   paths, several times slower on a CPU (the first use warns once; ``python -m bitmtp info`` says the
   ``cpu`` backend is missing and why). Set ``BITMTP_REQUIRE_CPU_EXT=1`` to make a skipped or failed build
@@ -84,8 +84,8 @@ def _cpu_extension() -> list[Extension]:
             depends=sorted(glob("csrc/cpu/*.h") + glob("csrc/cpu/*.inc")),
             include_dirs=[pybind11.get_include(), "csrc/cpu"],
             language="c++",
-            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-fvisibility=hidden"],
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-pthread", "-fvisibility=hidden"],
+            extra_link_args=["-pthread"],
         )
     ]
 

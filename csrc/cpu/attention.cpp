@@ -29,9 +29,7 @@
 
 #include <memory>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
 #include "attention.h"
 

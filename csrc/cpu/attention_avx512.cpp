@@ -8,9 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
 #include "attention.h"
 

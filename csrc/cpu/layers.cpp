@@ -30,6 +30,7 @@
 #include "half.h"
 #include "dense_cpu.h"
 #include "linear_run.h"
+#include "pool.h"
 
 namespace bitmtp_cpu {
 
@@ -252,20 +253,21 @@ void fused_layers(const FusedStep& s) {
     // threads from 4 rows on (one fork-join, a few us, against ~1 ns an element of SiLU in double on
     // AVX2: 18 us a SmolLM2 layer at width 8).
     const int act_threads = M >= 4 ? s.threads : 1;
-#pragma omp parallel for num_threads(act_threads) schedule(static)
-    for (int m = 0; m < M; ++m) {
-      const float* g = gu.data() + static_cast<int64_t>(m) * 2 * I;
-      const float* u = g + I;
-      float* a = act.data() + static_cast<int64_t>(m) * I;
-      if (s.relu2) {
-        for (int i = 0; i < I; ++i) {
-          const float r = g[i] > 0.f ? g[i] : 0.f;
-          a[i] = (r * r) * u[i];
+    parallel_for_threads(act_threads, [&](int th, int nth) {
+      for (int m = M * th / nth; m < M * (th + 1) / nth; ++m) {
+        const float* g = gu.data() + static_cast<int64_t>(m) * 2 * I;
+        const float* u = g + I;
+        float* a = act.data() + static_cast<int64_t>(m) * I;
+        if (s.relu2) {
+          for (int i = 0; i < I; ++i) {
+            const float r = g[i] > 0.f ? g[i] : 0.f;
+            a[i] = (r * r) * u[i];
+          }
+        } else {
+          silu_mul(g, u, a, I, s.isa);
         }
-      } else {
-        silu_mul(g, u, a, I, s.isa);
       }
-    }
+    });
     if (t[kMlpSubNorm]) rms_norm_rows(act.data(), M, I, ptr<const float>(t[kMlpSubNorm]), s.eps, act.data());
     project(t + kDown * kProjFields, lora_of(kDown), s, act.data(), o.data(), w);
     for (int64_t i = 0; i < static_cast<int64_t>(M) * Hd; ++i) s.x[i] += o[i];

@@ -11,11 +11,8 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "dense_cpu.h"
+#include "pool.h"
 #include "w2a8_cpu.h"
 
 namespace bitmtp_cpu {
@@ -46,17 +43,11 @@ namespace {
 // ~200 us); a fork-join stalls on a descheduled thread either way.
 template <typename Fn>
 void split_rows(int64_t N, int threads, Fn fn) {
-#pragma omp parallel num_threads(threads)
-  {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
+  parallel_for_threads(threads, [&](int t, int nt) {
     const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
     const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
     if (n0 < n1) fn(static_cast<int>(n0), static_cast<int>(n1));
-  }
+  });
 }
 
 void require(bool ok, const std::string& msg) {

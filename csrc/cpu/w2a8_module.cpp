@@ -24,14 +24,12 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "attention.h"
 #include "half.h"
 #include "layers.h"
 #include "linear_run.h"
+#include "pool.h"
 
 namespace py = pybind11;
 using namespace bitmtp_cpu;
@@ -43,13 +41,13 @@ py::dict cpu_features() {
   d["avx2"] = has_avx2();
   d["avx512_vnni"] = has_avx512_vnni();
   d["best"] = isa_name(best_isa());
-#ifdef _OPENMP
-  d["openmp"] = true;
-  d["max_threads"] = omp_get_max_threads();
-#else
+  // the kernels' threads are the extension's own team (pool.h), not OpenMP
   d["openmp"] = false;
-  d["max_threads"] = 1;
-#endif
+  d["threading"] = "bitmtp pool";
+  const PoolStats ps = pool_stats();
+  d["pool_workers"] = ps.workers;
+  d["pool_regions"] = ps.regions;
+  d["pool_wakeups"] = ps.wakeups;
   return d;
 }
 
@@ -74,10 +72,16 @@ uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
   require(ptr != 0 && nbytes >= 8, "stream_read: needs a buffer of at least 8 bytes");
   const uint64_t* p = reinterpret_cast<const uint64_t*>(ptr);
   const int64_t n = nbytes / 8;
-  uint64_t s = 0;
   py::gil_scoped_release release;
-#pragma omp parallel for schedule(static) reduction(+ : s) num_threads(threads > 0 ? threads : 1)
-  for (int64_t i = 0; i < n; ++i) s += p[i];
+  const int nt = threads > 0 ? threads : 1;
+  std::vector<uint64_t> sums(static_cast<size_t>(nt) * 8, 0);  // one cache line per thread
+  parallel_for_threads(nt, [&](int t, int n_t) {
+    uint64_t s = 0;
+    for (int64_t i = n * t / n_t; i < n * (t + 1) / n_t; ++i) s += p[i];
+    sums[static_cast<size_t>(t) * 8] = s;
+  });
+  uint64_t s = 0;
+  for (int t = 0; t < nt; ++t) s += sums[static_cast<size_t>(t) * 8];
   return s;
 }
 
@@ -158,8 +162,8 @@ void tq2_0_to_t2(uintptr_t src, int64_t n, int64_t k, uintptr_t dst, int threads
   const uint8_t* in = reinterpret_cast<const uint8_t*>(src);
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
   const int64_t nb = k / 256;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < n; ++r) {
+  parallel_for_threads(threads, [&](int t, int nt) {
+  for (int64_t r = n * t / nt; r < n * (t + 1) / nt; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* qs = in + (r * nb + b) * 66;
       uint8_t codes[256];
@@ -175,6 +179,7 @@ void tq2_0_to_t2(uintptr_t src, int64_t n, int64_t k, uintptr_t dst, int threads
       }
     }
   }
+  });
 }
 
 // Every layer of one decoder step (layers.cpp); pointers validated by bitmtp/ops/fused_layers.py.
@@ -219,7 +224,7 @@ void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads,
 
 PYBIND11_MODULE(_cpu_w2a8, m) {
   m.doc() = "bitmtp W2A8 CPU kernels (single-pass multi-token GEMV; AVX-512 VNNI / AVX2 / scalar)";
-  m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the OpenMP thread count");
+  m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the thread team's counters (pool.h)");
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
   m.def("dense", &dense, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),
         py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("isa"), py::arg("threads"), py::arg("fmt") = 0,
