@@ -4,11 +4,11 @@ optional native CPU extension.
 * ``triton_kernels/`` installs as ``bitmtp.triton_kernels``, ``wgsl_fallback/`` as
   ``bitmtp.wgsl_fallback`` and the CUDA sources ``csrc/cuda/`` as ``bitmtp._csrc.cuda`` (they are
   compiled at run time through NVRTC, so users need no compiler).
-* ``bitmtp._cpu_w2a8`` (csrc/cpu, pybind11 and its own thread team, csrc/cpu/pool.h) is optional: if it fails to compile (no C++
-  compiler, no pybind11), the install still succeeds with a warning, and bitmtp runs on its pure-torch
-  paths, several times slower on a CPU (the first use warns once; ``python -m bitmtp info`` says the
-  ``cpu`` backend is missing and why). Set ``BITMTP_REQUIRE_CPU_EXT=1`` to make a skipped or failed build
-  an error instead (CI does).
+* ``bitmtp._cpu_w2a8`` (csrc/cpu, pybind11, its own thread team: csrc/cpu/pool.h) is optional: if it
+  fails to compile (no C++ compiler, no pybind11), the install still succeeds with a warning, and bitmtp
+  runs on its pure-torch paths, several times slower on a CPU (the first use warns once; ``python -m
+  bitmtp info`` says the ``cpu`` backend is missing and why). Set ``BITMTP_REQUIRE_CPU_EXT=1`` to make a
+  skipped or failed build an error instead (CI does).
 * The sdist carries every file the build reads (MANIFEST.in: the csrc headers and ``.inc`` fragments
   too); ``.ci/sdist_check.sh`` builds it, installs it in a fresh venv and imports the extension.
 * The extension's translation units compile in parallel (``BITMTP_BUILD_JOBS``, default: all cores).
