@@ -12,7 +12,7 @@
 # torch is never downloaded again: the fresh venv reaches the dev venv's packages through a .pth line (a
 # plain path: the dev venv's own .pth files, e.g. its editable bitmtp finder, are not run), and the sdist
 # is installed with --no-deps. Needs: PYTHON (default .venv/bin/python) with torch, numpy, setuptools,
-# pybind11; a C++ compiler with OpenMP.
+# pybind11; a C++17 compiler (the extension uses its own thread team, not OpenMP).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS

@@ -85,16 +85,33 @@ def build_key(options: dict[str, str], compiler: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def binary_path(options: dict[str, str] | None = None) -> Path:
+#: the llama.cpp programs these benchmarks build: llama-bench (kernels, prefill, decode) and llama-server
+#: (the serving peer of ``bitmtp serve``, bench/e2e/test_bench_threads.py)
+TOOLS = ("llama-bench", "llama-server")
+
+
+def binary_path(options: dict[str, str] | None = None, tool: str = "llama-bench") -> Path:
     opts = isa_options() if options is None else options
-    return cache_root() / f"llama-bench-{SDIST_VERSION}-{build_key(opts, _compiler())}" / "llama-bench"
+    return cache_root() / f"{tool}-{SDIST_VERSION}-{build_key(opts, _compiler())}" / tool
 
 
 def ensure_llama_bench(*, jobs: int | None = None, log=None) -> Path:
     """The cached ``llama-bench`` binary, built first if needed (see the module docstring)."""
+    return ensure_llama_tool("llama-bench", jobs=jobs, log=log)
+
+
+def ensure_llama_server(*, jobs: int | None = None, log=None) -> Path:
+    """The cached ``llama-server`` binary (llama.cpp's OpenAI-compatible server), built first if needed."""
+    return ensure_llama_tool("llama-server", jobs=jobs, log=log)
+
+
+def ensure_llama_tool(tool: str, *, jobs: int | None = None, log=None) -> Path:
+    """The cached binary of llama.cpp program ``tool`` (one of :data:`TOOLS`), built first if needed."""
+    if tool not in TOOLS:
+        raise ValueError(f"tool: one of {TOOLS}, got {tool!r}")
     say = log or (lambda msg: print(msg, file=sys.stderr))
     opts = isa_options()
-    target = binary_path(opts)
+    target = binary_path(opts, tool)
     if target.is_file() and os.access(target, os.X_OK):
         return target
     if not shutil.which("cmake"):
@@ -102,7 +119,7 @@ def ensure_llama_bench(*, jobs: int | None = None, log=None) -> Path:
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent) as tmp:
         work = Path(tmp)
-        say(f"llama-bench: downloading the {SDIST_NAME} {SDIST_VERSION} sdist")
+        say(f"{tool}: downloading the {SDIST_NAME} {SDIST_VERSION} sdist")
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                               f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(work)],
                              capture_output=True, text=True, timeout=900)
@@ -117,26 +134,27 @@ def ensure_llama_bench(*, jobs: int | None = None, log=None) -> Path:
         build = work / "build"
         cfg = ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON"] + [f"-D{k}={v}" for k, v in opts.items()]
-        say("llama-bench: " + " ".join(cfg[5:]))
-        make = ["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs or os.cpu_count() or 1)]
+               f"-DLLAMA_BUILD_SERVER={'ON' if tool == 'llama-server' else 'OFF'}", "-DLLAMA_BUILD_TOOLS=ON"] + \
+            [f"-D{k}={v}" for k, v in opts.items()]
+        say(f"{tool}: " + " ".join(cfg[5:]))
+        make = ["cmake", "--build", str(build), "--target", tool, "-j", str(jobs or os.cpu_count() or 1)]
         for cmd in (cfg, make):
             step = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
             if step.returncode:
                 tail = (step.stdout + step.stderr).strip()[-1500:]
-                raise PeerUnavailable(f"building llama-bench failed ({' '.join(cmd[:3])}):\n{tail}")
-        built = next(build.glob("**/bin/llama-bench"), None)
+                raise PeerUnavailable(f"building {tool} failed ({' '.join(cmd[:3])}):\n{tail}")
+        built = next(build.glob(f"**/bin/{tool}"), None)
         if built is None:
-            raise PeerUnavailable("the build finished without a llama-bench binary")
+            raise PeerUnavailable(f"the build finished without a {tool} binary")
         staged = target.parent.with_name(target.parent.name + ".partial")
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir()
-        shutil.copy2(built, staged / "llama-bench")
+        shutil.copy2(built, staged / tool)
         (staged / "build.json").write_text(json.dumps({"sdist": SDIST_VERSION, "options": opts,
                                                        "compiler": _compiler()}, indent=1))
         shutil.rmtree(target.parent, ignore_errors=True)
         staged.rename(target.parent)  # atomic: a half-copied binary is never found
-    say(f"llama-bench: built {target}")
+    say(f"{tool}: built {target}")
     return target
 
 
