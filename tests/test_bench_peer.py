@@ -46,6 +46,18 @@ def test_missing_tools_say_why(monkeypatch, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+def test_each_tool_has_its_own_cached_binary_and_unknown_tools_are_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("BITMTP_PEER_DIR", str(tmp_path))
+    opts = {"GGML_AVX2": "ON"}
+    if not (llama_cpp.shutil.which("c++") or llama_cpp.shutil.which("g++") or llama_cpp.shutil.which("clang++")):
+        pytest.skip("no C++ compiler: the cache key names the compiler")
+    bench, server = (llama_cpp.binary_path(opts, t) for t in llama_cpp.TOOLS)
+    assert bench.name == "llama-bench" and server.name == "llama-server" and bench.parent != server.parent
+    with pytest.raises(ValueError, match="tool: one of"):
+        llama_cpp.ensure_llama_tool("llama-cli")
+    assert not list(tmp_path.iterdir())
+
+
 def test_failing_binary_raises_with_its_message(tmp_path):
     fake = tmp_path / "llama-bench"
     fake.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 3\n")
