@@ -118,7 +118,10 @@ setup(
     package_dir=PACKAGE_DIR,
     package_data={"bitmtp.wgsl_fallback": ["*.wgsl"], "bitmtp._csrc.cuda": ["*.cu", "*.cuh"],
                   # shipped MTP adapters (bitmtp/adapters/<name>/adapter_config.json + adapter.safetensors)
-                  "bitmtp": ["adapters/*/*.json", "adapters/*/*.safetensors"]},
+                  # and the prompt sets kept as data (bitmtp/data/: long documents, training and eval
+                  # prompts) with the PSF license of the long documents' texts, which must travel with them
+                  "bitmtp": ["adapters/*/*.json", "adapters/*/*.safetensors",
+                             "data/*.json", "data/*.jsonl", "data/*.txt", "data/*.md"]},
     ext_modules=_cpu_extension(),
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -3,7 +3,8 @@
 # ones), install it into a fresh venv with BITMTP_REQUIRE_CPU_EXT=1 (the native CPU extension must compile
 # from the sdist alone), then, from a temporary folder (never the source tree), import bitmtp._cpu_w2a8 from
 # the installed location, run one W2A8 product on it against the torch reference, and check the data files
-# (WGSL shaders, CUDA sources, shipped adapters) were installed.
+# (WGSL shaders, CUDA sources, shipped adapters, the prompt sets of bitmtp/data and their license) were
+# installed, loading the prompt sets from there against a pinned hash.
 #
 #   bash .ci/sdist_check.sh               # offline: builds with the dev venv's setuptools + pybind11
 #   SDIST_ISOLATED=1 bash .ci/sdist_check.sh   # PEP 517 build isolation: pip fetches pyproject's
@@ -38,7 +39,8 @@ echo "built $(basename "$sdist") ($(du -k "$sdist" | cut -f1) KiB) in $((SECONDS
 listing="$tmp/listing.txt"
 tar tzf "$sdist" > "$listing"
 missing=0
-for f in csrc/cpu/*.cpp csrc/cpu/*.h csrc/cpu/*.inc csrc/cuda/* wgsl_fallback/*.wgsl bitmtp/adapters/*/*; do
+for f in csrc/cpu/*.cpp csrc/cpu/*.h csrc/cpu/*.inc csrc/cuda/* wgsl_fallback/*.wgsl bitmtp/adapters/*/* \
+         bitmtp/data/*.json bitmtp/data/*.jsonl bitmtp/data/*.txt bitmtp/data/*.md; do
   if ! grep -qx "bitmtp-[^/]*/$f" "$listing"; then echo "sdist lacks $f" >&2; missing=1; fi
 done
 if grep -E '\.(so|pyc|o)$' "$listing"; then echo "sdist carries build products (above)" >&2; missing=1; fi
@@ -85,8 +87,20 @@ cpu = registry.backend("cpu").w2a8_accumulate(x, pack_t2(w), 256, 256)
 assert torch.equal(cpu[..., 0], x.int() @ w.int().T), "installed kernel disagrees with x @ w.T"
 files = [res.files("bitmtp.wgsl_fallback") / "w2a8.wgsl", res.files("bitmtp._csrc.cuda") / "w2a8_decode.cu",
          res.files("bitmtp") / "adapters" / "smollm2-135m-instruct-mask-block-d8" / "adapter_config.json"]
+files += [res.files("bitmtp") / "data" / name for name in ("long_docs.jsonl", "chat_prompt_groups.json",
+                                                      "eval_prompts.json", "LICENSE-PSF.txt")]
 for f in files:
     assert f.is_file(), f"not installed: {f}"
+# the prompt sets load from the installed copy and are the ones tests/train/test_chat_prompts.py pins
+import hashlib
+
+from bitmtp.train import chat_prompts, evaluate, long_docs
+
+for mod in (chat_prompts, evaluate, long_docs):
+    assert mod.__file__.startswith(site), f"{mod.__name__}: {mod.__file__}"
+base = hashlib.sha256("\n".join(chat_prompts.all_chat_prompts("base")).encode()).hexdigest()
+assert base == "9d42a248e849c612a2dc852dc130e19be02c378bab3f89df768e33a929eb244b", f"base chat pool: {base}"
+assert len(long_docs.DOCUMENTS) == 14 and len(evaluate.CHAT_PROMPTS) == 12
 print(f"OK: {ext.__file__} ({why})")
 EOF
 )

@@ -2,12 +2,18 @@
 
 The full sdist → fresh venv → import check is ``.ci/sdist_check.sh`` (a compile: minutes, so CI, not
 pytest); here the MANIFEST.in rules are applied to the checkout's files and every file the C++ sources
-``#include`` must survive them. A missing extension is simulated by making its import fail.
+``#include`` must survive them, and the pure-Python part of a wheel (``build_py``, no compile) is built
+from a copy of the sources and its package data loaded from there. A missing extension is simulated by
+making its import fail.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import warnings
 
@@ -63,7 +69,65 @@ def test_sdist_carries_every_file_the_native_build_includes():
         shipped = {str(p.relative_to(REPO)) for p in (REPO / data).rglob("*") if p.is_file()
                    and p.suffix in (".cu", ".cuh", ".wgsl", ".json", ".safetensors")}
         assert shipped and not shipped - files, f"MANIFEST.in leaves out {sorted(shipped - files)}"
+    data = {str(p.relative_to(REPO)) for p in (REPO / "bitmtp" / "data").iterdir() if p.is_file()}
+    assert "bitmtp/data/LICENSE-PSF.txt" in data and not data - files, f"MANIFEST.in leaves out {sorted(data - files)}"
     assert not {f for f in files if f.endswith((".so", ".pyc", ".o"))}, "build products in the sdist"
+
+
+#: pinned hashes of the prompt sets kept as package data, taken from the objects they replaced (the Python
+#: literals of bitmtp.train.*): the base chat pool's is tests/train/test_chat_prompts.py's pin too
+DATA_HASHES = {
+    "chat_prompts.all_chat_prompts('base')": "9d42a248e849c612a2dc852dc130e19be02c378bab3f89df768e33a929eb244b",
+    "long_docs.DOCUMENTS": "c8c39be0cdfdff868da2fde4daffb43a8a29b0c9fdb10031f5f7dca5f2fcd26e",
+    "evaluate.CHAT_PROMPTS": "4735c298a339309d4162995efe42e27c415d48574107e266de44389e1f9b1c6d",
+}
+
+#: run in a fresh interpreter on the built copy: where the modules came from and the hashes of their data
+_LOAD_DATA = """
+import hashlib, json
+from importlib.resources import files
+
+from bitmtp.train import chat_prompts, evaluate, long_docs
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+print(json.dumps({
+    "files": [m.__file__ for m in (chat_prompts, evaluate, long_docs)],
+    "license": (files("bitmtp") / "data" / "LICENSE-PSF.txt").read_text(encoding="utf-8"),
+    "hashes": {
+        "chat_prompts.all_chat_prompts('base')": sha("\\n".join(chat_prompts.all_chat_prompts("base"))),
+        "long_docs.DOCUMENTS": sha(json.dumps(long_docs.DOCUMENTS)),
+        "evaluate.CHAT_PROMPTS": sha("\\n".join(evaluate.CHAT_PROMPTS)),
+    },
+}))
+"""
+
+
+def test_wheel_carries_the_data_and_loads_it_from_the_installed_copy(tmp_path):
+    """``setup.py build_py`` (what a wheel packs, without the compile) on a copy of the sources: the prompt
+    sets and their license are in it, and the modules imported from it (not the checkout) load the same data."""
+    src, lib = tmp_path / "src", tmp_path / "lib"
+    src.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "*.egg-info")
+    for top in ("bitmtp", "triton_kernels", "wgsl_fallback", "csrc"):
+        shutil.copytree(REPO / top, src / top, ignore=skip)
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    build = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)], cwd=src,
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    shipped = {p.name for p in (lib / "bitmtp" / "data").iterdir()}
+    wanted = {p.name for p in (REPO / "bitmtp" / "data").iterdir() if p.is_file()}
+    assert wanted <= shipped, f"the wheel leaves out {sorted(wanted - shipped)}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(lib)}
+    run = subprocess.run([sys.executable, "-c", _LOAD_DATA], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.splitlines()[-1])
+    assert all(f.startswith(str(lib)) for f in got["files"]), got["files"]  # the copy, not the checkout
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2" in got["license"]
+    assert got["hashes"] == DATA_HASHES
 
 
 def test_cuda_extras_per_major_version():

@@ -11,9 +11,11 @@ to check it.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +23,10 @@ from bitmtp.errors import BitMTPError
 from bitmtp.train.data import iter_python_lines
 from bitmtp.train.long_docs import document_prompts
 
-#: chat prompts for evaluation (held out: the general training prompts exclude their topics)
-CHAT_PROMPTS = [
-    "What is the capital of France?",
-    "Explain photosynthesis in two sentences.",
-    "List three uses of a paperclip.",
-    "Give me a haiku about autumn.",
-    "Summarize the plot of Romeo and Juliet.",
-    "Name the planets of the solar system in order.",
-    "What causes the seasons on Earth?",
-    "Write a limerick about a cat.",
-    "Give three tips for a job interview.",
-    "Why is the sky blue?",
-    "What is the difference between a list and a tuple in Python?",
-    "Suggest a name for a bakery.",
-]
+#: chat prompts for evaluation (held out: the general training prompts exclude their topics); package data,
+#: ``bitmtp/data/eval_prompts.json``
+CHAT_PROMPTS: list[str] = json.loads(
+    (files("bitmtp") / "data" / "eval_prompts.json").read_text(encoding="utf-8"))["chat"]
 
 
 def code_prompts(count: int = 12, lines: int = 12, seed: int = 0) -> list[str]:
