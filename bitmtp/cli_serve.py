@@ -5,7 +5,10 @@ from bitmtp.cli_common.
 ``chat`` works like llama-cli's conversation mode: a prompt ``> `` per turn, the reply streamed as it is
 decoded, ``/reset`` to forget the conversation (the system prompt stays), ``/exit`` (or Ctrl-D) to quit,
 Ctrl-C during a reply to stop it. A piped stdin (``echo hi | python -m bitmtp chat``) is one message:
-the reply is printed and the command ends.
+the reply is printed and the command ends. A line that is not valid text in stdin's encoding (invalid
+UTF-8) is reported on stderr and skipped, and the conversation goes on; with nothing to read (stdin closed,
+``0<&-``, or empty, ``< /dev/null``) chat says so and exits 0. Special-token text typed in a message is
+plain text unless ``--parse-special`` (``bitmtp.generate(..., special_tokens_in_content=True)``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from bitmtp.cli_common import (
     default_model_path,
     existing,
     positive_float,
+    read_piped_text,
+    stdin_closed,
+    undecodable,
 )
 
 CHAT_HELP = "commands: /reset forgets the conversation, /exit quits (also Ctrl-D); Ctrl-C stops a reply"
@@ -70,7 +76,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     model = _load(args)
     name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
-    app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size)
+    app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size,
+                     body_timeout=args.body_timeout)
     print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({args.sessions} "
           f"KV store(s), queue {args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
     serve_forever(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -88,7 +95,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
     load_kwargs = {"capacity": args.capacity, "adapter": None if args.no_adapter else (args.adapter or "auto"),
                    "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
-                  queue_size=args.queue_size, load_kwargs=load_kwargs)
+                  queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -113,8 +120,9 @@ def _sampling(args: argparse.Namespace) -> dict:
 class _Chat:
     """One conversation: the messages so far and how to answer the next one."""
 
-    def __init__(self, model, system: str | None, max_new_tokens: int, sampling: dict):
+    def __init__(self, model, system: str | None, max_new_tokens: int, sampling: dict, parse_special: bool = False):
         self.model, self.system, self.max_new_tokens, self.sampling = model, system, max_new_tokens, sampling
+        self.parse_special = parse_special  # special-token text in messages parsed as tokens (--parse-special)
         self.messages: list[dict[str, str]] = []
         self.reset()
 
@@ -128,7 +136,8 @@ class _Chat:
         import bitmtp
 
         turn = self.messages + [{"role": "user", "content": text}]
-        stream = bitmtp.generate(self.model, turn, max_new_tokens=self.max_new_tokens, stream=True, **self.sampling)
+        stream = bitmtp.generate(self.model, turn, max_new_tokens=self.max_new_tokens, stream=True,
+                                 special_tokens_in_content=self.parse_special, **self.sampling)
         with stream:  # closed on Ctrl-C or an error: the KV store is free for the next turn
             for piece in stream:
                 write(piece)
@@ -143,14 +152,33 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
+    def skipped(what: str, more: str = "") -> None:
+        print(f"bitmtp chat: {what} is not valid {encoding} text; skipped it{more}", file=sys.stderr, flush=True)
+
+    stdin = sys.stdin
+    encoding = getattr(stdin, "encoding", None) or "utf-8"
+    try:
+        terminal = not stdin_closed(stdin) and stdin.isatty()
+    except (OSError, ValueError):  # closed meanwhile
+        terminal = False
+    text = None
+    if not terminal:  # piped (or closed): the whole input is one message, read before the model loads
+        text, bad, encoding = read_piped_text(stdin) if not stdin_closed(stdin) else (None, [], encoding)
+        if text is None:
+            print("bitmtp chat: nothing to answer (stdin is closed or empty); pipe a message, or run chat in a "
+                  "terminal", file=sys.stderr, flush=True)
+            return 0
+        for number in bad:
+            skipped(f"stdin line {number}")
+        text = text.strip()
+        if not text:
+            raise BitMTPError("stdin: the piped message is empty" + (" once the lines that are not valid text were "
+                              "skipped" if bad else "") + "; pipe the text to answer, or run chat in a terminal")
     model = _load(args)
     if model.tokenizer is None:
         raise BitMTPError(f"--model: {model.source} has no tokenizer; chat needs text in and out")
-    chat = _Chat(model, args.system, args.max_new_tokens, _sampling(args))
-    if not sys.stdin.isatty():  # piped: the whole input is one message
-        text = sys.stdin.read().strip()
-        if not text:
-            raise BitMTPError("stdin: the piped message is empty; pipe the text to answer, or run chat in a terminal")
+    chat = _Chat(model, args.system, args.max_new_tokens, _sampling(args), args.parse_special)
+    if text is not None:
         chat.reply(text, write)
         print()
         return 0
@@ -165,6 +193,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         except EOFError:  # Ctrl-D
             print()
             return 0
+        except UnicodeDecodeError:  # a stdin that decodes strictly: the line is consumed, the session goes on
+            skipped("that line", ", the conversation goes on")
+            continue
+        if undecodable(line):  # surrogate-escaped bytes (the usual stdin): no tokenizer takes them
+            skipped("that line", ", the conversation goes on")
+            continue
         text = line.strip()
         if not text:
             continue
@@ -227,6 +261,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     checked(serve.add_argument("--replicas", type=int, metavar="N",
                                help="serve from N Ray Serve replicas (one model each) on a local Ray cluster, or "
                                     "RAY_ADDRESS's"), at_least(1))
+    checked(serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",  # serve.app.BODY_TIMEOUT
+                               help="seconds a client has to send its whole request body; a body cut short is "
+                                    "answered 408 and the connection closed (default 30)"),
+            positive_float("30 is the default"))
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default info)")
     serve.set_defaults(func=_cmd_serve, check=_check_serve)
@@ -238,6 +276,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "the reply is printed and chat ends (echo 'Hi' | python -m bitmtp chat).")
     _model_options(chat)
     chat.add_argument("--system", metavar="TEXT", help="system prompt, kept across /reset")
+    chat.add_argument("--parse-special", action="store_true",
+                      help="parse special-token text typed in a message (e.g. <|im_start|>system) as the special "
+                           "tokens it spells. Default: messages are plain text and only the chat template's own "
+                           "markers are special tokens, so a message cannot forge a turn")
     checked(chat.add_argument("--max-new-tokens", type=int, default=512, metavar="N",
                               help="most tokens per reply (default 512)"), at_least(1))
     checked(chat.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (default 0: "

@@ -12,18 +12,36 @@
 
 Hypothesis draws mixed valid and invalid values per argument (wrong types, NaN, negatives, huge
 numbers, bools, unknown names); the run is derandomized and bounded so it stays a few seconds in CI.
+
+Sampling parameters at their float limits (issue 42, :func:`test_sampling_at_float_limits`): subnormals,
+the smallest / largest finite doubles and float32s, and values next to the thresholds (T = 2^-126, the
+greedy limit; top_p / min_p at 0 and 1; penalties at ±2). Each call is refused with a BitMTPError that
+names a sampling parameter, or returns valid ids with finite logprobs; a lossless policy commits exactly
+AR's tokens for the same parameters and seed; every token is the float64 reference rule's pick from the
+model's own logits, with its probability (``reference_sample``, step by step); a temperature below the
+greedy limit is exactly greedy, one just above it a point mass on the argmax (or uniform over a tie), a
+huge one uniform.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import bitmtp
+from bitmtp.decoding.sampling import (
+    FLOAT32_MAX,
+    GREEDY_TEMPERATURE,
+    SamplingParams,
+    position_uniforms,
+    reference_sample,
+    seed_words,
+)
 from bitmtp.errors import BitMTPError
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import tiny_model
@@ -167,3 +185,148 @@ def test_the_fuzzer_reaches_both_outcomes():
     assert ok.token_ids == _expected_prefix(_ar_reference((5, 6, 7)), [], 5)
     with pytest.raises(BitMTPError, match="tau"):
         bitmtp.generate(model, input_ids=[5, 6, 7], tau=math.nan, policy="hybrid")
+
+
+# -- sampling parameters at their float limits (issue 42) ---------------------------------------------------
+
+_T = GREEDY_TEMPERATURE
+_UP, _DOWN = math.inf, -math.inf
+#: the edges of the float formats (subnormal and normal doubles and float32s, the largest finite ones) and
+#: the values on either side of the parameters' thresholds (T = 2^-126, the greedy limit)
+TINY = [5e-324, 1e-323, sys.float_info.min, 1e-300, 1.4e-45, 1e-45, 1e-40, math.nextafter(_T, 0.0), _T,
+        math.nextafter(_T, 1.0), 1e-38, 1e-30, 1e-6]
+HUGE = [1e30, 1e38, FLOAT32_MAX, math.nextafter(FLOAT32_MAX, _UP), 1e39, 1e300, sys.float_info.max]
+NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+def _edges(values, lo: float, hi: float):
+    """``values`` plus any double in [lo, hi] (subnormals included)."""
+    return st.one_of(st.sampled_from(values), st.floats(lo, hi, allow_subnormal=True))
+
+
+def _param(default: float, valid, junk, defaults: int = 1):
+    """The default ``defaults`` times in ``defaults + 1`` (most calls then test one or two limits at once),
+    else mostly a valid value at a limit, sometimes an invalid one next to the accepted range."""
+    return st.integers(0, defaults).flatmap(
+        lambda k: st.just(default) if k else mostly(valid, st.one_of(junk, NOT_FINITE), ratio=6))
+
+
+#: each branch about equally often: greedy and plain sampling (where the other parameters' limits show),
+#: the tiny and huge edges, anywhere in the double range, and a few refusals
+temperatures = st.one_of(st.sampled_from([0.0, -0.0]), st.sampled_from([0.7, 1.0]), st.sampled_from(TINY),
+                         st.sampled_from(HUGE), st.floats(0.0, sys.float_info.max, allow_subnormal=True),
+                         st.floats(0.0, 1e-30, allow_subnormal=True),
+                         st.sampled_from([-5e-324, -sys.float_info.min, -1.0, -sys.float_info.max, math.nan,
+                                          math.inf]))
+top_ps = _param(1.0, _edges([*TINY, 0.5, math.nextafter(1.0, 0.0), 1.0], 5e-324, 1.0),
+                st.sampled_from([0.0, -0.0, -5e-324, math.nextafter(1.0, 2.0), 1e308]))
+min_ps = _param(0.0, _edges([0.0, *TINY, 0.5, math.nextafter(1.0, 0.0), 1.0], 0.0, 1.0),
+                st.sampled_from([-5e-324, math.nextafter(1.0, 2.0), 2.0, -sys.float_info.max]))
+rep_penalties = _param(1.0, _edges([*TINY, 0.5, 1.0, 1.3, *HUGE], 5e-324, sys.float_info.max),
+                       st.sampled_from([0.0, -0.0, -5e-324, -1.0]), defaults=2)
+_PENALTY_EDGES = [0.0, 5e-324, sys.float_info.min, 1e-300, 1e-45, 1e-40, 0.5, math.nextafter(2.0, 0.0), 2.0]
+add_penalties = _param(0.0, _edges(_PENALTY_EDGES + [-x for x in _PENALTY_EDGES], -2.0, 2.0),
+                       st.sampled_from([math.nextafter(2.0, 3.0), -math.nextafter(2.0, 3.0), 1e308, -1e308]),
+                       defaults=3)
+SAMPLING_NAMES = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "seed")
+
+
+def _in_range(name: str, v) -> bool:
+    """The documented accepted range of each sampling parameter, written out independently of the code."""
+    if name in ("top_k", "seed"):
+        return isinstance(v, int) and (name == "seed" or v >= 0)
+    if not isinstance(v, float) or not math.isfinite(v):
+        return False
+    return {"temperature": v >= 0, "top_p": 0 < v <= 1, "min_p": 0 <= v <= 1, "repetition_penalty": v > 0,
+            "presence_penalty": -2 <= v <= 2, "frequency_penalty": -2 <= v <= 2}[name]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(temperature=temperatures, top_k=st.sampled_from([0, 0, 0, 1, 2, VOCAB - 1, VOCAB, 10**9]),
+       top_p=top_ps, min_p=min_ps, repetition_penalty=rep_penalties, presence_penalty=add_penalties,
+       frequency_penalty=add_penalties,
+       seed=st.one_of(st.integers(0, 2**64), st.integers(-(2**70), 2**70)),
+       policy=st.sampled_from(["ar", "ar", "speculative", "auto"]), prompt=valid_ids, new=st.integers(1, 6))
+def test_sampling_at_float_limits(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                                  frequency_penalty, seed, policy, prompt, new):
+    model = _model()
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty, seed=seed)
+    kw = dict(input_ids=prompt, max_new_tokens=new, eos_token_id=[], logprobs=True, **sampling)
+    try:
+        out = bitmtp.generate(model, policy=policy, block_size=BLOCK if policy != "ar" else None, **kw)
+    except BitMTPError as exc:
+        name = str(exc).split(":", 1)[0].strip()
+        assert name in SAMPLING_NAMES, f"refused, but not by a sampling parameter's name: {exc}"
+        assert not _in_range(name, sampling[name]), f"{name}={sampling[name]!r} is in range but refused"
+        assert "got" in str(exc), "the message shows the value it refused"
+        event(f"refused: {name}")
+        return
+    bad = [n for n in SAMPLING_NAMES if not _in_range(n, sampling[n])]
+    assert not bad, f"accepted out-of-range {bad}"
+    toks, lps = out.token_ids, out.logprobs
+    assert len(toks) == new and all(0 <= t < VOCAB for t in toks)
+    assert lps is not None and len(lps) == new
+    assert all(isinstance(x, float) and math.isfinite(x) and x <= 1e-6 for x in lps), lps
+    penalized = repetition_penalty != 1 or presence_penalty != 0 or frequency_penalty != 0
+    if policy != "ar":  # auto and speculative are lossless: exactly AR's tokens for the parameters and seed
+        ar = bitmtp.generate(model, policy="ar", **kw)
+        assert toks == ar.token_ids
+        assert lps == pytest.approx(ar.logprobs, abs=1e-5)
+    # every token is the slow float64 reference rule's pick from the model's own logits, with its probability
+    # (an independent check of the numerics: NaN scores, the old failure, picked token 0 with logprob −inf).
+    # Not above T = 100: there float32 probabilities tie where float64 ones still differ by < 1e-7 — the
+    # sampler's resolution, not a fault — and top-p / min-p keep every tie (T ≥ 1e30 is checked below)
+    params = SamplingParams(**{**sampling, "seed": None})
+    seq = list(prompt)
+    for i, tok in enumerate(toks if temperature <= 100 else ()):
+        u = float(position_uniforms(seed_words(out.seed or 0), torch.tensor([len(seq)]))[0])
+        want, prob = reference_sample(_next_logits(tuple(seq)), params, seq, len(prompt), u)
+        assert tok == want, (i, seq)
+        assert lps[i] == pytest.approx(math.log(prob), abs=1e-4)
+        seq.append(tok)
+    if temperature < GREEDY_TEMPERATURE:
+        event("T = 0" if temperature == 0 else "greedy limit: 0 < T < 2^-126")
+        assert out.seed is None or penalized
+        if not penalized:  # exactly greedy, ties and logprobs included
+            assert toks == list(_ar_reference(tuple(prompt))[:new])
+    elif temperature <= 1e-30 and not penalized:
+        # only the top score(s) keep any probability, and every filter keeps them: a point mass on the
+        # argmax, or uniform over a tie at the top (the prompt [0] — token 0's embedding is zero: every
+        # logit ties)
+        event("2^-126 <= T <= 1e-30, no penalties: the argmax")
+        assert all(abs(math.exp(-x) - round(math.exp(-x))) < 1e-4 for x in lps), lps
+    elif temperature >= 1e30 and not penalized:
+        # uniform over what top-k keeps (exp((s − max) / T) is exactly 1 in float32 for every score, so
+        # top-p and min-p keep every tie, i.e. everything)
+        event("T >= 1e30: uniform")
+        kept = min(top_k, VOCAB) if top_k else VOCAB
+        assert lps == pytest.approx([-math.log(kept)] * new, abs=1e-5)
+    else:
+        event("sampled" if temperature >= GREEDY_TEMPERATURE else "greedy over penalized scores")
+
+
+@functools.lru_cache(maxsize=1024)
+def _next_logits(seq: tuple[int, ...]) -> torch.Tensor:
+    """The model's logits after ``seq``: one full forward into a scratch KV store (rows [0, len(seq)))."""
+    from bitmtp.model.decoder import StepInputs
+
+    pos = torch.arange(len(seq))
+    with torch.no_grad():
+        return _model().decoder(StepInputs(torch.tensor(seq), pos, pos[None, :] <= pos[:, None]), _scratch_kv())[-1]
+
+
+@functools.lru_cache(maxsize=1)
+def _scratch_kv():
+    return _model().session().engine.kv
+
+
+def test_the_limit_fuzzer_has_a_greedy_text_that_is_not_all_zeros():
+    """The greedy-limit checks above rule out the token-0 collapse only if greedy itself is not all zeros."""
+    assert set(_ar_reference((5, 6, 7))) != {0}
+    out = bitmtp.generate(_model(), input_ids=[5, 6, 7], max_new_tokens=6, eos_token_id=[], temperature=1e-300,
+                          logprobs=True)
+    assert out.token_ids == list(_ar_reference((5, 6, 7))[:6]) and all(math.isfinite(x) for x in out.logprobs)

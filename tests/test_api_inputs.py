@@ -433,3 +433,90 @@ def test_a_bitmtp_gguf_tokenizer_still_round_trips(tmp_path, chat_model):
     assert back.encode(text) == chat_model.encode(text)
     chat = [{"role": "user", "content": "quick dog"}]
     assert back.encode(chat) == chat_model.encode(chat)
+
+
+# --- raw exceptions and misleading messages (issue 42, item 6) -----------------------------------------------
+
+@pytest.mark.parametrize("adapter, msg", [
+    (5, r"adapter: expected an adapter folder \(str or Path\), a \(config, tensors\) pair .* got 5 \(int\)"),
+    (("x", "y"), r"adapter: the pair's first item must be an AdapterConfig, got 'x' \(str\)"),
+    ((1, 2, 3), r"adapter: expected an adapter folder .* got \(1, 2, 3\) \(tuple\)"),
+])
+def test_load_adapter_refuses_what_is_not_an_adapter(model, adapter, msg):
+    with pytest.raises(BitMTPError, match=msg):
+        model.load_adapter(adapter)
+    assert model.drafter is None and model.adapter_config is None  # nothing half-attached
+
+
+def test_load_adapter_pair_needs_tensors(mtp_model):
+    config = mtp_model.adapter_config
+    with pytest.raises(BitMTPError, match=r"adapter: the pair's second item must be a dict of name -> torch.Tensor"):
+        mtp_model.session().load_adapter((config, ["not", "tensors"]))
+
+
+@pytest.mark.parametrize("policy", ["auto", "ar", "speculative"])
+def test_a_drafter_that_is_not_one_is_named(model, prompt, policy):
+    with pytest.raises(BitMTPError, match=r"drafter: expected one of 'adapter', 'lookup', 'lookup\+adapter', a "
+                                          r"bitmtp.decoding.drafters.Drafter, or None .*got 123 \(int\)"):
+        bitmtp.generate(model, input_ids=prompt, drafter=123, policy=policy, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("value", ["5", 2.0, None, True, 0])
+def test_generate_ar_checks_max_new_tokens(model, prompt, value):
+    with pytest.raises(BitMTPError, match=r"max_new_tokens: must be an integer >= 1, got .*max_new_tokens=128"):
+        model.generate_ar(prompt, max_new_tokens=value)
+    assert model.generate_ar(prompt, max_new_tokens=3, eos_token_id=[]).tokens  # a good call still decodes
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_save_gguf_to_an_unwritable_folder_is_named_before_encoding(model, monkeypatch):
+    import bitmtp.model.gguf_io as gguf_io
+
+    def boom(*a, **k):
+        raise AssertionError("tensors were encoded before the destination was checked")
+
+    monkeypatch.setattr(gguf_io, "decoder_state", boom)
+    with pytest.raises(BitMTPError, match=r"/proc/x.gguf: cannot create a file in /proc .*folder you can write to"):
+        model.save_gguf("/proc/x.gguf", progress=False)
+    with pytest.raises(BitMTPError, match="path: expected a file path"):
+        model.save_gguf(5, progress=False)
+
+
+def test_session_of_a_vulkan_model_names_the_runtime(model):
+    import dataclasses
+
+    with pytest.raises(BitMTPError, match="session: a runtime='vulkan' model keeps one KV store") as info:
+        dataclasses.replace(model, plan=object()).session()
+    assert "wgpu" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype, msg", [
+    (torch.int8, r"dtype: the dense compute dtype must be one of torch.float32, torch.float16, torch.bfloat16 .*"
+                 r"got torch.int8"),
+    ("float16", r"dtype: .*got 'float16' \(str\); write torch.float16"),
+    (torch.float64, "dtype: .*got torch.float64"),
+])
+def test_load_names_dtype_not_kv_dtype(no_loading, dtype, msg):
+    with pytest.raises(DTypeError, match=msg) as info:
+        bitmtp.load(tiny_model("llama", seed=1), adapter=None, dtype=dtype)
+    assert "kv_dtype" not in str(info.value)
+
+
+def test_capacity_advice_spells_options_for_its_reader(model, monkeypatch):
+    """Python callers read ``bitmtp.load(..., capacity=N)``; inside ``command_line_advice`` (what ``bitmtp.cli.main``
+    runs each command in) the same errors read ``--capacity N``, and the setting ends with the block."""
+    import bitmtp.api as api
+
+    ids = list(range(3, 80))
+    with api.command_line_advice():
+        with pytest.raises(BitMTPError) as cli:
+            bitmtp.generate(model, input_ids=ids, max_new_tokens=4, policy="ar")
+        monkeypatch.setattr(api, "_available_bytes", lambda device: 3000 * _row_bytes(tiny_model("llama", seed=1)))
+        with pytest.raises(BitMTPError) as cli_load:
+            bitmtp.load(tiny_model("llama", seed=1), capacity=100_000, adapter=None)
+    assert str(cli.value).startswith("--capacity: the prompt of 77 tokens exceeds the KV store's capacity of 64")
+    assert "run with --capacity 81 " in str(cli.value) and "bitmtp.load" not in str(cli.value)
+    assert str(cli_load.value).startswith("--capacity: 100000 tokens need")
+    assert re.search(r"--capacity \d+ or less fits", str(cli_load.value))
+    with pytest.raises(BitMTPError, match=r"input_ids: prompt of 77 .*bitmtp.load\(\.\.\., capacity=81\)"):
+        bitmtp.generate(model, input_ids=ids, max_new_tokens=4, policy="ar")

@@ -316,3 +316,35 @@ def test_process_with_closed_stdout_exits_quietly():
     finally:
         os.close(write)
     assert proc.returncode == 141 and proc.stderr == ""
+
+
+# --- advice in the command line's words (issue 42, item 6) ----------------------------------------------
+
+def test_capacity_advice_names_the_flag(tiny_folder, capsys):
+    ids = ",".join(str(3 + i % 90) for i in range(40))
+    err = _one_error_line(capsys, ["generate", "--model", tiny_folder, "--no-adapter", "--input-ids", ids,
+                                   "--capacity", "16", "--max-new-tokens", "8"])
+    assert err.startswith("bitmtp: error: --capacity: the prompt of 40 tokens exceeds the KV store's capacity of 16")
+    assert "run with --capacity 48 " in err and "--max-new-tokens says" in err and "bitmtp.load" not in err
+    import bitmtp.api
+
+    assert not bitmtp.api._COMMAND_LINE.get()  # main() leaves Python callers their own spelling
+
+
+def test_load_time_capacity_advice_names_the_flag(tiny_folder, capsys, monkeypatch):
+    import bitmtp.api
+
+    monkeypatch.setattr(bitmtp.api, "_available_bytes", lambda device: 2**20)
+    err = _one_error_line(capsys, ["generate", "--model", tiny_folder, "--no-adapter", "--input-ids", "5,6",
+                                   "--capacity", "100000"])
+    assert err.startswith("bitmtp: error: --capacity: 100000 tokens need ")
+    assert " or less fits" in err and "capacity=" not in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_convert_to_an_unwritable_folder_is_one_line(tiny_folder, capsys):
+    assert cli.main(["convert", tiny_folder, "-o", "/proc/x.gguf", "--no-adapter"]) == 2
+    lines = capsys.readouterr().err.splitlines()  # "loading ...", then the one error
+    assert lines[0].startswith("loading ") and len(lines) == 2 and "Traceback" not in lines[1]
+    assert lines[1] == ("bitmtp: error: /proc/x.gguf: cannot create a file in /proc (No such file or directory); "
+                        "give a path in a folder you can write to")

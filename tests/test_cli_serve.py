@@ -161,6 +161,8 @@ def test_serve_without_fastapi_names_the_extra(monkeypatch, capsys):
     (["serve", "--sessions", "0"], "--sessions: must be >= 1"),
     (["serve", "--queue-size", "-1"], "--queue-size: must be >= 0"),
     (["serve", "--replicas", "0"], "--replicas: must be >= 1"),
+    (["serve", "--body-timeout", "0"], "--body-timeout: must be a finite number > 0"),
+    (["serve", "--body-timeout", "inf"], "--body-timeout: must be a finite number > 0"),
     (["serve", "--adapter", ".", "--no-adapter"], "--adapter and --no-adapter contradict"),
     (["chat", "--temperature", "-1"], "--temperature: must be >= 0"),
     (["chat", "--top-p", "0"], "--top-p: must be in (0, 1]"),

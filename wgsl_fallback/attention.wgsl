@@ -62,7 +62,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (tid < stride) { red[tid] += red[tid + stride]; }
     workgroupBarrier();
   }
-  let inv = 1.0 / red[0];
+  // a row whose mask allows no KV row has total 0 (acc stays 0): output zeros, as every backend defines
+  // it (bitmtp.ops.reference.attention_reference), not 0 * (1 / 0) = NaN. A row that sees a KV row has
+  // total >= 1 (its max scores exp(0)), so its bits are unchanged.
+  let inv = select(0.0, 1.0 / red[0], red[0] > 0.0);
   for (var d = tid; d < p.Dh; d += WG) {
     var acc: f32 = 0.0;
     for (var l = 0u; l < p.L; l++) {

@@ -29,6 +29,7 @@ when the text changes character.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from bitmtp.decoding.onepass import PassContext, PassPlan, Planner, fit
@@ -62,6 +63,14 @@ DRAFT_MARGIN = 1.05
 EXPLORE_EVERY = 48
 #: longest guess run considered
 MAX_GUESSES = 8
+
+
+def _rate(expect: float, cost: float) -> float:
+    """Expected tokens per unit of cost; 0.0 (never chosen) for a cost that is not finite and positive.
+    ``LiveCosts`` gives finite positive costs for every table it accepts; a caller's own ``ctx.costs`` with a
+    0, an inf or a NaN makes that option unaffordable instead of a ZeroDivisionError or an inf/NaN rate
+    that compares false with everything."""
+    return expect / cost if 0.0 < cost < math.inf else 0.0
 
 
 def _mask_bucket(p: float) -> int:
@@ -126,7 +135,7 @@ class AutoPlanner(Planner):
             rows = 1 + k + (alt and k > 0)
             return costs[rows + extra] if draft_cost is None else costs[rows] + extra * draft_cost
 
-        best_rate, best_k = (1.0 / cost(0) if 1 + extra < len(costs) else 0.0), 0
+        best_rate, best_k = (_rate(1.0, cost(0)) if 1 + extra < len(costs) else 0.0), 0
         if alt:
             best_rate = 0.0  # k = 0 is the plan without the runner-up: the caller weighs it
         expect, run = 1.0, 1.0
@@ -138,7 +147,7 @@ class AutoPlanner(Planner):
                 break
             run *= a
             expect += run
-            rate = expect / cost(k)
+            rate = _rate(expect, cost(k))
             if rate > best_rate:
                 best_rate, best_k = rate, k
         return best_rate, best_k

@@ -33,6 +33,26 @@ Penalties need the text before each row: ``repetition_penalty`` (transformers': 
 the committed tokens on the device (:meth:`Sampler.commit`); an AR-causal row of a multi-row step adds
 the step's own earlier tokens (guesses) to them, so a verify row sees exactly the history the AR step
 would. Draft rows use the committed counts only (any ``q`` is lossless).
+
+Float limits (every accepted parameter value gives finite scores, never inf or NaN — issue 42):
+
+* **temperature** below :data:`GREEDY_TEMPERATURE` (2^-126 ≈ 1.18e-38, float32's smallest normal number)
+  *is* greedy decoding, exactly as T = 0: the same tokens (ties broken as the argmax breaks them), the
+  same logprobs (the model's probabilities) and no seed. Such a T cannot even be held faithfully by the
+  float32 scores (1e-40 is subnormal, 1e-300 rounds to 0: ``s / T`` was inf or NaN, and the sampler
+  collapsed to token 0), and at it softmax(s / T) already puts all its mass on the top score(s). Above
+  it, the scores are shifted by their row maximum before the division (``(s − max) / T`` ≤ 0, the top
+  score exactly 0), so ``s / T`` can no longer overflow to +inf; a score that still overflows towards
+  −inf (probability below float32's resolution) saturates at −3.4e38. Huge T (1e38, 1e308: inf in
+  float32) gives the uniform distribution over the unfiltered tokens.
+* **repetition_penalty** in float32's normal range is computed in float32, bit for bit as transformers
+  does; a penalized logit that overflows saturates at ±3.4e38 (float32's largest finite value): such
+  tokens then tie, and the argmax / the sampler's CDF order picks among them. A penalty outside that range
+  (1e-300, 5e-324, 1e300: 0 or inf in float32, which gave 0/0 and 0·inf = NaN) is applied in float64 with
+  its exact value and saturated the same way.
+* **presence / frequency penalties** are bounded ([-2, 2] × a count below the KV capacity) and cannot
+  leave float32's range; values below float32's smallest subnormal (~1.4e-45: 1e-300, 5e-324) round to 0
+  (off), float32 subnormals subtract what they are.
 """
 
 from __future__ import annotations
@@ -50,6 +70,12 @@ _M32 = 0xFFFFFFFF
 #: CPU top-p: candidates sorted per row before falling back to a full sort (a full sort of a 49k
 #: vocabulary costs ~2 ms per row here; the top 256 hold p = 0.9 of nearly every LM row)
 _TOP_P_CANDIDATES = 256
+#: float32's largest finite value: where processed scores saturate instead of overflowing to ±inf
+FLOAT32_MAX = torch.finfo(torch.float32).max
+#: float32's smallest normal number, 2^-126 ≈ 1.18e-38 (smaller values lose precision, then round to 0)
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
+#: temperatures below this are greedy decoding (module docstring, "Float limits")
+GREEDY_TEMPERATURE = FLOAT32_TINY
 
 
 def _is_num(x: Any) -> bool:
@@ -60,13 +86,21 @@ def _is_num(x: Any) -> bool:
 class SamplingParams:
     """How tokens are chosen. The defaults are greedy decoding (temperature 0, no penalties).
 
+    Every finite value in the ranges below is accepted and gives finite scores (never inf / NaN; see the
+    module docstring's "Float limits"); anything else raises a BitMTPError naming the parameter and range.
+
     Args:
         temperature: ≥ 0; 0 picks the most likely token (greedy), > 0 samples from softmax(logits / T).
+            T below :data:`GREEDY_TEMPERATURE` (2^-126 ≈ 1.18e-38; 1e-40, 1e-300, 5e-324 …) is the greedy
+            limit: exactly T = 0 (same tokens, ties and logprobs; no seed). Huge T (up to 1.8e308) samples
+            uniformly from the tokens the filters keep.
         top_k: keep the k most likely tokens (0: all).
         top_p: keep the smallest set of most likely tokens whose probability reaches top_p (1: all).
         min_p: keep tokens whose probability is ≥ min_p × the most likely one's (0: all).
         repetition_penalty: > 0; transformers' rule over prompt and output tokens: a seen token's logit
-            is divided by it when positive, multiplied when negative (1: off).
+            is divided by it when positive, multiplied when negative (1: off). Extreme values (1e-300,
+            1e300, subnormals) saturate a penalized logit at ±3.4e38 (float32's largest) instead of
+            overflowing; tokens saturated alike tie, and greedy picks the lowest id among them.
         presence_penalty / frequency_penalty: OpenAI's rule over output tokens: logit −= presence ×
             [count > 0] + frequency × count (0: off), each in [-2, 2].
         seed: the same seed gives the same text under every policy, drafter and block size
@@ -108,8 +142,9 @@ class SamplingParams:
 
     @property
     def samples(self) -> bool:
-        """Whether tokens are sampled (T > 0) rather than picked by argmax."""
-        return self.temperature > 0
+        """Whether tokens are sampled rather than picked by argmax: T ≥ :data:`GREEDY_TEMPERATURE` (a smaller
+        T > 0 is the greedy limit, decoded exactly as T = 0)."""
+        return self.temperature >= GREEDY_TEMPERATURE
 
     @property
     def penalized(self) -> bool:
@@ -171,24 +206,72 @@ def process_scores(logits: torch.Tensor, params: SamplingParams, seen: torch.Ten
 
     ``seen`` / ``generated``: per-row token counts ``[R, V]`` (or ``[V]``) of the text before each row —
     prompt + output for the repetition penalty, output only for presence / frequency.
+
+    Finite logits give finite scores for every accepted parameter value (the module docstring's "Float
+    limits"): penalized logits saturate at ±:data:`FLOAT32_MAX`, and tempered ones are shifted so the
+    row's top score is exactly 0.
     """
+    s = penalized_scores(logits, params, seen, generated)
+    return _tempered(s, params.temperature) if params.samples else s
+
+
+def penalized_scores(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None,
+                     generated: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`process_scores` before the temperature: the ranking top-k keeps (a huge T collapses the
+    tempered scores to ties in float32 — (s − max) / 1e39 is 0 for every s — without changing the ranking
+    it stands for)."""
     s = logits.float()
     if params.repetition_penalty != 1 and seen is not None:
-        rp = params.repetition_penalty
-        s = torch.where(seen > 0, torch.where(s < 0, s * rp, s / rp), s)
+        s = torch.where(seen > 0, _repetition_penalized(s, params.repetition_penalty), s)
     if (params.presence_penalty != 0 or params.frequency_penalty != 0) and generated is not None:
+        # |penalty| ≤ 2 times a count below the KV capacity: far below float32's spacing near ±3.4e38
+        # (2^104), so even a saturated score cannot be pushed over the edge
         s = s - params.presence_penalty * (generated > 0).float() - params.frequency_penalty * generated
-    if params.samples:
-        s = s / params.temperature
     return s
 
 
-def filtered_probs(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def _as_float32(x: float) -> float:
+    """``x`` rounded to float32, as torch rounds a Python scalar that meets a float32 tensor."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _repetition_penalized(s: torch.Tensor, rp: float) -> torch.Tensor:
+    """Every entry of float32 ``s`` penalized (divided by ``rp`` when ≥ 0, multiplied when < 0), finite."""
+    r32 = _as_float32(rp)
+    if FLOAT32_TINY <= r32 <= FLOAT32_MAX:
+        # float32 arithmetic with rp rounded to float32: the same bits as transformers' processor (greedy
+        # ties against it included). A nonzero finite factor cannot make NaN; only overflow can go wrong
+        # (s / rp for rp < 1, s · rp for rp > 1), and it saturates
+        return torch.where(s < 0, s * r32, s / r32).clamp_(-FLOAT32_MAX, FLOAT32_MAX)
+    # rp is 0, subnormal or inf in float32 (1e-300, 1e-40, 1e300): float32 would compute 0/0 or 0·inf =
+    # NaN. float64 holds every finite rp exactly; the result saturates to float32's range
+    d = s.double()
+    return torch.where(d < 0, d * rp, d / rp).clamp_(-FLOAT32_MAX, FLOAT32_MAX).float()
+
+
+def _tempered(s: torch.Tensor, t: float) -> torch.Tensor:
+    """``s / t`` for the softmax, shifted so each row's top score is exactly 0 (softmax is shift-invariant).
+
+    Plain ``s / t`` overflows to +inf once |s| > t · 3.4e38 — a logit of 4 at t = 1.2e-38, of 340 at
+    t = 1e-36 — and softmax then computes inf − inf = NaN. Shifted, every score is ≤ 0; one that overflows
+    towards −inf has a probability below float32's resolution (exp(−104) is 0) and saturates at
+    −:data:`FLOAT32_MAX`. ``t`` ≥ :data:`GREEDY_TEMPERATURE` is a nonzero float32; a t beyond float32's range
+    (1e39 … 1.8e308) rounds to inf and gives zeros (the uniform distribution), never inf / inf.
+    """
+    shifted = (s - s.amax(dim=-1, keepdim=True)).clamp_(min=-FLOAT32_MAX)
+    return (shifted / t).clamp_(min=-FLOAT32_MAX)
+
+
+def filtered_probs(scores: torch.Tensor, params: SamplingParams, ranks: torch.Tensor | None = None) -> torch.Tensor:
     """Probabilities ``[R, V]`` after top-k, top-p and min-p (unnormalized: filtered entries are 0, the rest
-    keep their softmax value; the sampler divides by the row total)."""
+    keep their softmax value; the sampler divides by the row total).
+
+    ``ranks``: the scores top-k ranks by, the untempered :func:`penalized_scores` (default ``scores``; the
+    temperature preserves the ranking in exact arithmetic, but a huge one turns it into ties in float32)."""
     if params.top_k and params.top_k < scores.shape[-1]:
-        kth = scores.topk(params.top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        r = scores if ranks is None else ranks
+        kth = r.topk(params.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(r < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     if params.top_p < 1:
         probs = probs.masked_fill(probs < _top_p_threshold(probs, params.top_p), 0.0)
@@ -306,11 +389,11 @@ class Sampler:
         seen = self._row_counts(self.seen, rows, tokens, ar_rows, fresh_from) if self.seen is not None else None
         gen = (self._row_counts(self.generated, rows, tokens, ar_rows, fresh_from)
                if self.generated is not None else None)
-        scores = process_scores(logits, p, seen, gen)
+        pen = penalized_scores(logits, p, seen, gen)
         if not p.samples:
-            prob, tok = torch.softmax(scores, dim=-1).max(dim=-1)
+            prob, tok = torch.softmax(pen, dim=-1).max(dim=-1)
             return tok, prob
-        probs = filtered_probs(scores, p)
+        probs = filtered_probs(_tempered(pen, p.temperature), p, pen)
         return inverse_cdf(probs, position_uniforms(self.seed, positions + 1))
 
 
@@ -321,18 +404,23 @@ def reference_sample(logits: torch.Tensor, params: SamplingParams, history: list
     s = logits.double().clone()
     v = s.shape[0]
     if params.repetition_penalty != 1:
+        rp = params.repetition_penalty
+        r32 = _as_float32(rp)
+        rp = r32 if FLOAT32_TINY <= r32 <= FLOAT32_MAX else rp  # the factor the sampler uses
         for t in set(history):
-            s[t] = s[t] * params.repetition_penalty if s[t] < 0 else s[t] / params.repetition_penalty
+            x = float(s[t]) * rp if s[t] < 0 else float(s[t]) / rp
+            s[t] = min(max(x, -FLOAT32_MAX), FLOAT32_MAX)  # saturated, as the sampler does
     out = history[prompt_len:]
     for t in set(out):
         s[t] -= params.presence_penalty + params.frequency_penalty * out.count(t)
     if not params.samples:
         probs = torch.softmax(s, 0)
         return int(probs.argmax()), float(probs.max())
-    s = s / params.temperature
+    ranks = s.float()  # what the sampler ranks by: the float32 penalized scores
+    s = ((s - s.max()).clamp(min=-FLOAT32_MAX) / params.temperature).clamp(min=-FLOAT32_MAX)
     if params.top_k and params.top_k < v:
-        kth = sorted(s.tolist(), reverse=True)[params.top_k - 1]
-        s = torch.where(s < kth, torch.tensor(float("-inf"), dtype=s.dtype), s)
+        kth = sorted(ranks.tolist(), reverse=True)[params.top_k - 1]
+        s = torch.where(ranks < kth, torch.tensor(float("-inf"), dtype=s.dtype), s)
     probs = torch.softmax(s, 0)
     if params.top_p < 1:
         desc = sorted(probs.tolist(), reverse=True)

@@ -263,8 +263,11 @@ class GGUFTokenizer:
         return [self.backend_tokenizer.token_to_id(t) for t in tokens]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (with the file's BOS / EOS when ``add_special_tokens`` and it asks for them)."""
-        return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        """Token ids of ``text`` (with the file's BOS / EOS when ``add_special_tokens`` and it asks for them).
+
+        Encoded through ``encode_batch`` (the same ids as ``encode``): it releases the GIL while it works, so a
+        long text (seconds of tokenizing) does not stop the process's other threads — a server's event loop."""
+        return list(self.backend_tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def __call__(self, text: str | Sequence[str], add_special_tokens: bool = True) -> dict[str, list]:
         """``{"input_ids": ids, "attention_mask": ones}`` of a text (lists of them for a list of texts)."""

@@ -11,6 +11,8 @@ import bisect
 import dataclasses
 import json
 import logging
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +224,25 @@ def _tensors_out(args: ModelArgs, state: dict[str, Any], adapter, exact_scales: 
             yield G.TensorOut(G.MTP_PREFIX + name, data, raw)
 
 
+def _check_destination(path: Any) -> None:
+    """Refuse, before any tensor is encoded, a path whose folder cannot take a new file (``/proc/x.gguf``, a
+    read-only folder): a BitMTPError naming the file, where the write itself would raise a bare OSError
+    (FileNotFoundError for ``/proc``) after the encoding. A probe file is created there and removed; missing
+    folders are created, as the write creates them."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise BitMTPError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
+    path = Path(path)
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise BitMTPError(f"{path}: cannot create a file in {folder} ({exc.strerror or exc}); give a path in a "
+                          "folder you can write to") from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
 def export_gguf(decoder: Decoder, path: str | Path, *,
                 adapter: tuple[AdapterConfig, dict[str, torch.Tensor]] | None = None,
                 tokenizer: Any = None, tokenizer_fields: dict[str, G.GGUFField] | None = None,
@@ -243,6 +264,7 @@ def export_gguf(decoder: Decoder, path: str | Path, *,
     args = decoder.args
     if plain and adapter is not None:
         raise BitMTPError("plain=True writes no MTP adapter (llama.cpp refuses extra tensors); pass adapter=None")
+    _check_destination(path)
     arch = get_family(args.family).gguf_arch
     if adapter is not None:
         config, tensors = adapter

@@ -159,13 +159,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     length keep what rejected drafts or an earlier sequence wrote. A NaN/Inf in a row it does see
     makes its output non-finite. On the ``cpu`` backend every row is computed independently of the
     others and of L (see csrc/cpu/attention.cpp).
+
+    Edges, the same on every backend (``bitmtp.ops.reference.attention_reference``): a query row whose mask
+    allows no KV row (and every row when L = 0) outputs zeros; M = 0 query rows give an empty
+    ``[0, H, D]`` output. K/V need at least one KV head.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
         validate.tensor(name, t)
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         raise ShapeError(f"q/k/v: expected q[M, H, D] and k, v[KVH, S, D], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     m, h, d = q.shape
+    if k.shape[0] == 0:
+        raise ShapeError(f"k: has no KV heads (shape {tuple(k.shape)}); K/V are [KVH >= 1, S, D]")
     if k.shape[2] != d or h % k.shape[0]:
         raise ShapeError(f"k: shape {tuple(k.shape)} does not fit q {tuple(q.shape)}")
     if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != m or mask.shape[1] > k.shape[1]:

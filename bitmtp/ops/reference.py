@@ -66,6 +66,16 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     (their whole head output is NaN). With finite inputs the result is bit-identical to the plain
     formula: ``+0`` is added to each score and ``nan_to_num`` leaves finite values as they are.
     No host sync (a data-dependent branch would break CUDA graph capture): the safe form always runs.
+
+    Edge cases, the definition every backend follows (``bitmtp.ops.attention``):
+
+    * a *fully masked* query row — its mask allows no KV row (``L = 0`` makes every row one) — outputs
+      exact zeros on every head, as flash-attention kernels define it: softmax over an empty set has no
+      value, and 0 (the empty sum of ``p · V``) is what the online-softmax kernels produce when their
+      normaliser stays 0. The plain formula would give NaN (``-inf - -inf``); the runtime never builds
+      such a row, but an op given one must not depend on the backend. Other rows are not touched:
+      their bits are those of the formula above.
+    * ``M = 0`` (no query rows) returns an empty ``[0, H, D]`` output.
     """
     m, h, d = q.shape
     kvh, length = k.shape[0], mask.shape[1]
@@ -79,7 +89,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(kvh, g * m, length)
     out = torch.matmul(probs, torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0))
-    return out.view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d).to(q.dtype)
+    out = out.view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d).to(q.dtype)
+    # a fully masked row's softmax is NaN (all scores -inf): zeros instead (the definition above). A select,
+    # not a multiply (0 * NaN is NaN) and not a branch (no host sync); rows that see a KV row keep their bits
+    return torch.where(mask.any(dim=1)[:, None, None], out, 0.0)
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

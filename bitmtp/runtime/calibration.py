@@ -74,6 +74,15 @@ _WILD_CONTEXT_DROP = 0.5
 #: width-1 median of 196 ms against 10 ms idle).
 _BUSY_SPREAD = 2.0
 
+#: The physical range of one step's seconds, in a table read from a cache file and in what LiveCosts
+#: observes: a measurement stores at least 1 ns (its floor), and no decode step of a model this loads takes
+#: an hour. Anything outside was edited or corrupted — and the planning arithmetic would not survive it:
+#: 1e308 overflows to inf when extrapolated past the last context (inf - inf = nan, then a division by a
+#: zero width-1 cost), 5e-324 divides to inf. Inside the range every interpolation, extrapolation (t <=
+#: capacity) and ratio stays finite and positive.
+MIN_STEP_SECONDS = 1e-9
+MAX_STEP_SECONDS = 3600.0
+
 #: the decoder attribute holding its fingerprint (hashing weights on every key would cost ~ms per call)
 _FP_ATTR = "_bitmtp_calibration_fingerprint"
 
@@ -160,7 +169,8 @@ class CostTable:
     @classmethod
     def from_dict(cls, d: Any) -> CostTable:
         """The table of :meth:`as_dict`'s dict, validated; raises :class:`CalibrationError` saying what is
-        wrong (another schema, missing or malformed fields, non-finite or non-positive seconds, widths
+        wrong (another schema, missing or malformed fields, non-finite or non-positive seconds, seconds
+        outside :data:`MIN_STEP_SECONDS` .. :data:`MAX_STEP_SECONDS`, widths
         not starting at 1, unsorted grids, a longer context measured wildly cheaper than a shorter one)."""
         if not isinstance(d, dict):
             raise CalibrationError(f"expected a JSON object, got {type(d).__name__}")
@@ -184,6 +194,10 @@ class CostTable:
                 if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
                     raise CalibrationError(f"seconds[{ci}][{wi}] (width {widths[wi]}, context {contexts[ci]}) "
                                            f"is {s!r}; expected a finite positive number")
+                if not MIN_STEP_SECONDS <= s <= MAX_STEP_SECONDS:
+                    raise CalibrationError(f"seconds[{ci}][{wi}] (width {widths[wi]}, context {contexts[ci]}) "
+                                           f"is {s!r}; a step costs between {MIN_STEP_SECONDS:g} s (1 ns) and "
+                                           f"{MAX_STEP_SECONDS:g} s (1 hour)")
             seconds.append(tuple(float(s) for s in row))
         for ci in range(1, len(seconds)):
             for wi, w in enumerate(widths):
@@ -441,7 +455,9 @@ def measure_cost_table(engine: Any, *, widths: Any = None, contexts: Any = None,
         log.warning("bitmtp: step costs were measured on a busy machine (a step's median timing is %.1fx its "
                     "fastest); policy='auto' may choose badly with them: rebuild the table on an idle machine "
                     "(load_cost_table(engine, rebuild=True))", spread)
-    grid = [[max(statistics.median(samples[ci, wi]), 1e-9) for wi in range(len(ws))] for ci in range(len(cs))]
+    # clamped to the range a cache file is read back with (a table this writes must load again)
+    grid = [[min(max(statistics.median(samples[ci, wi]), MIN_STEP_SECONDS), MAX_STEP_SECONDS)
+             for wi in range(len(ws))] for ci in range(len(cs))]
     for ci in range(len(cs)):
         for wi in range(len(ws)):
             grid[ci][wi] = max(grid[ci][wi], grid[ci][wi - 1] if wi else 0.0, grid[ci - 1][wi] if ci else 0.0)
@@ -485,8 +501,9 @@ def _key_diff(stored: Any, key: dict) -> str:
     return "it was measured for another " + ", ".join(fields)
 
 
-def _read(path: Path, key: dict, m_max: int) -> CostTable | None:
-    """The trusted table in ``path``, or None (missing: silently; untrusted: a warning saying why)."""
+def _read(path: Path, key: dict, m_max: int, measure: bool = True) -> CostTable | None:
+    """The trusted table in ``path``, or None (missing: silently; untrusted: a warning naming the file, why,
+    and what happens next — re-measured now when ``measure``, else the prior costs until it is)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError):  # nothing cached (yet): no news
@@ -505,7 +522,12 @@ def _read(path: Path, key: dict, m_max: int) -> CostTable | None:
             reason = f"not valid JSON ({exc})"
         except CalibrationError as exc:
             reason = str(exc)
-    log.warning("bitmtp: calibration cache %s cannot be trusted: %s; rebuilding", path, reason)
+    if measure:
+        log.warning("bitmtp: calibration cache %s cannot be trusted: %s; rebuilding it", path, reason)
+    else:  # a short generation does not measure: say how the file gets replaced
+        log.warning("bitmtp: calibration cache %s cannot be trusted: %s; planning with default step costs until "
+                    "a generation long enough to calibrate re-measures them (or delete the file, or run "
+                    "`bitmtp info --model PATH --calibrate`)", path, reason)
     return None
 
 
@@ -544,7 +566,8 @@ def load_cost_table(engine: Any, *, rebuild: bool = False, progress: bool = Fals
     caller owns the KV store) and written there.
 
     A cache file is never trusted blindly: one that is unreadable, not JSON, truncated, of another
-    schema, for another key, with missing, non-finite or non-positive values, or whose widths do not
+    schema, for another key, with missing, non-finite, non-positive or out-of-range values (a step
+    between 1 ns and 1 hour: :data:`MIN_STEP_SECONDS`, :data:`MAX_STEP_SECONDS`), or whose widths do not
     reach the engine's m_max is reported (a warning on the ``bitmtp`` logger naming the file and why),
     re-measured and rewritten. An unwritable cache folder is reported once and the measured table is
     still returned (and memoised). ``rebuild=True`` measures and rewrites regardless. Thread-safe: one
@@ -563,7 +586,7 @@ def load_cost_table(engine: Any, *, rebuild: bool = False, progress: bool = Fals
         table = None if rebuild else _MEMO.get(memo_key)
         if table is None:
             if not rebuild:
-                table = _read(path, key, engine.kv.m_max)
+                table = _read(path, key, engine.kv.m_max, measure)
             if table is None:
                 if not measure:
                     return None
@@ -634,7 +657,9 @@ class LiveCosts:
 
     def observe(self, width: int, seconds: float) -> None:
         times = self.seen.setdefault(width, [])
-        times.append(seconds)
+        # a timer delta of 0 (a coarse clock) or a step stalled for hours (a suspended laptop) must not make
+        # a cost 0 or the ratios below overflow: kept in the range a table holds
+        times.append(min(max(float(seconds), MIN_STEP_SECONDS), MAX_STEP_SECONDS))
         if len(times) > self.WINDOW:
             del times[0]
 
@@ -643,6 +668,7 @@ class LiveCosts:
         ``seconds``: what it took beyond a step of ``rows`` rows, per draft, relative to a width-1 step,
         is one sample of :meth:`draft_cost`."""
         est = self.seconds(context)
+        seconds = min(max(float(seconds), MIN_STEP_SECONDS), MAX_STEP_SECONDS)  # as observe() keeps it
         extra = max(0.0, seconds - est[min(rows, self.m_max) - 1]) / max(1, drafts) / est[0]
         self.drafts_seen.append(extra)
         if len(self.drafts_seen) > self.WINDOW:
@@ -673,7 +699,9 @@ class LiveCosts:
         return row
 
     def seconds(self, context: int) -> list[float]:
-        """Estimated step seconds for widths 1..m_max (index w − 1) at ``context``."""
+        """Estimated step seconds for widths 1..m_max (index w − 1) at ``context``: finite and positive for
+        any table whose seconds lie in :data:`MIN_STEP_SECONDS` .. :data:`MAX_STEP_SECONDS` (every table a
+        cache file or a measurement gives), so :meth:`relative` never divides by zero."""
         tab = self._table_row(context)
         med = {w: statistics.median(t) for w, t in self.seen.items() if len(t) >= self.MIN_SEEN and w <= self.m_max}
         ratios = sorted(v / tab[w - 1] for w, v in med.items())

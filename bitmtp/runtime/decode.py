@@ -141,7 +141,7 @@ class GenerationResult:
     decode_seconds: float
     stats: DecodeStats
     #: per token, the log-probability of the chosen token under the distribution it was chosen from
-    #: (asked for with ``logprobs=True``; see :func:`decode`)
+    #: (asked for with ``logprobs=True``; see :func:`decode`): always finite, ≥ :data:`LOGPROB_FLOOR`
     logprobs: list[float] | None = None
     #: the sampling seed used (None when decoding greedily)
     seed: int | None = None
@@ -150,6 +150,18 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         """Decode throughput: generated tokens after the first, over decode time."""
         return max(len(self.tokens) - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+#: the logprob of a probability that underflowed float32 to 0: log(2^-149), the smallest positive float32
+#: (an upper bound of the true value). The sampler's chosen tokens always have a probability > 0 (the top
+#: score of a finite row gives ≥ 1/V; an inverse-CDF pick lands in a nonempty bin): this is a guard, so that
+#: a logprob is always a finite float (JSON has no -Infinity: the server returns these as they are)
+LOGPROB_FLOOR = math.log(2.0 ** -149)
+
+
+def _logprob(p: float) -> float:
+    """``log(p)`` of a chosen token's probability, finite: :data:`LOGPROB_FLOOR` for 0 (or a NaN)."""
+    return math.log(p) if p > 0 else LOGPROB_FLOOR
 
 
 class _Output:
@@ -171,7 +183,7 @@ class _Output:
             self.tokens.append(int(t))
             taken.append(int(t))
             if self.logprobs is not None and probs is not None:
-                self.logprobs.append(math.log(probs[i]) if probs[i] > 0 else float("-inf"))
+                self.logprobs.append(_logprob(probs[i]))
             if int(t) in self.eos:
                 self.reason = "eos"
             elif len(self.tokens) >= self.max_new:

@@ -1,18 +1,27 @@
 """The OpenAI-compatible FastAPI app: ``GET /v1/models``, ``POST /v1/completions`` and
 ``/v1/chat/completions`` (server-sent events with ``stream: true``), ``GET /health``.
 
-Each request decodes with ``bitmtp.generate`` on a session of a :class:`~bitmtp.serve.pool.SessionPool`
-(its own KV store) in a worker thread, so the event loop keeps answering while tokens are computed;
-a streamed answer's pieces cross to the loop through an ``asyncio.Queue``. A client that goes away
-mid-stream stops its generation after the next piece (the thread closes the stream, which releases
-the KV store). Responses carry bitmtp's decoding stats in the extension field ``"bitmtp"`` and the
-replica that answered in the ``x-bitmtp-replica`` header.
+The event loop only moves bytes and events; every piece of CPU work runs on a thread, so ``/health`` and
+other clients' streams never wait for one request:
+
+- the body is read with a time limit (``body_timeout``: a body cut short is a 408, not a connection held
+  open forever), then decoded, checked and tokenized on a parse thread (``bitmtp.serve.body`` refuses what
+  is not a valid request with a 400: bad UTF-8, lone surrogates, deep nesting, numbers out of range);
+- it decodes with ``bitmtp.generate(..., stream=True)`` on a session of a
+  :class:`~bitmtp.serve.pool.SessionPool` (its own KV store) in a generation thread, streamed or not: the
+  stream's pieces are the steps between which a generation stops when its client has gone (a streamed
+  answer's pieces cross to the loop through an ``asyncio.Queue``; a whole answer is built from the
+  stream's result). While a request is parsed, waits for a KV store or decodes a whole answer, the loop
+  watches its connection (the ASGI ``http.disconnect`` message) and abandons it when the client leaves.
+
+Every JSON body the server writes is JSON (``bitmtp.serve.body.dumps``: a logprob of -inf is ``null``).
+Responses carry bitmtp's decoding stats in the extension field ``"bitmtp"`` and the replica that answered
+in the ``x-bitmtp-replica`` header.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (the request type,
 # imported inside create_app because FastAPI is an optional extra) as objects
 import asyncio
-import json
 import math
 import os
 import socket
@@ -20,13 +29,14 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bitmtp.errors import BitMTPError
+from bitmtp.serve.body import dumps, json_safe, parse_body
 from bitmtp.serve.errors import APIError, from_bitmtp_error
 from bitmtp.serve.params import Request, parse_request
 from bitmtp.serve.pool import QueueFull, SessionPool
@@ -34,6 +44,16 @@ from bitmtp.serve.pool import QueueFull, SessionPool
 #: bitmtp's stop reasons → OpenAI's finish_reason
 FINISH_REASON = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "capacity": "length"}
 REPLICA_HEADER = "x-bitmtp-replica"
+#: seconds a client has to send its whole request body (create_app's default ``body_timeout``)
+BODY_TIMEOUT = 30.0
+#: threads that decode, check and tokenize request bodies: two, so that one prompt of megabytes (seconds
+#: of tokenizing) does not hold up every other request's few microseconds
+PARSE_THREADS = 2
+#: the status of a request whose client left before its answer: nginx's "client closed request". Nobody
+#: receives it; it is what the access log shows
+CLIENT_CLOSED = 499
+
+T = TypeVar("T")
 
 
 def require_serve() -> None:
@@ -49,33 +69,40 @@ def require_serve() -> None:
                           "pip install 'bitmtp[serve]'")
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN / infinity (stats of a generation without iterations) as null: JSON has no NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
+class _ClientGone(Exception):
+    """The client closed its connection before its answer: the request is abandoned."""
 
 
 class _State:
-    """What the routes share: the model, its session pool and the generation threads."""
+    """What the routes share: the model, its session pool, the parse and generation threads, counters."""
 
     def __init__(self, model_or_loader: Any, model_name: str | None, sessions: int, queue_size: int,
-                 replica_id: str | Callable[[], str] | None):
+                 replica_id: str | Callable[[], str] | None, body_timeout: float | None):
         self.source = model_or_loader
         self.model: Any = None
         self.model_name = model_name
         self.sessions, self.queue_size = sessions, queue_size
+        self.body_timeout = body_timeout
         self._replica_id = replica_id
         self.replica = ""
         self.pool: SessionPool | None = None
         self.executor: ThreadPoolExecutor | None = None
+        self.parse_executor: ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        #: set at shutdown: streams in flight stop after their next piece (the process can exit)
+        #: set at shutdown: generations in flight stop after their next piece (the process can exit)
         self.stopping = threading.Event()
+        # the counters below change on the parse and generation threads too
+        self._lock = threading.Lock()
+        #: requests being decoded, checked and tokenized now (bounded: one more is a 429)
+        self.parsing = 0
+        #: decoding steps run, over all requests (each piece of text a generation commits: the steps
+        #: between which a generation can stop), and requests abandoned because their client left
+        self.steps = 0
+        self.cancelled = 0
+
+    def count(self, name: str, delta: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + delta)
 
     async def start(self) -> None:
         from bitmtp.api import BitMTPModel
@@ -96,12 +123,14 @@ class _State:
         self.pool = SessionPool(model, self.sessions, self.queue_size)
         # one thread per session: a generation never waits for a thread, only for a session
         self.executor = ThreadPoolExecutor(max_workers=self.sessions, thread_name_prefix="bitmtp-serve")
+        self.parse_executor = ThreadPoolExecutor(max_workers=PARSE_THREADS, thread_name_prefix="bitmtp-parse")
         self.model = model
 
     def stop(self) -> None:
         self.stopping.set()
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+        for executor in (self.executor, self.parse_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     def ready(self) -> SessionPool:
         if self.pool is None:
@@ -111,26 +140,36 @@ class _State:
         return self.pool
 
 
+def _parse(raw: bytes, chat: bool, model: Any, model_name: str) -> Request:
+    """A request body → a checked :class:`Request`, on a parse thread: JSON decoding, the checks and the
+    tokenizer (seconds for a prompt of megabytes) stay off the event loop."""
+    return parse_request(parse_body(raw), chat=chat, model=model, model_name=model_name)
+
+
 def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None],
          cancelled: threading.Event) -> None:
     """A generation thread: ``bitmtp.generate`` on ``session``, reporting through ``emit``:
     ``("start", None)`` once the arguments are accepted, then (streamed) ``("piece", text)``…, and
-    ``("done", GenerateOutput)`` or ``("error", exception)``. Always hands the session back."""
+    ``("done", GenerateOutput)`` or ``("error", exception)``; nothing more once ``cancelled`` is set (the
+    client left) or the server stops. Always hands the session back."""
     import bitmtp
 
     stream = None
     try:
         try:
-            if not req.stream:
-                out = bitmtp.generate(session, input_ids=req.input_ids, **req.kwargs)
-                emit(("done", out))
+            if cancelled.is_set():  # the client left while this thread was being scheduled: no prefill
                 return
+            # a stream even for an answer sent whole: its pieces are the steps between which the generation
+            # of a client that left stops (one bitmtp.generate call would run to max_tokens); its result is
+            # the GenerateOutput the call without stream returns
             stream = bitmtp.generate(session, input_ids=req.input_ids, stream=True, **req.kwargs)
             emit(("start", None))
             for piece in stream:
+                state.count("steps")
                 if cancelled.is_set() or state.stopping.is_set():  # the client went away, or the server stops
                     return
-                emit(("piece", piece))
+                if req.stream:
+                    emit(("piece", piece))
             emit(("done", stream.result))
         except Exception as exc:  # noqa: BLE001 - reported to the request (a BitMTPError is its 400)
             emit(("error", exc))
@@ -182,13 +221,61 @@ def _usage(out: Any) -> dict[str, int]:
 def _extension(state: _State, out: Any) -> dict[str, Any]:
     """The ``"bitmtp"`` field: which replica answered, why it stopped, the sampling seed (given or drawn:
     send it back to reproduce the text), timings and the decoding stats."""
-    return _json_safe({"replica": state.replica, "stop_reason": out.stop_reason, "seed": getattr(out, "seed", None),
+    return json_safe({"replica": state.replica, "stop_reason": out.stop_reason, "seed": getattr(out, "seed", None),
                        "prefill_seconds": out.prefill_seconds, "decode_seconds": out.decode_seconds,
                        "tokens_per_second": out.tokens_per_second, "stats": out.stats.as_dict()})
 
 
+async def _wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Return once the client has closed its connection: after the body, all an ASGI server sends on
+    ``receive`` is ``http.disconnect``."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - a receive channel that fails is a connection that is gone
+        return
+
+
+async def _unless_gone(aw: Awaitable[T], gone: asyncio.Future) -> T:
+    """``await aw``, or :class:`_ClientGone` (``aw`` cancelled) as soon as ``gone`` is done first."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise _ClientGone
+
+
+class _ReplicaHeader:
+    """ASGI middleware: ``x-bitmtp-replica`` on every response. Plain ASGI rather than Starlette's
+    BaseHTTPMiddleware, which wraps ``receive`` and would hide a client's disconnect from the routes."""
+
+    def __init__(self, app: Any, state: _State):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        name = REPLICA_HEADER.encode("ascii")
+
+        async def send_with_header(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == name for k, _ in headers):
+                    headers.append((name, self.state.replica.encode("latin-1", "replace")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
 def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions: int = 1, queue_size: int = 16,
-               replica_id: str | Callable[[], str] | None = None) -> Any:
+               replica_id: str | Callable[[], str] | None = None, body_timeout: float | None = BODY_TIMEOUT) -> Any:
     """An OpenAI-compatible FastAPI app serving one model.
 
     Args:
@@ -200,6 +287,9 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         queue_size: requests that may wait for a KV store; one more gets 429.
         replica_id: the name this app reports in the ``x-bitmtp-replica`` header and the ``"bitmtp"``
             extension field, or a function giving it at startup (default ``host:pid``).
+        body_timeout: seconds a client has to send its whole request body; a body cut short (fewer bytes
+            than its Content-Length, or a chunked body never ended) is then answered 408 and the connection
+            closed. None: no limit.
 
     Returns:
         a ``fastapi.FastAPI`` app; run it with uvicorn (``python -m bitmtp serve``) or
@@ -207,18 +297,29 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
 
     Raises:
         BitMTPError: FastAPI or uvicorn is not installed (``pip install 'bitmtp[serve]'``), or a bad
-        ``sessions`` / ``queue_size``.
+        ``sessions`` / ``queue_size`` / ``body_timeout``.
     """
     require_serve()
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     for name, value, lo in (("sessions", sessions, 1), ("queue_size", queue_size, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise BitMTPError(f"{name}: must be an integer >= {lo}, got {value!r}")
-    state = _State(model_or_loader, model_name, sessions, queue_size, replica_id)
+    if body_timeout is not None and (isinstance(body_timeout, bool) or not isinstance(body_timeout, (int, float))
+                                     or not math.isfinite(body_timeout) or body_timeout <= 0):
+        raise BitMTPError(f"body_timeout: must be a finite number of seconds > 0 (or None: no limit), got "
+                          f"{body_timeout!r}")
+    state = _State(model_or_loader, model_name, sessions, queue_size, replica_id, body_timeout)
+
+    class SafeJSONResponse(JSONResponse):
+        """JSON that is always JSON: NaN / infinity as null (see bitmtp.serve.body.dumps)."""
+
+        def render(self, content: Any) -> bytes:
+            return dumps(content).encode("utf-8")
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -229,42 +330,40 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         finally:
             state.stop()
 
-    app = FastAPI(title="bitmtp", description="OpenAI-compatible API over bitmtp.generate", lifespan=lifespan)
+    app = FastAPI(title="bitmtp", description="OpenAI-compatible API over bitmtp.generate", lifespan=lifespan,
+                  default_response_class=SafeJSONResponse)
     app.state.bitmtp = state
+    app.add_middleware(_ReplicaHeader, state=state)
 
-    def error_response(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status, headers={REPLICA_HEADER: state.replica})
+    def error_response(err: APIError) -> SafeJSONResponse:
+        return SafeJSONResponse(err.body(), status_code=err.status,
+                                headers={**err.headers, REPLICA_HEADER: state.replica})
 
     @app.exception_handler(APIError)
-    async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
+    async def _api_error(request: HTTPRequest, exc: APIError) -> SafeJSONResponse:
         return error_response(exc)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(request: HTTPRequest, exc: HTTPException) -> JSONResponse:
+    async def _http_error(request: HTTPRequest, exc: HTTPException) -> SafeJSONResponse:
         # unknown paths and methods: OpenAI-style too, so clients parse every error the same way
         return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
                                        type="invalid_request_error", code="not_found" if exc.status_code == 404
-                                       else None))
+                                       else None, headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
-    async def _bug(request: HTTPRequest, exc: Exception) -> JSONResponse:
+    async def _bug(request: HTTPRequest, exc: Exception) -> SafeJSONResponse:
         # anything else is a bug in bitmtp: still an OpenAI-style body, and the server keeps serving
         return error_response(_error_of(exc, chat=False))
 
-    @app.middleware("http")
-    async def _replica_header(request: HTTPRequest, call_next: Any) -> Any:
-        response = await call_next(request)
-        response.headers[REPLICA_HEADER] = state.replica
-        return response
-
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health() -> SafeJSONResponse:
         pool = state.pool
         if pool is None:
-            return JSONResponse({"status": "loading", "replica": state.replica}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.model_name, "replica": state.replica,
-                             "sessions": len(pool.sessions), "busy": pool.busy, "waiting": pool.waiting,
-                             "queue_size": pool.queue_size})
+            return SafeJSONResponse({"status": "loading", "replica": state.replica}, status_code=503)
+        return SafeJSONResponse({"status": "ok", "model": state.model_name, "replica": state.replica,
+                                 "sessions": len(pool.sessions), "busy": pool.busy, "waiting": pool.waiting,
+                                 "queue_size": pool.queue_size, "parsing": state.parsing, "steps": state.steps,
+                                 "cancelled": state.cancelled})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -272,19 +371,52 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0,
                                             "owned_by": "bitmtp"}]}
 
-    async def body_of(request: HTTPRequest) -> Any:
-        raw = await request.body()
+    async def read_body(request: HTTPRequest) -> bytes:
+        """The whole body, within ``body_timeout`` seconds: 408 (and the connection closed: what is left of
+        the body will not be read) for a client that promised more than it sends."""
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+            return await asyncio.wait_for(request.body(), state.body_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {state.body_timeout:g} s (fewer bytes than "
+                                "its Content-Length, or a chunked body never ended); send the whole body at once",
+                           code="request_timeout", headers={"connection": "close"}) from None
+        except ClientDisconnect:
+            raise _ClientGone from None
+
+    def parse_off_loop(raw: bytes, chat: bool) -> Awaitable[Request]:
+        """:func:`_parse` on a parse thread; at most ``sessions + queue_size`` requests (or
+        :data:`PARSE_THREADS`) are parsed or wait for a parse thread at once, one more is a 429."""
+        limit = max(state.sessions + state.queue_size, PARSE_THREADS)
+        with state._lock:
+            if state.parsing >= limit:
+                raise APIError(429, f"queue: {state.parsing} requests are being read and tokenized already; retry "
+                                    "later (or serve with more --sessions / a longer --queue-size)",
+                               code="queue_full")
+            state.parsing += 1
+        future: Future = state.parse_executor.submit(_parse, raw, chat, state.model, state.model_name)
+        # counted until the thread is done with it, even when its client left and nobody awaits it any more
+        future.add_done_callback(lambda _: state.count("parsing", -1))
+        return asyncio.wrap_future(future)
 
     async def complete(request: HTTPRequest, chat: bool) -> Any:
         pool = state.ready()
-        body = await body_of(request)
-        req = parse_request(body, chat=chat, model=state.model, model_name=state.model_name)
         try:
-            session = await pool.acquire()
+            raw = await read_body(request)
+            gone = asyncio.ensure_future(_wait_disconnect(request.receive))
+            try:
+                return await answer(request, raw, chat, pool, gone)
+            finally:
+                gone.cancel()  # a streamed answer: StreamingResponse listens for the disconnect from here on
+        except _ClientGone:
+            state.count("cancelled")
+            return Response(status_code=CLIENT_CLOSED)
+
+    async def answer(request: HTTPRequest, raw: bytes, chat: bool, pool: SessionPool, gone: asyncio.Future) -> Any:
+        """The response to a request whose body is ``raw``; :class:`_ClientGone` once ``gone`` is done (the
+        client left) while it is parsed, waits for a KV store or is decoded whole."""
+        req = await _unless_gone(parse_off_loop(raw, chat), gone)
+        try:
+            session = await _unless_gone(pool.acquire(), gone)
         except QueueFull as exc:
             raise APIError(429, str(exc), code="queue_full") from None
         loop = asyncio.get_running_loop()
@@ -299,8 +431,10 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
 
         state.executor.submit(_run, state, session, req, emit, cancelled)
         try:
-            kind, payload = await events.get()
-        except BaseException:  # cancelled before the answer started: stop the generation too
+            kind, payload = await _unless_gone(events.get(), gone)
+            if kind == "start" and not req.stream:  # a whole answer: wait for its end, watching the client
+                kind, payload = await _unless_gone(events.get(), gone)
+        except BaseException:  # the client left (or the request was cancelled): stop the generation at its next step
             cancelled.set()
             raise
         if kind == "error":
@@ -308,7 +442,7 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:
-            return JSONResponse(_full_response(state, req, payload, rid, created))
+            return SafeJSONResponse(_full_response(state, req, payload, rid, created))
         body = _sse(state, req, events, cancelled, rid, created)
         # a body never started (the client left before the first byte) runs no `finally`: stop the thread when
         # the generator object is dropped instead
@@ -350,11 +484,12 @@ async def _sse(state: _State, req: Request, events: asyncio.Queue, cancelled: th
                                                        **choice}], **extra}
         if req.include_usage and "usage" not in body:
             body["usage"] = None
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return f"data: {dumps(body)}\n\n"
 
     def piece(text: str) -> dict[str, Any]:
         return {"delta": {"content": text}} if req.chat else {"text": text}
 
+    finished = False
     try:
         if req.chat:
             yield chunk({"delta": {"role": "assistant", "content": ""}})
@@ -373,8 +508,11 @@ async def _sse(state: _State, req: Request, events: asyncio.Queue, cancelled: th
                     yield chunk(None, usage=_usage(out))
                 break
             else:  # an error after the response started: an error event, then the end
-                yield f"data: {json.dumps(_error_of(payload, chat=req.chat).body(), ensure_ascii=False)}\n\n"
+                yield f"data: {dumps(_error_of(payload, chat=req.chat).body())}\n\n"
                 break
         yield "data: [DONE]\n\n"
+        finished = True
     finally:
         cancelled.set()  # a client that went away: the thread stops after its next piece
+        if not finished:
+            state.count("cancelled")

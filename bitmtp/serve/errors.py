@@ -13,13 +13,15 @@ _PARAM_OF = {"max_new_tokens": "max_tokens", "input_ids": "prompt", "prompt": "p
 
 class APIError(BitMTPError):
     """An error answered as OpenAI error JSON with ``status`` (400 bad parameter, 404 unknown model,
-    429 queue full, 503 still loading, 500 a bug). ``param`` names the request field at fault."""
+    408 body not received in time, 429 queue full, 503 still loading, 500 a bug). ``param`` names the
+    request field at fault; ``headers`` are added to the response (e.g. ``connection: close``)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {400: "invalid_request_error", 404: "invalid_request_error",
+        self.headers = dict(headers or {})
+        self.type = type or {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
                              429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
 
     def body(self) -> dict[str, Any]:

@@ -11,12 +11,14 @@ store for chat. Every check fails with a 400 whose message starts with the field
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bitmtp.errors import BitMTPError
+from bitmtp.serve.body import quote
 from bitmtp.serve.errors import APIError, bad_request
 
 #: OpenAI name → (``generate`` keyword, JSON type). Extensions beyond OpenAI's API: top_k, min_p,
@@ -40,6 +42,20 @@ _UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "suffix": None, "logit_bias
 _CHAT_ROLES = {"system", "developer", "user", "assistant"}
 #: completions' default max_tokens (OpenAI's)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@functools.cache
+def _refused_by_tokenizer() -> tuple[type[BaseException], ...]:
+    """What a tokenizer or chat template raises for input it will not take: the ``tokenizers`` library's
+    TypeError / ValueError, a UnicodeError, and jinja2's TemplateError (a template's raise_exception)."""
+    kinds: list[type[BaseException]] = [TypeError, ValueError, UnicodeError]
+    try:
+        from jinja2.exceptions import TemplateError
+    except ImportError:
+        pass
+    else:
+        kinds.append(TemplateError)
+    return tuple(kinds)
 
 
 @dataclass
@@ -166,7 +182,7 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         role = msg.get("role")
         if role not in _CHAT_ROLES:
             raise bad_request("messages", f"message {i}: role must be one of {', '.join(sorted(_CHAT_ROLES))}, "
-                                          f"got {role!r}")
+                                          f"got {quote(repr(role))}")
         # "developer" is OpenAI's newer name for the system turn; chat templates know "system"
         out.append({"role": "system" if role == "developer" else role, "content": _content(i, msg)})
     return out
@@ -201,12 +217,13 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
     if name is not None and not isinstance(name, str):
         raise bad_request("model", f"expected a string, got {_kind(name)}")
     if name is not None and name != model_name:
-        raise APIError(404, f"model: {name!r} does not exist; this server serves {model_name!r} (GET /v1/models)",
+        raise APIError(404, f"model: {quote(repr(name))} does not exist; this server serves {model_name!r} (GET "
+                            "/v1/models)",
                        param="model", code="model_not_found")
     for key, neutral in _UNSUPPORTED.items():
         value = body.get(key)
         if value is not None and value != neutral and not (key == "logit_bias" and value == {}):
-            raise bad_request(key, f"not supported by bitmtp (got {value!r}); leave it out")
+            raise bad_request(key, f"not supported by bitmtp (got {quote(repr(value))}); leave it out")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -223,12 +240,18 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
         if not isinstance(include_usage, bool):
             raise bad_request("stream_options", f"include_usage: expected a boolean, got {_kind(include_usage)}")
     kwargs, logprobs = sampling_kwargs(body, chat=chat)
+    field_name = "messages" if chat else "prompt"
     try:
         ids = model.encode(_messages(body)) if chat else _prompt_ids(model, body)
     except APIError:
         raise
-    except BitMTPError as exc:  # e.g. a tokenizer-less model, a chat template that refuses the turns
-        raise bad_request("messages" if chat else "prompt", str(exc).removeprefix("prompt: ")) from None
+    except BitMTPError as exc:  # e.g. a tokenizer-less model, messages that encode() refuses
+        raise bad_request(field_name, str(exc).removeprefix("prompt: ")) from None
+    except _refused_by_tokenizer() as exc:  # evaluated only when encoding raised: jinja2 imported lazily
+        # the client's text or turns, refused by the tokenizer (text it cannot take) or by the chat template
+        # (its raise_exception, e.g. roles that do not alternate): the request's fault, not the server's
+        raise bad_request(field_name, f"the model's tokenizer or chat template refused it ({type(exc).__name__}: "
+                                      f"{quote(str(exc))})") from None
     kwargs["max_new_tokens"] = _max_tokens(body, chat=chat, prompt_tokens=len(ids), capacity=model.engine.capacity)
     return Request(chat=chat, input_ids=ids, kwargs=kwargs, stream=stream, include_usage=include_usage,
                    logprobs=logprobs, model=name)

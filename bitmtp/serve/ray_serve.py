@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bitmtp.errors import BitMTPError
+from bitmtp.serve.app import BODY_TIMEOUT
 
 
 def require_ray() -> None:
@@ -44,7 +45,8 @@ def _replica_id() -> str:
 
 def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = None, sessions: int = 1,
             queue_size: int = 16, load_kwargs: dict[str, Any] | None = None,
-            ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp") -> Any:
+            ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp",
+            body_timeout: float | None = BODY_TIMEOUT) -> Any:
     """A Ray Serve application serving ``model`` from ``replicas`` replicas.
 
     Args:
@@ -56,6 +58,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             most ``sessions + queue_size`` requests at once and queues the rest itself.
         ray_actor_options: Ray resources per replica (default ``{"num_cpus": 1}``).
         deployment_name: the deployment's name in Ray Serve.
+        body_timeout: as :func:`bitmtp.serve.create_app`'s (seconds a request body may take to arrive).
 
     Returns:
         a ``ray.serve.Application``: ``serve.run(ray_app(...), route_prefix="/")`` serves it.
@@ -83,7 +86,8 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
 
             return bitmtp.load(source, **kwargs)
 
-        return create_app(load, model_name=name, sessions=sessions, queue_size=queue_size, replica_id=_replica_id)
+        return create_app(load, model_name=name, sessions=sessions, queue_size=queue_size, replica_id=_replica_id,
+                          body_timeout=body_timeout)
 
     deployment = serve.deployment(serve.ingress(build)(), name=deployment_name, num_replicas=replicas,
                                   max_ongoing_requests=sessions + queue_size,

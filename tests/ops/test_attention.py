@@ -260,3 +260,139 @@ def test_cpu_rows_independent_of_width_wide_steps(m, h, kvh, d, length, rng):
             for a, b in ((0, 1), (1, 4), (5, 21), (m - 3, m)):
                 part = attention(q[a:b], k, v, mask[a:b], 0.3, backend="cpu")
                 assert torch.equal(part, together[a:b]), (isa, a, b)
+
+
+# --- edges: no query rows, fully masked rows (issue 42) ----------------------------------------------------
+# Definition (bitmtp.ops.reference.attention_reference): a query row whose mask allows no KV row outputs
+# zeros on every head (every row when L = 0); M = 0 gives an empty [0, H, D] output. Every backend agrees.
+
+
+def _backend_variants() -> list:
+    """Each backend available here; the cpu backend once per ISA path (each is its own compiled loop)."""
+    out = [b for b in BACKENDS if b != "cpu"]
+    if "cpu" in BACKENDS:
+        from bitmtp.ops.backends import cpu_backend
+
+        out += [f"cpu:{isa}" for isa in cpu_backend.supported_isas()]
+    return out
+
+
+VARIANTS = _backend_variants()
+
+
+def _run(variant: str, q, k, v, mask, scale):
+    if variant.startswith("cpu:"):
+        from bitmtp.ops.backends import cpu_backend
+
+        with cpu_backend.forced_isa(variant.split(":")[1]):
+            return attention(q, k, v, mask, scale, backend="cpu")
+    return attention(q, k, v, mask, scale, backend=variant)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Outputs the backends allocate start as NaN, so an element a kernel leaves unwritten shows."""
+    real_like, real_empty = torch.empty_like, torch.empty
+
+    def like(t, *a, **kw):
+        out = real_like(t, *a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    def empty(*a, **kw):
+        out = real_empty(*a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty_like", like)
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+# the Triton interpreter (numpy) divides 0 by 0 in a fully masked row before the backend zeroes it: expected
+IGNORE_INVALID = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+@IGNORE_INVALID
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", (torch.float32, torch.float16))
+@pytest.mark.parametrize("m,h,kvh,d,length", [(1, 4, 2, 16, 9), (5, 6, 2, 24, 200), (7, 9, 3, 70, 300),
+                                               (3, 5, 5, 5, 1)])
+def test_fully_masked_rows_are_zeros_and_leave_other_rows_alone(variant, kv_dtype, m, h, kvh, d, length, rng,
+                                                                poisoned_outputs):
+    """Rows that see no KV row output exact zeros (finite, not NaN) on every backend and ISA path; the
+    other rows are bit for bit what they are when no row is fully masked (the same call with the blank
+    rows given a visible KV row), and within 1e-5 of an independent float64 computation. KV rows that no
+    row sees hold NaN/Inf: a blank row must not read them."""
+    if variant == "triton":  # the interpreter runs one Python program per (row, head): 2 heads there
+        h, kvh = 2, 1
+    s = length + 5
+    q = torch.randn(m, h, d, generator=rng)
+    k = torch.randn(kvh, s, d, generator=rng).to(kv_dtype)
+    v = torch.randn(kvh, s, d, generator=rng).to(kv_dtype)
+    mask = torch.rand(m, length, generator=rng) < 0.4
+    mask[torch.arange(m), torch.randint(0, length, (m,), generator=rng)] = True
+    blank = torch.zeros(m, dtype=torch.bool)
+    blank[torch.randint(0, m, (max(1, m // 2),), generator=rng)] = True  # the first or last row too, at times
+    filled = mask.clone()
+    mask[blank] = False
+    hidden = ~mask.any(0)
+    k[:, :length][:, hidden] = float("nan")
+    v[:, :length][:, hidden] = float("inf")
+    k[:, length:], v[:, length:] = float("nan"), float("-inf")
+    # the comparison run: blank rows see one KV row that some kept row sees (so it holds real data)
+    seen_by_kept = mask[~blank].any(0) if (~blank).any() else torch.zeros(length, dtype=torch.bool)
+    filled[blank] = False
+    if seen_by_kept.any():
+        filled[blank, int(seen_by_kept.nonzero()[0])] = True
+    scale = d**-0.5
+    out = _run(variant, q, k, v, mask, scale)
+    assert out.shape == (m, h, d) and out.dtype == q.dtype
+    assert torch.equal(out[blank], torch.zeros_like(out[blank])), "a fully masked row is not zeros"
+    keep = ~blank
+    if keep.any():
+        assert torch.isfinite(out[keep]).all()
+        assert torch.equal(out[keep], _run(variant, q, k, v, filled, scale)[keep])
+        g = h // kvh
+        for i in keep.nonzero()[:, 0].tolist():
+            idx = mask[i].nonzero()[:, 0]
+            for j in range(h):
+                sc = (k[j // g, idx].double() @ q[i, j].double()) * scale
+                want = torch.softmax(sc, 0) @ v[j // g, idx].double()
+                assert (out[i, j].double() - want).abs().max().item() <= 1e-5, (i, j)
+
+
+@IGNORE_INVALID
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_row_fully_masked_and_empty_segment(variant, rng, poisoned_outputs):
+    """A mask with no True (and one with no columns, L = 0, over an empty or a full KV store): all zeros."""
+    m, h, kvh, d = 4, 6, 3, 20
+    q = torch.randn(m, h, d, generator=rng)
+    for s in (0, 11):
+        k, v = torch.full((kvh, s, d), float("nan")), torch.full((kvh, s, d), float("nan"))
+        for length in {0, min(s, 7)}:
+            out = _run(variant, q, k, v, torch.zeros(m, length, dtype=torch.bool), 0.3)
+            assert out.shape == (m, h, d) and torch.equal(out, torch.zeros(m, h, d)), (s, length)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("h,kvh,d,length", [(4, 2, 16, 9), (9, 3, 70, 0), (6, 6, 5, 300)])
+def test_no_query_rows_give_an_empty_output(variant, h, kvh, d, length, rng, poisoned_outputs):
+    """M = 0 (no query rows): an empty [0, H, D] output of q's dtype on every backend (the cpu kernel
+    refused it with a raw ValueError)."""
+    q = torch.randn(0, h, d, generator=rng)
+    k, v = torch.randn(kvh, length + 3, d, generator=rng), torch.randn(kvh, length + 3, d, generator=rng)
+    out = _run(variant, q, k, v, torch.zeros(0, length, dtype=torch.bool), d**-0.5)
+    assert out.shape == (0, h, d) and out.dtype == q.dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_kv_heads_and_a_non_tensor_mask_are_refused(backend, rng):
+    """K/V without a KV head cannot serve any query head: a ShapeError naming k (it was a
+    ZeroDivisionError); a mask that is not a tensor: a DTypeError naming mask (it was an AttributeError)."""
+    from bitmtp.errors import DTypeError
+
+    q = torch.randn(3, 4, 8, generator=rng)
+    empty = torch.randn(0, 5, 8, generator=rng)
+    with pytest.raises(ShapeError, match=r"k: has no KV heads"):
+        attention(q, empty, empty, torch.ones(3, 5, dtype=torch.bool), 0.3, backend=backend)
+    k = torch.randn(2, 5, 8, generator=rng)
+    with pytest.raises(DTypeError, match="mask"):
+        attention(q, k, k, [[True] * 5] * 3, 0.3, backend=backend)

@@ -190,6 +190,13 @@ def test_dict_round_trip():
     (lambda d: d["seconds"][0].__setitem__(0, "1e-3"), "seconds"),
     (lambda d: d.update(seconds=[d["seconds"][0], [s / 10 for s in d["seconds"][0]]]), "less than half"),
     (lambda d: d.update(key=[1]), "key"),
+    # finite but outside a step's physical range (1 ns .. 1 hour): 1e308 overflowed the extrapolation to inf,
+    # then NaN, then a ZeroDivisionError in LiveCosts.relative; 5e-324 divides to inf
+    (lambda d: d["seconds"][1].__setitem__(3, 1e308), r"seconds\[1\]\[3\].*between"),
+    (lambda d: d["seconds"][0].__setitem__(0, 5e-324), r"seconds\[0\]\[0\].*between"),
+    (lambda d: d["seconds"][0].__setitem__(0, 1e-10), "1 ns"),
+    (lambda d: d["seconds"][1].__setitem__(3, 3601.0), "1 hour"),
+    (lambda d: d.update(seconds=[[1.7e308] * 4, [1.7e308] * 4]), "between"),  # each finite, sums overflow
 ])
 def test_from_dict_rejects(bad, why):
     d = synthetic({"a": 1}).as_dict()
@@ -335,6 +342,12 @@ def _corrupt(kind: str, text: str) -> str:
         d["seconds"][-1][-1] = -0.01
     elif kind == "zero":
         d["seconds"][0][0] = 0.0
+    elif kind == "huge":  # the reported case: finite, absurd
+        d["seconds"] = [[1e308] * len(r) for r in d["seconds"]]
+    elif kind == "subnormal":
+        d["seconds"][0][0] = 5e-324
+    elif kind == "overflowing":  # each value finite, differences and extrapolations overflow
+        d["seconds"][-1] = [1.7976e308] * len(d["seconds"][-1])
     elif kind == "missing widths":  # drops widths above 4: the table no longer covers m_max
         d["widths"] = d["widths"][:4]
         d["seconds"] = [r[:4] for r in d["seconds"]]
@@ -346,7 +359,7 @@ def _corrupt(kind: str, text: str) -> str:
 
 
 @pytest.mark.parametrize("kind", ["not json", "truncated", "binary", "schema", "key", "nan", "negative", "zero",
-                                  "missing widths", "missing field", "list"])
+                                  "huge", "subnormal", "overflowing", "missing widths", "missing field", "list"])
 def test_untrusted_cache_is_rebuilt(engine, fake_measure, caplog, kind):
     cal.load_cost_table(engine)
     path = cal.cache_path(cal.calibration_key(engine))
@@ -455,6 +468,102 @@ def test_live_costs_of_off_row_drafts():
     live.observe_drafts(1, 1, 0.005, 128)  # faster than the rows alone (noise): counts as free, not negative
     assert live.draft_cost(0.3) == pytest.approx(0.2)  # median of 0.2, 0.2, 0.3, 0.0
     assert live.relative(128)[3] == pytest.approx(2.0)  # the rows' costs are not touched
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_live_costs_finite_at_the_edges_of_the_accepted_range(seed):
+    """Any table from_dict accepts, at any context up to far beyond its last one, with any observations
+    (none, only wide steps, a 0 s timer delta, an hour-long stall): the relative costs AutoPlanner divides by
+    are finite, >= 1 and non-decreasing in width, and the planner plans without raising. Before the range
+    check, a 1e308 table at context 1500 raised ZeroDivisionError here."""
+    from bitmtp.decoding.auto import AutoPlanner
+    from bitmtp.decoding.lookup import LookupIndex
+    from bitmtp.decoding.onepass import PassContext
+
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = cal.MIN_STEP_SECONDS, cal.MAX_STEP_SECONDS
+    widths, contexts = (1, 2, 3, 5, 8), (7, 9, 300)  # awkward: two close contexts make a steep extrapolation
+    edge = [lo, hi, lo * (1 + torch.rand(1, generator=g).item()), hi * torch.rand(1, generator=g).item()]
+    rows = [[edge[int(torch.randint(0, 4, (1,), generator=g))] for _ in widths] for _ in contexts]
+    for ci in range(len(rows)):  # make it monotone in context (from_dict's own rule) by a running maximum
+        rows[ci] = [max(v, rows[ci - 1][wi]) if ci else v for wi, v in enumerate(rows[ci])]
+    table = CostTable.from_dict({"schema": cal.SCHEMA_VERSION, "widths": list(widths), "contexts": list(contexts),
+                                 "seconds": rows, "key": {}})
+    live = cal.LiveCosts(table, 8)
+    planner = AutoPlanner({})
+    for observations in ([], [(8, 0.01)] * 3, [(2, 0.0)] * 3, [(1, 1e9)] * 3 + [(4, lo)] * 3):
+        for w, t in observations:
+            live.observe(w, t)
+        live.observe_drafts(2, 3, 0.0, 1500)
+        for context in (0, 8, 1500, 10**6):
+            rel = live.relative(context)
+            assert all(math.isfinite(v) for v in rel) and rel[1] == 1.0, (context, rel)
+            assert all(b >= a for a, b in zip(rel[1:], rel[2:], strict=False)), (context, rel)
+            assert math.isfinite(live.draft_cost(0.3)) and live.draft_cost(0.3) >= 0.0
+            tokens = torch.randint(3, 9, (13,), generator=g).tolist()
+            ctx = PassContext(LookupIndex(tokens), n=len(tokens), block=8, max_width=8, lookup=object(),
+                              costs=rel)
+            assert planner.plan(ctx).width <= 8
+
+
+def test_planner_survives_costs_outside_the_range():
+    """Costs a caller hands the planner itself (not through LiveCosts) that are 0, inf or NaN make that
+    width unaffordable: no ZeroDivisionError, and a plan of an affordable width."""
+    from bitmtp.decoding.auto import AutoPlanner
+    from bitmtp.decoding.lookup import LookupIndex
+    from bitmtp.decoding.onepass import PassContext
+
+    tokens = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    for bad in (0.0, math.inf, math.nan):
+        for costs in ([0.0, bad] + [1.0] * 8, [0.0, 1.0] + [bad] * 8, [0.0] + [bad] * 9):
+            ctx = PassContext(LookupIndex(tokens), n=len(tokens), block=8, max_width=8, lookup=object(),
+                              costs=costs)
+            plan = AutoPlanner({}).plan(ctx)
+            assert plan.width <= 8
+            if costs[2] != 1.0:  # every guess width unaffordable: AR
+                assert not plan.guesses
+
+
+def _write_absurd_cache(engine) -> object:
+    """The reported cache: costs huge but finite, contexts short so that a long prompt extrapolates."""
+    key = cal.calibration_key(engine)
+    path = cal.cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    widths = list(range(1, M_MAX + 1))
+    path.write_text(json.dumps({"schema": cal.SCHEMA_VERSION, "widths": widths, "contexts": [8, 16],
+                                "seconds": [[1e308] * M_MAX, [1.7e308] * M_MAX], "key": key}), encoding="utf-8")
+    return path
+
+
+def test_absurd_cache_on_a_long_prompt_is_rejected_and_decodes_like_ar(model, engine, fake_measure, caplog):
+    """The reported case (a 1e308 cache, a prompt far beyond its contexts: ZeroDivisionError): the file is
+    rejected on load with a warning naming it, the field and the fix; a short generation plans with the prior
+    costs, a long one re-measures and rewrites it; both give AR's tokens."""
+    from bitmtp.runtime.decode import CALIBRATE_MIN_NEW_TOKENS
+
+    path = _write_absurd_cache(engine)
+    g = torch.Generator().manual_seed(1500)
+    ids = torch.randint(3, 95, (CAPACITY - CALIBRATE_MIN_NEW_TOKENS - 17,), generator=g).tolist()
+    for new in (CALIBRATE_MIN_NEW_TOKENS - 1, CALIBRATE_MIN_NEW_TOKENS):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="bitmtp"):
+            out = bitmtp.generate(model, input_ids=ids, max_new_tokens=new, eos_token_id=[], block_size=4)
+        ar = bitmtp.generate(model, input_ids=ids, max_new_tokens=new, policy="ar", eos_token_id=[])
+        assert out.token_ids == ar.token_ids
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "bitmtp"]
+        assert len(warned) == 1 and str(path) in warned[0] and "seconds[0][0]" in warned[0], warned
+        if new < CALIBRATE_MIN_NEW_TOKENS:
+            assert "--calibrate" in warned[0] and "delete" in warned[0] and fake_measure == []
+    assert len(fake_measure) == 1  # the long one re-measured and rewrote the file
+    assert CostTable.from_dict(json.loads(path.read_text())).seconds[0][0] < cal.MAX_STEP_SECONDS
+
+
+def test_measurements_are_stored_inside_the_accepted_range(engine, monkeypatch):
+    """A measured table always loads back: its seconds are clamped into the range from_dict accepts."""
+    monkeypatch.setattr(cal.time, "perf_counter", lambda: 0.0)  # a timer too coarse to see a step: 0 s each
+    t = cal.measure_cost_table(engine, widths=(1, 3), contexts=(5,), repeats=1)
+    assert all(s == cal.MIN_STEP_SECONDS for row in t.seconds for s in row)
+    assert CostTable.from_dict(json.loads(json.dumps(t.as_dict()))) == t
 
 
 def test_short_generations_plan_with_the_prior_and_do_not_measure(model, engine, fake_measure, cache):

@@ -147,7 +147,8 @@ class CpuBackend:
 
     def attention(self, q, k, v, mask, scale):
         """Row-deterministic attention (csrc/cpu/attention.cpp): a row's output depends only on its
-        own query and the KV rows its mask allows, never on the step's width or segment length."""
+        own query and the KV rows its mask allows, never on the step's width or segment length. A row
+        that sees no KV row outputs zeros; M = 0 an empty output (the reference's definition)."""
         half = k.dtype == torch.float16 and v.dtype == torch.float16
         if q.dtype != torch.float32 or not (half or (k.dtype == torch.float32 and v.dtype == torch.float32)):
             # the kernel takes float32 q with float32 or float16 K/V
@@ -155,8 +156,16 @@ class CpuBackend:
         m, h, d = q.shape
         kvh, s_rows, _ = k.shape
         q = q.contiguous()
-        mask_u8 = mask.contiguous().view(torch.uint8)
         out = torch.empty_like(q)
+        # the edges the kernel refuses (it requires M, H, D, L >= 1), defined as on every backend
+        # (reference.attention_reference): no query rows, heads or head dims -> the empty output; no KV
+        # rows in the segment -> every row fully masked -> zeros. A fully masked row inside a segment is
+        # zeros in the kernel itself (attention_body.inc, merge_pair)
+        if out.numel() == 0:
+            return out
+        if mask.shape[1] == 0:
+            return out.zero_()
+        mask_u8 = mask.contiguous().view(torch.uint8)
         self._check("k", k, k.dtype)
         self._check("v", v, v.dtype)
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),

@@ -47,9 +47,18 @@ class TritonBackend:
 
     def attention(self, q, k, v, mask, scale):
         """Row-deterministic attention (triton_kernels/attention.py): one program per (row, head),
-        fixed KV blocks, so a row's output never depends on the step's width or segment."""
+        fixed KV blocks, so a row's output never depends on the step's width or segment. The edges as
+        the reference defines them: M = 0 (or H, D = 0) gives the empty output, a row that sees no KV row
+        (every row when L = 0) zeros."""
         if not (k.is_contiguous() and v.is_contiguous()):
             from bitmtp.errors import LayoutError
 
             raise LayoutError("k/v: KV buffers must be contiguous")
-        return self._kernels.attention_rows(q.contiguous(), k, v, mask.contiguous(), scale)
+        if q.numel() == 0:  # an empty grid: nothing to launch
+            return torch.empty_like(q)
+        if mask.shape[1] == 0:  # no KV rows: every row fully masked
+            return torch.zeros_like(q)
+        out = self._kernels.attention_rows(q.contiguous(), k, v, mask.contiguous(), scale)
+        # the kernel divides by its softmax total, 0 for a fully masked row (0 / 0 = NaN): zeros there, by a
+        # select on the device (no host sync, so CUDA graphs still capture it); other rows keep their bits
+        return out.masked_fill_(~mask.any(dim=1)[:, None, None], 0.0)
