@@ -8,6 +8,7 @@
 // (a worker counts itself in `sleepers_` and then re-reads `generation_`; a caller bumps
 // `generation_` and then reads `sleepers_`): at least one of the two sees the other.
 //
+// Reference: bitmtp.ops.reference.w2a8_linear_q_reference (the regions split rows; results equal it exactly)
 // Test: tests/ops/backends/test_cpu_pool.py
 #include "pool.h"
 

@@ -9,6 +9,7 @@
 // This team spins for a bounded time after each region whoever calls it (pause, then sched_yield so
 // a runnable thread on the same core still runs), then sleeps on a condition variable.
 //
+// Reference: bitmtp.ops.reference.w2a8_linear_q_reference (the regions split rows; results equal it exactly)
 // Test: tests/ops/backends/test_cpu_pool.py
 #pragma once
 
