@@ -14,13 +14,9 @@ import pytest
 
 import bitmtp
 from bitmtp import cli
+from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM
 from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import smollm2_path
-
-NEW = 8
-SYSTEM = "You are a helpful assistant. Answer in one short sentence."
-Q1 = "What is the capital of France?"
-Q2 = "And of Germany?"
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ import pytest
 
 import bitmtp
 from bitmtp import cli
+from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM
 from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import smollm2_path
-from tests.test_cli_serve import NEW, Q1, Q2, SYSTEM  # the chat CLI tests' prompts, defined once
 
 
 @pytest.fixture(scope="module")

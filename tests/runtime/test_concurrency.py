@@ -228,7 +228,7 @@ def test_low_level_steps_refuse_a_held_store(model, jobs):
 
 def test_session_is_refused_for_wgpu_models(model):
     wgpu_like = dataclasses.replace(model, plan=object())
-    with pytest.raises(BitMTPError, match="session: a backend='wgpu' model"):
+    with pytest.raises(BitMTPError, match="session: a runtime='vulkan' model"):
         wgpu_like.session()
 
 

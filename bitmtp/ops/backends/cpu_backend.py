@@ -42,7 +42,7 @@ def _load_extension():
         built = "is not installed" if isinstance(exc, ModuleNotFoundError) else "does not load"
         raise NativeKernelsMissing(
             f"native CPU kernels missing: the extension bitmtp._cpu_w2a8 {built} ({exc}). bitmtp runs on its "
-            f"pure-torch paths instead, {MISSING_COST}. To build them, install a C++ compiler with OpenMP "
+            f"pure-torch paths instead, {MISSING_COST}. To build them, install a C++ compiler "
             "(Debian/Ubuntu: apt install build-essential) and reinstall bitmtp from source (pip install "
             "--force-reinstall --no-binary bitmtp bitmtp; in a checkout: pip install -e . "
             "--no-build-isolation); BITMTP_REQUIRE_CPU_EXT=1 makes a build that skips them fail instead."
@@ -78,7 +78,8 @@ class CpuBackend:
     def availability(self, device: torch.device) -> tuple[bool, str]:
         if device.type != "cpu":
             return False, f"native CPU kernels run on CPU tensors, not {device.type}"
-        return True, f"native kernels, {self.features['best']} path, OpenMP={self.features['openmp']}"
+        return True, (f"native kernels, {self.features['best']} path, "
+                      f"threads: {self.features.get('threading', 'bitmtp pool')}")
 
     def _isa(self) -> int:
         name = _forced[-1] if _forced else os.environ.get(ISA_ENV, "").strip() or None

@@ -273,7 +273,7 @@ def test_runtime_selects_the_step_pool(device_runner):
     assert dev.engine.runtime == "vulkan" and type(dev.engine.pool) is VulkanStepPool
     assert dev.plan.gpu_layers == list(range(dev.args.num_layers))
     assert _gen(dev, "ar").token_ids == _gen(torch_model, "ar").token_ids
-    with pytest.raises(BitMTPError, match="session: a backend='wgpu' model"):  # unchanged
+    with pytest.raises(BitMTPError, match="session: a runtime='vulkan' model"):  # unchanged
         dev.session()
     for bad in ("wgpu", "Vulkan", "cuda", None, 1):
         with pytest.raises(BitMTPError, match=r"runtime: expected one of 'torch', 'vulkan'.*got"):
