@@ -47,11 +47,11 @@ from bitmtp.decoding.onepass import tree_layout
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import DraftHeads, MaskBlock
 from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.ops.choose import argmax_prob
 
 
 def _argmax_prob(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    prob, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-    return tok, prob
+    return argmax_prob(logits.float())
 
 
 def _choose(runner, logits: torch.Tensor, positions: torch.Tensor, ar_rows: int = 0) -> tuple[torch.Tensor,

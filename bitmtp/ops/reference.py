@@ -95,6 +95,15 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     return torch.where(mask.any(dim=1)[:, None, None], out, 0.0)
 
 
+def argmax_prob_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax and softmax probability, ``(tok int64[M], prob float32[M])``: the float32
+    ``softmax(logits).max(-1)`` every step used before the CPU kernel (and still runs on GPUs, where it is
+    two kernels). csrc/cpu/argmax_prob.h picks the first index of the logits' max and is compared to a
+    float64 evaluation of ``1 / sum(exp(x - max))`` (tests/ops/test_argmax_prob.py)."""
+    prob, tok = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    return tok, prob
+
+
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The dense path (embeddings-side projections, LM head, non-ternary checkpoints)."""
     return F.linear(x.to(weight.dtype), weight, bias)

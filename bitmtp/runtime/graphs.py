@@ -20,6 +20,7 @@ import torch
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.ops.choose import argmax_prob
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import DRAFT_ROLES, ReplayState
 
@@ -85,7 +86,7 @@ class StepRunner:
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
         logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
         if self.sampler is None:
-            prob, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+            tok, prob = argmax_prob(logits)
         else:
             # prefill rows' history is the prompt, counted already; ar and verify rows are AR-causal over
             # this step's tokens (the guesses among them count as the history of the rows after them)

@@ -16,7 +16,7 @@
 // kAttnChunk KV rows (its own max, exponentials, total and PV, merged afterwards in chunk order), so
 // the threads split a long KV store's rows between them instead of splitting the 3 pairs of a
 // decode step (which read K/V twice and left a thread idle), and the exponential is the kernel's
-// own vectorised attn_exp instead of the C library's scalar expf (a third of the time before).
+// own vectorised vec_exp (vec_exp.inc) instead of the C library's scalar expf (a third of the time before).
 // SmolLM2-135M shapes (9 heads, 3 KV heads, head dim 64), AVX-512, 1 thread, per layer: width 1 over
 // 1024 KV rows (L2-resident) 178 -> 127 us, over 4096 rows (6.3 MB, from memory) 1.5-2.1 -> 1.1-1.3 ms
 // (the machine's one-core read bandwidth, ~5.5 GB/s); width 16 over 1024 rows 4.4 -> 1.4 ms.

@@ -25,6 +25,7 @@
 #include <vector>
 
 
+#include "argmax_prob.h"
 #include "attention.h"
 #include "half.h"
 #include "layers.h"
@@ -105,6 +106,16 @@ void attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uintptr_t 
                   resolve_isa(isa), kv_half ? 1 : 0};
   py::gil_scoped_release release;
   attention_rows(a);
+}
+
+// Each row's argmax and softmax probability (argmax_prob.h) of M float32 rows of V logits.
+void argmax_prob_entry(uintptr_t logits, int64_t M, int64_t V, uintptr_t tok, uintptr_t prob, int threads, int isa) {
+  require(M >= 0 && V >= 1, "argmax_prob: bad shape");
+  require(logits && tok && prob, "argmax_prob: null pointer");
+  ArgmaxProbArgs a{reinterpret_cast<const float*>(logits), M, V, reinterpret_cast<int64_t*>(tok),
+                   reinterpret_cast<float*>(prob), threads, resolve_isa(isa)};
+  py::gil_scoped_release release;
+  argmax_prob(a);
 }
 
 // n float32 values rounded to float16 bits the way the fused layers store K/V (half.h); for tests.
@@ -241,6 +252,10 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         py::arg("eps"), py::arg("attn_scale"), py::arg("relu2"), py::arg("isa"), py::arg("threads"),
         py::arg("kv_half") = false,
         "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout)");
+  m.def("argmax_prob", &argmax_prob_entry, py::arg("logits"), py::arg("M"), py::arg("V"), py::arg("tok"),
+        py::arg("prob"), py::arg("threads"), py::arg("isa") = -1,
+        "Each float32 logits row's first argmax (int64) and softmax probability (float32), the same bits on "
+        "every ISA path and thread count (csrc/cpu/argmax_prob.h)");
   m.def("round_to_half", &round_to_half, py::arg("src"), py::arg("dst"), py::arg("n"),
         "float32 -> float16 bits as the fused layers store K/V (round to nearest even); for tests");
   m.def("silu_mul", &silu_mul_entry, py::arg("g"), py::arg("u"), py::arg("a"), py::arg("n"), py::arg("isa") = -1,

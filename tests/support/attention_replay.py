@@ -10,7 +10,7 @@ CHUNK = 128
 
 
 def attn_exp(x: np.ndarray | float) -> np.ndarray:
-    """The kernel's exponential (attention_body.inc, attn_exp), operation by operation in numpy float32."""
+    """The kernels' exponential (csrc/cpu/vec_exp.inc, vec_exp), operation by operation in numpy float32."""
     f = np.float32
     x = np.asarray(x, np.float32)
     under = x < f(-87.33654)

@@ -174,6 +174,22 @@ class CpuBackend:
                             half)
         return out
 
+    def argmax_prob(self, logits):
+        """Each row's first argmax and softmax probability on the extension's thread team
+        (csrc/cpu/argmax_prob.h): torch's own softmax/max at a large vocabulary run as OpenMP regions whose
+        spinning workers slowed the next step's kernels (a SmolLM2 width-1 step 8.4 -> 11.6 ms). Other
+        dtypes go to the torch reference."""
+        if logits.dtype != torch.float32:
+            return reference.argmax_prob_reference(logits)
+        logits = logits.contiguous()
+        m, v = logits.shape
+        tok = torch.empty(m, dtype=torch.long)
+        prob = torch.empty(m, dtype=torch.float32)
+        if m:
+            self._ext.argmax_prob(logits.data_ptr(), m, v, tok.data_ptr(), prob.data_ptr(), torch.get_num_threads(),
+                                  self._isa())
+        return tok, prob
+
     def dense_linear(self, x, weight, bias=None):
         """float32 multi-token GEMV (csrc/cpu/dense_*.cpp): each weight row streamed once for all
         tokens, a fixed summation order per (row, token) — independent of the number of tokens.

@@ -41,3 +41,6 @@ class TorchBackend:
 
     def attention(self, q, k, v, mask, scale):
         return reference.attention_reference(q, k, v, mask, scale)
+
+    def argmax_prob(self, logits):
+        return reference.argmax_prob_reference(logits)

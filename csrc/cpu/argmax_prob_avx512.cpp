@@ -1,0 +1,18 @@
+// argmax_prob, avx512 path (argmax_prob_body.inc). Called only after CPUID confirms the ISA.
+//
+// Reference: bitmtp.ops.reference.argmax_prob_reference
+// Test: tests/ops/test_argmax_prob.py
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include <stdint.h>
+
+#include "argmax_prob.h"
+
+namespace bitmtp_cpu {
+
+#define ARGMAX_VEC_BYTES 64  // the native vector
+#define ARGMAX_CHUNK_FN argmax_chunk_avx512
+#include "argmax_prob_body.inc"
+#undef ARGMAX_CHUNK_FN
+#undef ARGMAX_VEC_BYTES
+
+}  // namespace bitmtp_cpu
