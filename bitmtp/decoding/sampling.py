@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from bitmtp.errors import BitMTPError
+from bitmtp.ops.threads import torch_ops_inline
 
 _M32 = 0xFFFFFFFF
 #: CPU top-p: candidates sorted per row before falling back to a full sort (a full sort of a 49k
@@ -330,9 +331,10 @@ class Sampler:
         self.vocab_size = int(vocab_size)
         self.seed = torch.zeros(2, dtype=torch.long, device=device)
         pen = self.params
-        self.seen = torch.zeros(vocab_size, device=device) if pen.repetition_penalty != 1 else None
-        self.generated = (torch.zeros(vocab_size, device=device)
-                          if pen.presence_penalty != 0 or pen.frequency_penalty != 0 else None)
+        with torch_ops_inline():  # vocabulary-wide fills: no OpenMP region (bitmtp.ops.threads)
+            self.seen = torch.zeros(vocab_size, device=device) if pen.repetition_penalty != 1 else None
+            self.generated = (torch.zeros(vocab_size, device=device)
+                              if pen.presence_penalty != 0 or pen.frequency_penalty != 0 else None)
 
     @property
     def needs_history(self) -> bool:
@@ -343,11 +345,12 @@ class Sampler:
     def start(self, seed: int, prompt: list[int]) -> None:
         """A new generation: its seed; the prompt counts for the repetition penalty."""
         self.seed.copy_(seed_words(seed))
-        if self.seen is not None:
-            self.seen.zero_()
-            self._count(self.seen, prompt)
-        if self.generated is not None:
-            self.generated.zero_()
+        with torch_ops_inline():  # vocabulary-wide fills: no OpenMP region (bitmtp.ops.threads)
+            if self.seen is not None:
+                self.seen.zero_()
+                self._count(self.seen, prompt)
+            if self.generated is not None:
+                self.generated.zero_()
 
     def commit(self, tokens: list[int]) -> None:
         """Committed output tokens (counted for every penalty)."""

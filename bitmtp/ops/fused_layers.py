@@ -28,6 +28,7 @@ import torch
 from bitmtp.errors import BitMTPError
 from bitmtp.ops import registry
 from bitmtp.ops.ternary_linear import TernaryLinear
+from bitmtp.ops.threads import kernel_threads
 
 ENV_VAR = "BITMTP_FUSED"
 
@@ -212,7 +213,7 @@ class FusedPlan:
                 x.data_ptr(), m, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, self.table.data_ptr(),
                 kv_table.data_ptr(), 0 if lora is None else lora.data_ptr(), lora_first_row, float(lora_scaling),
                 ids.data_ptr(), ids.numel(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), mask_u8.data_ptr(), s,
-                mask.shape[1], float(d.eps), float(attn_scale), d.relu2, isa, torch.get_num_threads(),
+                mask.shape[1], float(d.eps), float(attn_scale), d.relu2, isa, kernel_threads(),
                 kv_k[0].dtype == torch.float16)
         except ValueError as exc:  # the native argument checks (positions, dimensions)
             raise BitMTPError(str(exc)) from exc

@@ -21,6 +21,7 @@ from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder, StepInputs
 from bitmtp.ops.choose import argmax_prob
+from bitmtp.ops.threads import step_threads
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import DRAFT_ROLES, ReplayState
 
@@ -99,7 +100,8 @@ class StepRunner:
 
     def run(self) -> None:
         if not self.capture:
-            self._body()
+            with step_threads(self.decoder.device):  # torch's own ops inline, kernels on the extension's team
+                self._body()
             return
         if self.graph is None:
             side = torch.cuda.Stream()

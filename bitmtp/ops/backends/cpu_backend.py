@@ -4,7 +4,7 @@ One call streams each packed weight row once and applies it to all M ≤ 16 toke
 in chunks of 16): the single-pass multi-token GEMV that decode steps and CPU-offloaded layers need.
 The ISA path (AVX-512 VNNI, AVX2, scalar) is picked from CPUID; force one with
 ``BITMTP_CPU_ISA=scalar|avx2|avx512_vnni`` or :func:`forced_isa` (tests run every path).
-Threads follow ``torch.get_num_threads()``.
+Threads follow ``torch.get_num_threads()`` (``bitmtp.ops.threads.kernel_threads``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bitmtp.errors import BackendUnavailableError, BitMTPError, LayoutError, Sha
 from bitmtp.formats.ggml_blocks import dequantize
 from bitmtp.ops import reference
 from bitmtp.ops.registry import NativeKernelsMissing
+from bitmtp.ops.threads import kernel_threads
 
 ISA_NAMES = {"scalar": 0, "avx2": 1, "avx512_vnni": 2}
 ISA_ENV = "BITMTP_CPU_ISA"
@@ -123,7 +124,7 @@ class CpuBackend:
                 bias.data_ptr() if bias is not None else 0,
                 y.data_ptr() if y is not None else 0,
                 acc.data_ptr() if acc is not None else 0,
-                self._isa(), torch.get_num_threads(),
+                self._isa(), kernel_threads(),
             )
         except ValueError as exc:  # the extension's own argument checks
             raise ShapeError(str(exc)) from exc
@@ -170,7 +171,7 @@ class CpuBackend:
         self._check("k", k, k.dtype)
         self._check("v", v, v.dtype)
         self._ext.attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_u8.data_ptr(), out.data_ptr(),
-                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), torch.get_num_threads(), self._isa(),
+                            m, h, kvh, d, s_rows, mask.shape[1], float(scale), kernel_threads(), self._isa(),
                             half)
         return out
 
@@ -186,7 +187,7 @@ class CpuBackend:
         tok = torch.empty(m, dtype=torch.long)
         prob = torch.empty(m, dtype=torch.float32)
         if m:
-            self._ext.argmax_prob(logits.data_ptr(), m, v, tok.data_ptr(), prob.data_ptr(), torch.get_num_threads(),
+            self._ext.argmax_prob(logits.data_ptr(), m, v, tok.data_ptr(), prob.data_ptr(), kernel_threads(),
                                   self._isa())
         return tok, prob
 
@@ -217,5 +218,5 @@ class CpuBackend:
         y = torch.empty((x2.shape[0], n), dtype=torch.float32)
         b = None if bias is None else bias.contiguous()
         self._ext.dense(x2.data_ptr(), x2.shape[0], k, w_ptr, n, b.data_ptr() if b is not None else 0,
-                        y.data_ptr(), self._isa(), torch.get_num_threads(), fmt)
+                        y.data_ptr(), self._isa(), kernel_threads(), fmt)
         return y.reshape(*lead, n)
