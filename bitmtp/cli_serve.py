@@ -77,7 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     model = _load(args)
     name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
     app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size,
-                     body_timeout=args.body_timeout)
+                     body_timeout=args.body_timeout, stream_interval=args.stream_interval)
     print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({args.sessions} "
           f"KV store(s), queue {args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
     serve_forever(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -95,7 +95,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
     load_kwargs = {"capacity": args.capacity, "adapter": None if args.no_adapter else (args.adapter or "auto"),
                    "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
-                  queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout)
+                  queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout,
+                  stream_interval=args.stream_interval)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -265,6 +266,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                help="seconds a client has to send its whole request body; a body cut short is "
                                     "answered 408 and the connection closed (default 30)"),
             positive_float("30 is the default"))
+    checked(serve.add_argument("--stream-interval", type=float, default=0.03, metavar="SECONDS",  # STREAM_INTERVAL
+                               help="least seconds between two chunks of a streamed answer; text committed sooner "
+                                    "goes with the next chunk (default 0.03; 0: one chunk per decoding step)"),
+            between(0.0, 10.0, fix="0.03 is the default"))
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default info)")
     serve.set_defaults(func=_cmd_serve, check=_check_serve)

@@ -159,6 +159,8 @@ def test_serve_without_fastapi_names_the_extra(monkeypatch, capsys):
     (["serve", "--replicas", "0"], "--replicas: must be >= 1"),
     (["serve", "--body-timeout", "0"], "--body-timeout: must be a finite number > 0"),
     (["serve", "--body-timeout", "inf"], "--body-timeout: must be a finite number > 0"),
+    (["serve", "--stream-interval", "-1"], "--stream-interval: must be in [0, 10]"),
+    (["serve", "--stream-interval", "nan"], "--stream-interval: must be in [0, 10]"),
     (["serve", "--adapter", ".", "--no-adapter"], "--adapter and --no-adapter contradict"),
     (["chat", "--temperature", "-1"], "--temperature: must be >= 0"),
     (["chat", "--top-p", "0"], "--top-p: must be in (0, 1]"),

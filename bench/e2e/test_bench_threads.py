@@ -8,7 +8,8 @@ and compared as the median of the rounds' ratios:
 * ``thread``: the same call in a ``threading.Thread`` (a web app's, notebook worker's or server's case);
 * ``serve``: one client streaming from ``bitmtp serve`` (uvicorn on a background thread, generations in its
   worker threads), decode tok/s from the response's ``bitmtp`` stats and end-to-end tok/s from the client's
-  clock (completion tokens over the time from sending the request to the last chunk).
+  clock (completion tokens over the time from sending the request to the last chunk). The client is a
+  process of its own (bench/sse_client.py), as real clients are, for both servers.
 
 Issue "Full speed from any thread" asks ``thread_over_main`` ≥ 0.95 and ``serve_decode_over_main`` ≥ 0.95
 (the extension's OpenMP thread team once made both ~0.42: csrc/cpu/pool.h says why), and — full mode, with
@@ -25,6 +26,7 @@ import json
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ import pytest
 import torch
 
 from bench.conftest import HIGHER, by_mode, record
+from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import PROMPTS, smollm2_path
 
 NEW = by_mode(96, 128)
@@ -71,28 +74,16 @@ def _in_thread(model, prompt: str) -> tuple[float, int]:
 
 
 def _stream(httpx, url: str, prompt: str, **extra) -> tuple[float, float, int]:
-    """One streamed chat completion: (end-to-end tok/s, server-reported decode tok/s or nan, completion
-    tokens). End to end: completion tokens over the time from sending the request to the last chunk."""
+    """One streamed chat completion from a client process of its own (bench/sse_client.py): (end-to-end tok/s,
+    server-reported decode tok/s or nan, completion tokens). ``httpx`` is unused (kept for the callers' setup)."""
     body = {"messages": _messages(prompt), "max_tokens": NEW, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
-    tokens, decode_tps = 0, float("nan")
-    t0 = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            stats = chunk.get("bitmtp")
-            if stats and stats.get("tokens_per_second") is not None:
-                decode_tps = stats["tokens_per_second"]
-            timings = chunk.get("timings")  # llama-server's own decode figure
-            if timings and timings.get("predicted_per_second"):
-                decode_tps = timings["predicted_per_second"]
-    wall = time.perf_counter() - t0
-    return tokens / wall, decode_tps, tokens
+    done = subprocess.run([sys.executable, "-m", "bench.sse_client", url, json.dumps(body)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"bench.sse_client failed (rc {done.returncode}): {done.stderr[-800:]}")
+    e2e, decode, tokens = json.loads(done.stdout)
+    return e2e, float("nan") if decode is None else decode, tokens
 
 
 def _free_port() -> int:

@@ -46,6 +46,12 @@ FINISH_REASON = {"eos": "stop", "stop": "stop", "max_new_tokens": "length", "cap
 REPLICA_HEADER = "x-bitmtp-replica"
 #: seconds a client has to send its whole request body (create_app's default ``body_timeout``)
 BODY_TIMEOUT = 30.0
+#: least seconds between two chunks of a streamed answer (create_app's default ``stream_interval``): text a
+#: step commits sooner is sent with the next chunk. Every chunk wakes the event loop and the client while
+#: the next step's kernels hold both cores; measured on 2 vCPUs (SmolLM2, ~8 ms steps, one streaming client
+#: in a process of its own), decode speed over generate()'s in the main thread: one chunk per step 0.949,
+#: a chunk per 30 ms 0.993. 30 ms is below what a reader sees; the first chunk is never held back.
+STREAM_INTERVAL = 0.03
 #: threads that decode, check and tokenize request bodies: two, so that one prompt of megabytes (seconds
 #: of tokenizing) does not hold up every other request's few microseconds
 PARSE_THREADS = 2
@@ -77,12 +83,14 @@ class _State:
     """What the routes share: the model, its session pool, the parse and generation threads, counters."""
 
     def __init__(self, model_or_loader: Any, model_name: str | None, sessions: int, queue_size: int,
-                 replica_id: str | Callable[[], str] | None, body_timeout: float | None):
+                 replica_id: str | Callable[[], str] | None, body_timeout: float | None,
+                 stream_interval: float = STREAM_INTERVAL):
         self.source = model_or_loader
         self.model: Any = None
         self.model_name = model_name
         self.sessions, self.queue_size = sessions, queue_size
         self.body_timeout = body_timeout
+        self.stream_interval = stream_interval
         self._replica_id = replica_id
         self.replica = ""
         self.pool: SessionPool | None = None
@@ -164,12 +172,19 @@ def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None
             # the GenerateOutput the call without stream returns
             stream = bitmtp.generate(session, input_ids=req.input_ids, stream=True, **req.kwargs)
             emit(("start", None))
+            held, sent_at = "", -math.inf  # text not sent yet, and when the last piece was (the first goes at once)
             for piece in stream:
                 state.count("steps")
                 if cancelled.is_set() or state.stopping.is_set():  # the client went away, or the server stops
                     return
                 if req.stream:
-                    emit(("piece", piece))
+                    held += piece
+                    now = time.monotonic()
+                    if now - sent_at >= state.stream_interval:  # STREAM_INTERVAL says why pieces are held
+                        emit(("piece", held))
+                        held, sent_at = "", now
+            if held:
+                emit(("piece", held))
             emit(("done", stream.result))
         except Exception as exc:  # noqa: BLE001 - reported to the request (a BitMTPError is its 400)
             emit(("error", exc))
@@ -275,7 +290,8 @@ class _ReplicaHeader:
 
 
 def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions: int = 1, queue_size: int = 16,
-               replica_id: str | Callable[[], str] | None = None, body_timeout: float | None = BODY_TIMEOUT) -> Any:
+               replica_id: str | Callable[[], str] | None = None, body_timeout: float | None = BODY_TIMEOUT,
+               stream_interval: float = STREAM_INTERVAL) -> Any:
     """An OpenAI-compatible FastAPI app serving one model.
 
     Args:
@@ -290,6 +306,10 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         body_timeout: seconds a client has to send its whole request body; a body cut short (fewer bytes
             than its Content-Length, or a chunked body never ended) is then answered 408 and the connection
             closed. None: no limit.
+        stream_interval: least seconds between two chunks of a streamed answer (default 0.03): the text of
+            steps that end sooner goes with the next chunk, so that a fast model does not spend its cores
+            waking the server's loop and the client for every step. The first chunk is sent at once; 0
+            sends every step's text as it comes.
 
     Returns:
         a ``fastapi.FastAPI`` app; run it with uvicorn (``python -m bitmtp serve``) or
@@ -297,7 +317,7 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
 
     Raises:
         BitMTPError: FastAPI or uvicorn is not installed (``pip install 'bitmtp[serve]'``), or a bad
-        ``sessions`` / ``queue_size`` / ``body_timeout``.
+        ``sessions`` / ``queue_size`` / ``body_timeout`` / ``stream_interval``.
     """
     require_serve()
     from fastapi import FastAPI
@@ -313,7 +333,12 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
                                      or not math.isfinite(body_timeout) or body_timeout <= 0):
         raise BitMTPError(f"body_timeout: must be a finite number of seconds > 0 (or None: no limit), got "
                           f"{body_timeout!r}")
-    state = _State(model_or_loader, model_name, sessions, queue_size, replica_id, body_timeout)
+    if (isinstance(stream_interval, bool) or not isinstance(stream_interval, (int, float))
+            or not math.isfinite(stream_interval) or not 0 <= stream_interval <= 10):
+        raise BitMTPError(f"stream_interval: must be a number of seconds in [0, 10] (0: every step's text at once), "
+                          f"got {stream_interval!r}")
+    state = _State(model_or_loader, model_name, sessions, queue_size, replica_id, body_timeout,
+                   float(stream_interval))
 
     class SafeJSONResponse(JSONResponse):
         """JSON that is always JSON: NaN / infinity as null (see bitmtp.serve.body.dumps)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bitmtp.errors import BitMTPError
-from bitmtp.serve.app import BODY_TIMEOUT
+from bitmtp.serve.app import BODY_TIMEOUT, STREAM_INTERVAL
 
 
 def require_ray() -> None:
@@ -46,7 +46,7 @@ def _replica_id() -> str:
 def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = None, sessions: int = 1,
             queue_size: int = 16, load_kwargs: dict[str, Any] | None = None,
             ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp",
-            body_timeout: float | None = BODY_TIMEOUT) -> Any:
+            body_timeout: float | None = BODY_TIMEOUT, stream_interval: float = STREAM_INTERVAL) -> Any:
     """A Ray Serve application serving ``model`` from ``replicas`` replicas.
 
     Args:
@@ -59,6 +59,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
         ray_actor_options: Ray resources per replica (default ``{"num_cpus": 1}``).
         deployment_name: the deployment's name in Ray Serve.
         body_timeout: as :func:`bitmtp.serve.create_app`'s (seconds a request body may take to arrive).
+        stream_interval: as :func:`bitmtp.serve.create_app`'s (least seconds between two streamed chunks).
 
     Returns:
         a ``ray.serve.Application``: ``serve.run(ray_app(...), route_prefix="/")`` serves it.
@@ -87,7 +88,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             return bitmtp.load(source, **kwargs)
 
         return create_app(load, model_name=name, sessions=sessions, queue_size=queue_size, replica_id=_replica_id,
-                          body_timeout=body_timeout)
+                          body_timeout=body_timeout, stream_interval=stream_interval)
 
     deployment = serve.deployment(serve.ingress(build)(), name=deployment_name, num_replicas=replicas,
                                   max_ongoing_requests=sessions + queue_size,

@@ -325,6 +325,27 @@ def test_bad_app_options(smollm2):
         create_app(smollm2, sessions=0)
     with pytest.raises(BitMTPError, match=r"^queue_size: must be an integer >= 0, got -1"):
         create_app(smollm2, queue_size=-1)
+    for bad in (-0.01, 11, float("nan"), float("inf"), True, "0.1", None):
+        with pytest.raises(BitMTPError, match=r"^stream_interval: must be a number of seconds in \[0, 10\]"):
+            create_app(smollm2, stream_interval=bad)
+
+
+@pytest.mark.parametrize("interval", [0, 10])
+def test_stream_interval_holds_pieces_back_but_never_text(smollm2, interval):
+    """``stream_interval`` 0: one chunk per piece of text a step commits (the server's step counter); 10 s: the first's
+    text at once, everything else in one chunk at the end. Either way the text is the whole answer's."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), max_new_tokens=NEW)
+    with run_in_thread(create_app(smollm2, model_name=MODEL, stream_interval=interval)) as srv:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
+                          json={"model": MODEL, "messages": _chat(PROMPTS[3]), "max_tokens": NEW, "stream": True}) as s:
+            events = _sse(s.iter_lines())
+        steps = httpx.get(srv.url + "/health", timeout=10).json()["steps"]
+    pieces = [e["choices"][0]["delta"]["content"] for e in events[1:] if e["choices"][0]["delta"].get("content")]
+    assert "".join(pieces) == ref.text
+    assert steps >= 3  # several steps, so that holding back shows
+    assert len(pieces) == (2 if interval else steps)
 
 
 def test_a_bug_is_an_openai_500_and_the_server_keeps_serving(server, monkeypatch):
