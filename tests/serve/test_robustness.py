@@ -23,6 +23,7 @@ import pytest
 import bitmtp
 from bitmtp.serve.body import MAX_DEPTH, dumps, parse_body
 from bitmtp.serve.errors import APIError
+from tests.support.health_probe import PROBE as _PROBE
 from tests.support.paths import REPO_ROOT
 
 MODEL = "smollm2"  # tests/serve/conftest.py serves the model under this name
@@ -242,26 +243,6 @@ def test_logprobs_of_minus_infinity_are_null_streamed_and_not(server, monkeypatc
                 _strict_json(line.removeprefix("data: "))
 
 
-_PROBE = r"""
-import json, sys, time
-import httpx
-url, limit = sys.argv[1], time.monotonic() + float(sys.argv[2])
-during, seen = [], False
-with httpx.Client(timeout=120) as client:
-    client.get(url + "/health")
-    print("ready", flush=True)
-    while time.monotonic() < limit:
-        t = time.perf_counter()
-        health = client.get(url + "/health").json()
-        dt = time.perf_counter() - t
-        if health["parsing"]:
-            seen = True
-            during.append(dt)
-        elif seen:
-            break
-        time.sleep(0.01)
-print(json.dumps(during), flush=True)
-"""
 
 
 def _tokenizer_holds_the_gil(model: Any) -> bool:
