@@ -267,3 +267,13 @@ def test_checker_rejects_misplaced_files(tmp_path, files, expect):
     assert any(p.startswith(expect) for p in problems), problems
 
 
+
+
+def test_the_design_document_lives_in_the_repository():
+    """The design the code follows is docs/DESIGN.md, and no document or module points outside the repository
+    for it (``../shared/`` exists only beside a development checkout)."""
+    assert (REPO_ROOT / "docs" / "DESIGN.md").read_text().startswith("#")
+    outside = [f"{p.relative_to(REPO_ROOT)}:{n}" for pattern in ("*.md", "bitmtp/**/*.py", "docs/*.md")
+               for p in REPO_ROOT.glob(pattern) for n, line in enumerate(p.read_text().splitlines(), 1)
+               if "../shared/" in line]
+    assert not outside, f"these point at ../shared/ (outside the repository): {outside}"
