@@ -277,3 +277,13 @@ def test_the_design_document_lives_in_the_repository():
                for p in REPO_ROOT.glob(pattern) for n, line in enumerate(p.read_text().splitlines(), 1)
                if "../shared/" in line]
     assert not outside, f"these point at ../shared/ (outside the repository): {outside}"
+
+
+def test_package_text_carries_no_development_history():
+    """Docstrings and shipped files say what the code does now: no "session N" under bitmtp/ (the history of
+    measurements lives in BENCHMARKS.md)."""
+    pat = re.compile(r"\bsessions? \d", re.IGNORECASE)
+    hits = [f"{p.relative_to(REPO_ROOT)}:{n}" for p in (REPO_ROOT / "bitmtp").rglob("*")
+            if p.is_file() and p.suffix in {".py", ".json", ".md", ".txt", ".wgsl", ".jsonl"}
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pat.search(line)]
+    assert not hits, f"development history in package text: {hits}"
