@@ -26,6 +26,7 @@ import bitmtp
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
 from tests.support.adapters import INIT_RANGE, TAU, random_adapter
 from tests.support.hf_models import tiny_model
+from tests.support.tokenizers import trained_bpe
 
 transformers = pytest.importorskip("transformers")
 
@@ -142,17 +143,7 @@ def test_bad_eos_token_id(model, prompt, eos, err, msg):
 
 @pytest.fixture(scope="module")
 def chat_model():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    core.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 4], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tok.chat_template = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    tok = trained_bpe()
     return bitmtp.load(tiny_model("llama", seed=7, vocab_size=300), adapter=None, tokenizer=tok, capacity=64)
 
 

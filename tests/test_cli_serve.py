@@ -14,7 +14,7 @@ import pytest
 
 import bitmtp
 from bitmtp import cli
-from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM
+from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM, two_turn_answers
 from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import smollm2_path
 
@@ -38,12 +38,7 @@ def _reply(model, messages: list[dict[str, str]]) -> str:
 
 def test_chat_in_a_terminal_multi_turn_reset_exit(model):
     pexpect = pytest.importorskip("pexpect")
-    sys_msg = {"role": "system", "content": SYSTEM}
-    a1 = _reply(model, [sys_msg, {"role": "user", "content": Q1}])
-    a2 = _reply(model, [sys_msg, {"role": "user", "content": Q1}, {"role": "assistant", "content": a1},
-                        {"role": "user", "content": Q2}])
-    fresh2 = _reply(model, [sys_msg, {"role": "user", "content": Q2}])
-    assert a2 != fresh2, "pick questions whose answer depends on the conversation"
+    a1, a2, fresh2 = two_turn_answers(model)
     child = pexpect.spawn(sys.executable, ["-m", "bitmtp", "chat", "--capacity", "512", "--max-new-tokens", str(NEW),
                                            "--system", SYSTEM], env=_env(), encoding="utf-8", timeout=180,
                           cwd=str(REPO_ROOT), dimensions=(40, 500))

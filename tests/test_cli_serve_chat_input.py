@@ -19,7 +19,7 @@ import pytest
 
 import bitmtp
 from bitmtp import cli
-from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM
+from tests.support.chat_cli import NEW, Q1, Q2, SYSTEM, two_turn_answers
 from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import smollm2_path
 
@@ -85,11 +85,7 @@ def test_a_piped_line_that_is_not_utf8_is_skipped(model):
 
 def test_in_a_terminal_a_bad_line_keeps_the_conversation(model):
     pexpect = pytest.importorskip("pexpect")
-    sys_msg = {"role": "system", "content": SYSTEM}
-    a1 = _reply(model, [sys_msg, {"role": "user", "content": Q1}])
-    a2 = _reply(model, [sys_msg, {"role": "user", "content": Q1}, {"role": "assistant", "content": a1},
-                        {"role": "user", "content": Q2}])
-    assert a2 != _reply(model, [sys_msg, {"role": "user", "content": Q2}]), "Q2's answer must need Q1"
+    a1, a2, _ = two_turn_answers(model)
     child = pexpect.spawn(sys.executable, ["-m", "bitmtp", "chat", "--capacity", "512", "--max-new-tokens", str(NEW),
                                            "--system", SYSTEM], env=_env(), timeout=180, cwd=str(REPO_ROOT),
                           dimensions=(40, 500))

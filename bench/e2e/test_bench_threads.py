@@ -77,9 +77,9 @@ def _in_thread(model, prompt: str) -> tuple[float, int]:
     return box["out"]
 
 
-def _stream(httpx, url: str, prompt: str, **extra) -> tuple[float, float, int]:
+def _stream(url: str, prompt: str, **extra) -> tuple[float, float, int]:
     """One streamed chat completion from a client process of its own (bench/sse_client.py): (end-to-end tok/s,
-    server-reported decode tok/s or nan, completion tokens). ``httpx`` is unused (kept for the callers' setup)."""
+    server-reported decode tok/s or nan, completion tokens)."""
     body = {"messages": _messages(prompt), "max_tokens": NEW, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
     done = subprocess.run([sys.executable, "-m", "bench.sse_client", url, json.dumps(body)], cwd=REPO_ROOT,
@@ -148,10 +148,10 @@ def test_generate_from_any_thread(benchmark):
     with run_in_thread(create_app(model, model_name="smollm2", sessions=1)) as srv:
         benchmark.pedantic(lambda: _in_thread(model, PROMPTS[0]), rounds=1, iterations=1)
         if benchmark.disabled:
-            _stream(httpx, srv.url, PROMPTS[0])
+            _stream(srv.url, PROMPTS[0])
             return
         _generate(model, PROMPTS[0])  # warm: calibration, first-call costs
-        _stream(httpx, srv.url, PROMPTS[0])
+        _stream(srv.url, PROMPTS[0])
         runs: dict[str, list[float]] = {"main": [], "thread": [], "serve": [], "serve_e2e": [], "ar": []}
         for r in range(ROUNDS):
             for i in range(PROMPTS_PER_ROUND):
@@ -159,7 +159,7 @@ def test_generate_from_any_thread(benchmark):
                 runs["main"].append(_generate(model, prompt)[0])
                 runs["ar"].append(_generate(model, prompt, "ar")[0])
                 runs["thread"].append(_in_thread(model, prompt)[0])
-                e2e, dec, _ = _stream(httpx, srv.url, prompt)
+                e2e, dec, _ = _stream(srv.url, prompt)
                 runs["serve"].append(dec)
                 runs["serve_e2e"].append(e2e)
     ratio = {k: statistics.median(b / a for a, b in zip(runs["main"], runs[k], strict=True))
@@ -194,15 +194,15 @@ def test_serve_vs_llama_server(benchmark):
     try:
         peer.wait_ready(httpx)
         with run_in_thread(create_app(model, model_name="smollm2", sessions=1)) as srv:
-            _stream(httpx, srv.url, PROMPTS[0])
-            _stream(httpx, peer.url, PROMPTS[0])
+            _stream(srv.url, PROMPTS[0])
+            _stream(peer.url, PROMPTS[0])
             ours: list[tuple[float, float, int]] = []
             theirs: list[tuple[float, float, int]] = []
             for r in range(ROUNDS):
                 for i in range(PROMPTS_PER_ROUND):
                     prompt = PROMPTS[(r * PROMPTS_PER_ROUND + i) % len(PROMPTS)]
-                    ours.append(_stream(httpx, srv.url, prompt))
-                    theirs.append(_stream(httpx, peer.url, prompt))
+                    ours.append(_stream(srv.url, prompt))
+                    theirs.append(_stream(peer.url, prompt))
     finally:
         peer.stop()
     e2e = statistics.median(a[0] / b[0] for a, b in zip(ours, theirs, strict=True))

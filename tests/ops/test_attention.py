@@ -10,6 +10,7 @@ from bitmtp.errors import ShapeError
 from bitmtp.ops import attention
 from bitmtp.ops.registry import availability
 from tests.support.attention_replay import CHUNK, attn_exp
+from tests.support.backend_variants import attention_on
 
 BACKENDS = [b for b in ("torch", "cpu", "triton") if availability(b, "cpu")[0]]
 DETERMINISTIC = [b for b in ("cpu", "triton") if b in BACKENDS]
@@ -280,15 +281,6 @@ def _backend_variants() -> list:
 VARIANTS = _backend_variants()
 
 
-def _run(variant: str, q, k, v, mask, scale):
-    if variant.startswith("cpu:"):
-        from bitmtp.ops.backends import cpu_backend
-
-        with cpu_backend.forced_isa(variant.split(":")[1]):
-            return attention(q, k, v, mask, scale, backend="cpu")
-    return attention(q, k, v, mask, scale, backend=variant)
-
-
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
     """Outputs the backends allocate start as NaN, so an element a kernel leaves unwritten shows."""
@@ -343,13 +335,13 @@ def test_fully_masked_rows_are_zeros_and_leave_other_rows_alone(variant, kv_dtyp
     if seen_by_kept.any():
         filled[blank, int(seen_by_kept.nonzero()[0])] = True
     scale = d**-0.5
-    out = _run(variant, q, k, v, mask, scale)
+    out = attention_on(variant, q, k, v, mask, scale)
     assert out.shape == (m, h, d) and out.dtype == q.dtype
     assert torch.equal(out[blank], torch.zeros_like(out[blank])), "a fully masked row is not zeros"
     keep = ~blank
     if keep.any():
         assert torch.isfinite(out[keep]).all()
-        assert torch.equal(out[keep], _run(variant, q, k, v, filled, scale)[keep])
+        assert torch.equal(out[keep], attention_on(variant, q, k, v, filled, scale)[keep])
         g = h // kvh
         for i in keep.nonzero()[:, 0].tolist():
             idx = mask[i].nonzero()[:, 0]
@@ -368,7 +360,7 @@ def test_every_row_fully_masked_and_empty_segment(variant, rng, poisoned_outputs
     for s in (0, 11):
         k, v = torch.full((kvh, s, d), float("nan")), torch.full((kvh, s, d), float("nan"))
         for length in {0, min(s, 7)}:
-            out = _run(variant, q, k, v, torch.zeros(m, length, dtype=torch.bool), 0.3)
+            out = attention_on(variant, q, k, v, torch.zeros(m, length, dtype=torch.bool), 0.3)
             assert out.shape == (m, h, d) and torch.equal(out, torch.zeros(m, h, d)), (s, length)
 
 
@@ -379,7 +371,7 @@ def test_no_query_rows_give_an_empty_output(variant, h, kvh, d, length, rng, poi
     refused it with a raw ValueError)."""
     q = torch.randn(0, h, d, generator=rng)
     k, v = torch.randn(kvh, length + 3, d, generator=rng), torch.randn(kvh, length + 3, d, generator=rng)
-    out = _run(variant, q, k, v, torch.zeros(0, length, dtype=torch.bool), d**-0.5)
+    out = attention_on(variant, q, k, v, torch.zeros(0, length, dtype=torch.bool), d**-0.5)
     assert out.shape == (0, h, d) and out.dtype == q.dtype
 
 

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import bitmtp
-from bitmtp.ops import attention
 from bitmtp.ops.registry import availability
+from tests.support.backend_variants import attention_on
 from tests.support.hf_models import tiny_model
 
 # Rows that legitimately see a poisoned position (other rows of the per-row tests, the visible-row
@@ -50,15 +50,6 @@ def _backends() -> list:
 
 
 BACKENDS = _backends()
-
-
-def _attend(backend: str, q, k, v, mask, scale):
-    if backend.startswith("cpu:"):
-        from bitmtp.ops.backends import cpu_backend
-
-        with cpu_backend.forced_isa(backend.split(":")[1]):
-            return attention(q, k, v, mask, scale, backend="cpu")
-    return attention(q, k, v, mask, scale, backend=backend)
 
 
 def _heads(backend: str, h: int, kvh: int, d: int) -> tuple[int, int, int]:
@@ -118,14 +109,14 @@ def test_rows_beyond_the_step_never_matter(backend, width, heads, poison, rng):
     q = torch.randn(width, h, d, generator=rng)
     k, v = torch.randn(kvh, s, d, generator=rng), torch.randn(kvh, s, d, generator=rng)
     mask = _step_mask(rng, width, n, length)
-    clean = _attend(backend, q, k, v, mask, d**-0.5)
+    clean = attention_on(backend, q, k, v, mask, d**-0.5)
     assert torch.isfinite(clean).all()
     assert (clean.double() - _float64(q, k, v, mask, d**-0.5)).abs().max().item() <= 1e-5
     kp, vp = k.clone(), v.clone()
     for t in (kp, vp):
         rows = t[:, n + width :]
         rows.copy_(_poison_values(rng, rows.shape) if poison == "mixed" else torch.full_like(rows, POISONS[poison]))
-    assert torch.equal(_attend(backend, q, kp, vp, mask, d**-0.5), clean)
+    assert torch.equal(attention_on(backend, q, kp, vp, mask, d**-0.5), clean)
 
 
 @IGNORE_OVERFLOW
@@ -142,7 +133,7 @@ def test_each_rows_masked_positions_never_matter(backend, width, heads, rng):
     k, v = torch.randn(kvh, s, d, generator=rng), torch.randn(kvh, s, d, generator=rng)
     mask = torch.rand(width, length, generator=rng) < 0.5
     mask[torch.arange(width), torch.randint(0, length, (width,), generator=rng)] = True  # >= 1 visible per row
-    clean = _attend(backend, q, k, v, mask, 0.3)
+    clean = attention_on(backend, q, k, v, mask, 0.3)
     assert torch.isfinite(clean).all()
     rows = range(width) if backend != "triton" else [int(torch.randint(0, width, (1,), generator=rng))]
     for i in rows:
@@ -151,7 +142,7 @@ def test_each_rows_masked_positions_never_matter(backend, width, heads, rng):
         kp, vp = k.clone(), v.clone()
         for t in (kp, vp):
             t[:, hidden] = _poison_values(rng, t[:, hidden].shape)
-        out = _attend(backend, q, kp, vp, mask, 0.3)
+        out = attention_on(backend, q, kp, vp, mask, 0.3)
         assert torch.equal(out[i], clean[i]), f"row {i}"
 
 
@@ -169,7 +160,7 @@ def test_visible_non_finite_rows_still_show(backend, which, value, rng):
     k, v = torch.randn(kvh, length, d, generator=rng), torch.randn(kvh, length, d, generator=rng)
     mask = torch.arange(length)[None, :] <= torch.tensor([9, 12, 19])[:, None]
     (k if which == "k" else v)[kvh - 1, 11, 5] = POISONS[value]  # seen by rows 1 and 2 only
-    out = _attend(backend, q, k, v, mask, 0.25)
+    out = attention_on(backend, q, k, v, mask, 0.25)
     g = h // kvh
     assert torch.isfinite(out[0]).all() and torch.isfinite(out[:, : (kvh - 1) * g]).all()
     for i in (1, 2):
