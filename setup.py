@@ -121,7 +121,8 @@ setup(
                   # and the prompt sets kept as data (bitmtp/data/: long documents, training and eval
                   # prompts) with the PSF license of the long documents' texts, which must travel with them
                   "bitmtp": ["adapters/*/*.json", "adapters/*/*.safetensors",
-                             "data/*.json", "data/*.jsonl", "data/*.txt", "data/*.md"]},
+                             "data/*.json", "data/*.jsonl", "data/*.txt", "data/*.md",
+                             "serve/static/*.html"]},
     ext_modules=_cpu_extension(),
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -21,7 +21,7 @@ from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumu
 def __getattr__(name):
     # load() pulls in the model and runtime layers; import them on first use so `import bitmtp`
     # stays light for users of the ops alone.
-    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "TextStream"):
+    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "Span", "TextStream"):
         from bitmtp import api
 
         return getattr(api, name)
@@ -52,6 +52,7 @@ __all__ = [
     "generate",
     "BitMTPModel",
     "GenerateOutput",
+    "Span",
     "TextStream",
     "TokenIdError",
     "patch",

@@ -8,6 +8,7 @@ store over the same weights, to decode concurrently.
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import dataclasses
 import logging
@@ -17,7 +18,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -739,10 +740,29 @@ class GenerateOutput:
     logprobs: list[float] | None = None
     #: the sampling seed (given or drawn; pass it again to reproduce the text), None when greedy
     seed: int | None = None
+    #: per token id, where it came from (``bitmtp.decoding.origins``): "ar" (the model's own next token),
+    #: "lookup" / "mask" / "heads" / "runner_up" (a draft the model confirmed: what saved forward passes)
+    origins: list[str] = field(default_factory=list)
+    #: per token id, the decode iteration that committed it (0: the prefill's; equal steps: one iteration)
+    steps: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
         return self.stats.tokens_per_second
+
+
+@dataclass(frozen=True)
+class Span:
+    """A piece of streamed text and the token that produced it (:attr:`TextStream.spans`): ``origin`` as in
+    :attr:`GenerateOutput.origins`, ``step`` the iteration that committed the token. A token whose text is
+    split between two pieces (held back, or a character spread over tokens) gives a span in each."""
+
+    text: str
+    origin: str
+    step: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "origin": self.origin, "step": self.step}
 
 
 def resolve_drafter(model: BitMTPModel, policy: Policy, drafter: Any = None) -> tuple[Any, list[str]]:
@@ -991,7 +1011,7 @@ def _capacity_option(value: int | None = None) -> str:
 def _output(model: BitMTPModel, res: GenerationResult) -> GenerateOutput:
     text = model.tokenizer.decode(res.tokens, skip_special_tokens=True) if model.tokenizer is not None else None
     return GenerateOutput(text, res.tokens, res.stop_reason, res.stats, res.prompt_tokens, res.prefill_seconds,
-                          res.decode_seconds, res.logprobs, res.seed)
+                          res.decode_seconds, res.logprobs, res.seed, list(res.origins), list(res.steps))
 
 
 class TextStream:
@@ -1015,6 +1035,8 @@ class TextStream:
         self._stops = stops
         self._tokens: list[int] = []
         self._sent = 0
+        self._range = (0, 0)  # the last piece's [start, end) in the output's text
+        self._ends: list[int] = []  # per token, where the text of the tokens up to it ends (computed on demand)
         self._done = False
         self._t0 = time.perf_counter()
         self.result: GenerateOutput | None = None
@@ -1043,7 +1065,7 @@ class TextStream:
                 res: GenerationResult = stop.value
                 self.result = _output(self._model, res)
                 if len(self.result.text) > self._sent:
-                    return self.result.text[self._sent :]
+                    return self._piece(self.result.text, len(self.result.text))
                 break
             if not chunk:
                 continue
@@ -1053,19 +1075,57 @@ class TextStream:
                 hit = self._find_stop(text)
                 if hit is not None:
                     self._stop_at(*hit)
-                    piece = self.result.text[self._sent :]
-                    self._sent = len(self.result.text)
-                    if piece:
-                        return piece
+                    if len(self.result.text) > self._sent:
+                        return self._piece(self.result.text, len(self.result.text))
                     break
             if text.endswith("\ufffd"):
                 continue
             upto = len(text) - _held_back(text, self._stops)
             if upto > self._sent:
-                piece = text[self._sent : upto]
-                self._sent = upto
-                return piece
+                return self._piece(text, upto)
         raise StopIteration
+
+    def _piece(self, text: str, upto: int) -> str:
+        """``text[sent:upto]``, the next piece, marked as sent (:attr:`spans` reads its range)."""
+        self._range = (self._sent, upto)
+        self._sent = upto
+        return text[self._range[0] : upto]
+
+    @property
+    def spans(self) -> list[Span]:
+        """The last piece's text cut by the tokens that produced it, each with its origin and step
+        (:class:`Span`; their texts concatenate to the piece). A token that adds no text of its own (a
+        special token, the first bytes of a character spread over tokens) has no span. Computed when read:
+        a stream whose spans are never read pays nothing for them."""
+        start, end = self._range
+        if end <= start:
+            return []
+        out = self._chunks.report.get("output")
+        origins = self.result.origins if self.result is not None else out.origins if out is not None else []
+        steps = self.result.steps if self.result is not None else out.steps if out is not None else []
+        ends = self._ends
+        tok = self._model.tokenizer
+        res = self.result
+        full = res.text if res is not None and res.text is not None and end <= len(res.text) else \
+            tok.decode(self._tokens, skip_special_tokens=True)
+        spans: list[Span] = []
+        i = bisect.bisect_right(ends, start)  # the first token whose text ends after `start`
+        while i < len(self._tokens):
+            if i == len(ends):  # each token's end: where the text of the tokens up to it ends (stable part)
+                stable = tok.decode(self._tokens[: i + 1], skip_special_tokens=True).rstrip("\ufffd")
+                ends.append(max(len(stable), ends[-1] if ends else 0))
+            lo, hi = max(start, ends[i - 1] if i else 0), min(end, ends[i])
+            if hi > lo:
+                spans.append(Span(full[lo:hi], origins[i] if i < len(origins) else "ar",
+                                  steps[i] if i < len(steps) else 0))
+            if ends[i] >= end:
+                break
+            i += 1
+        covered = start + sum(len(sp.text) for sp in spans)
+        if covered < end:  # text past every token's own end (a tokenizer whose whole decode differs): the last's
+            last = spans.pop() if spans else Span("", origins[-1] if origins else "ar", steps[-1] if steps else 0)
+            spans.append(Span(last.text + full[covered:end], last.origin, last.step))
+        return spans
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
         """The earliest stop string in ``text`` (searched from just before the text already sent)."""
@@ -1101,4 +1161,6 @@ class TextStream:
         stats.seconds = decode_s
         text = tok.decode(self._tokens[:lo], skip_special_tokens=True)
         self.result = GenerateOutput(text[:at], self._tokens[:lo], "stop", stats, report.get("prompt_tokens", 0),
-                                     prefill, decode_s, logprobs, report.get("seed"))
+                                     prefill, decode_s, logprobs, report.get("seed"),
+                                     list(out.origins[:lo]) if out is not None else [],
+                                     list(out.steps[:lo]) if out is not None else [])

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bitmtp.decoding import origins as origin
 from bitmtp.decoding.drafters import CombinedDrafter
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.onepass import (
@@ -145,6 +146,10 @@ class GenerationResult:
     logprobs: list[float] | None = None
     #: the sampling seed used (None when decoding greedily)
     seed: int | None = None
+    #: per token, where it came from (``bitmtp.decoding.origins``: "ar", "lookup", "mask", ...)
+    origins: list[str] = field(default_factory=list)
+    #: per token, the iteration that committed it (0: the prefill's token; equal steps: one iteration)
+    steps: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -174,14 +179,23 @@ class _Output:
         self.reason: str | None = None
         self.sampler = sampler  # counts the committed tokens for its penalties
         self.logprobs: list[float] | None = [] if logprobs else None
+        #: per token, where it came from (``bitmtp.decoding.origins``) and the iteration that committed it
+        self.origins: list[str] = []
+        self.steps: list[int] = []
+        self._step = 0
 
-    def add(self, tokens: Sequence[int], probs: Sequence[float] | None = None) -> list[int]:
+    def add(self, tokens: Sequence[int], probs: Sequence[float] | None = None,
+            origins: Sequence[str] | None = None) -> list[int]:
+        """Commit ``tokens`` (one iteration's) up to the first stop; ``origins``: one per token (None: all
+        the model's own, ``ar``). Returns the tokens taken."""
         taken = []
         for i, t in enumerate(tokens):
             if self.reason is not None:
                 break
             self.tokens.append(int(t))
             taken.append(int(t))
+            self.origins.append(origins[i] if origins is not None else origin.AR)
+            self.steps.append(self._step)
             if self.logprobs is not None and probs is not None:
                 self.logprobs.append(_logprob(probs[i]))
             if int(t) in self.eos:
@@ -190,6 +204,8 @@ class _Output:
                 self.reason = "max_new_tokens"
             elif len(self.tokens) >= self.limit:
                 self.reason = "capacity"
+        if taken:  # an iteration overtaken by a stop commits nothing and is no step (as in DecodeStats)
+            self._step += 1
         if self.sampler is not None:
             self.sampler.commit(taken)
         return taken
@@ -288,7 +304,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     stats.seconds = t2 - t1
     stats.tokens = len(out.tokens)
     return GenerationResult(out.tokens, out.reason or "max_new_tokens", len(ids), t1 - t0, t2 - t1, stats,
-                            out.logprobs, params.seed if params is not None else None)
+                            out.logprobs, params.seed if params is not None else None, out.origins, out.steps)
 
 
 def _count_positions(stats: DecodeStats, k: int, accepted: int, runner_up: bool) -> None:
@@ -354,6 +370,7 @@ class _Deferred:
     verify: object  # the verify runner
     n: int  # materialized rows after its draft step
     block: int
+    origin: str  # of its draft tokens (bitmtp.decoding.origins)
 
 
 def _commit_probs(commit: Commit, probs: Sequence[float], ver_probs: Sequence[float] | None) -> list[float]:
@@ -419,6 +436,7 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
             b, p, runner = plan.block, 1, next_draft
             n_hi = deferred.n + deferred.block + 1  # a ≤ D accepted rows, then v_a's row
         runner.run()
+        draft_origin = origin.of_drafter(current)  # of this draft's tokens (current: the drafter that ran)
         stats.draft_steps += 1
         stats.widths[runner.state.width] += 1
         # -- hoisted verify prep: on the device, before the host reads anything -------------------
@@ -446,7 +464,8 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
             # the previous iteration's verify, resolved on the device, is now seen by the host
             commit = policy.commit(deferred.draft, deferred.probs, rest[0])
             n = deferred.n + commit.exact_rows
-            taken = out.add(commit.tokens, _commit_probs(commit, deferred.probs, rest[1] if logprobs else None))
+            taken = out.add(commit.tokens, _commit_probs(commit, deferred.probs, rest[1] if logprobs else None),
+                            origin.of_commit(len(commit.tokens), commit.verified, deferred.origin))
             stats.committed.append(len(taken))
             stats.verified.append(commit.verified)
             if index is not None:
@@ -475,7 +494,7 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
                 nb = plan.block
                 next_draft = pool.get(ReplayState(nb, kv.segment_for(n + b + nb), "draft", nb))
                 resolve_verify(verify, next_draft, arange, policy.device_accept)
-                deferred = _Deferred(draft, probs, verify, n, b)
+                deferred = _Deferred(draft, probs, verify, n, b, draft_origin)
                 continue
             # the end of the store (or penalties): read at once
             if logprobs:
@@ -484,7 +503,8 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
                 (ver,) = engine.read(verify.out_token)
             stats.flushes += 1
             commit = policy.commit(draft, probs, ver)
-        taken = out.add(commit.tokens, _commit_probs(commit, probs, ver_p))
+        taken = out.add(commit.tokens, _commit_probs(commit, probs, ver_p),
+                        origin.of_commit(len(commit.tokens), commit.verified, draft_origin))
         stats.committed.append(len(taken))
         stats.verified.append(commit.verified)
         if index is not None:
@@ -616,10 +636,12 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
             # the pending row chose g_1's runner-up: it commits with its own row's argmax (row k + 1), and
             # its KV row, written to its scratch slot (the same bits as at n + 1: onepass.runner_up_slot),
             # becomes position n + 1's
-            taken = out.add([alt, v[k + 1]], [row_p[0], row_p[k + 1]] if logprobs else None)
+            taken = out.add([alt, v[k + 1]], [row_p[0], row_p[k + 1]] if logprobs else None,
+                            (origin.RUNNER_UP, origin.AR))
         else:
             # the accepted guesses are the outputs of the rows before them: rows 0..a chose what commits
-            taken = out.add([*guesses[:a], v[a]], row_p[: a + 1] if logprobs else None)
+            taken = out.add([*guesses[:a], v[a]], row_p[: a + 1] if logprobs else None,
+                            [*[origin.of_source(plan.source)] * a, origin.AR])
         stats.committed.append(len(taken))
         stats.verified.append(k > 0)
         stats.widths[w] += 1

@@ -59,6 +59,9 @@ PARSE_THREADS = 2
 #: receives it; it is what the access log shows
 CLIENT_CLOSED = 499
 
+#: the chat page served at ``/``
+CHAT_PAGE = Path(__file__).with_name("static") / "chat.html"
+
 T = TypeVar("T")
 
 
@@ -157,8 +160,10 @@ def _parse(raw: bytes, chat: bool, model: Any, model_name: str) -> Request:
 def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None],
          cancelled: threading.Event) -> None:
     """A generation thread: ``bitmtp.generate`` on ``session``, reporting through ``emit``:
-    ``("start", None)`` once the arguments are accepted, then (streamed) ``("piece", text)``…, and
-    ``("done", GenerateOutput)`` or ``("error", exception)``; nothing more once ``cancelled`` is set (the
+    ``("start", None)`` once the arguments are accepted, then (streamed) ``("piece", (text, spans))``…, and
+    ``("done", (GenerateOutput, spans))`` or ``("error", exception)`` — ``spans``: the text's
+    :class:`bitmtp.Span` list when the request asked for origins (a whole answer's on ``done``), else [];
+    nothing more once ``cancelled`` is set (the
     client left) or the server stops. Always hands the session back."""
     import bitmtp
 
@@ -172,20 +177,25 @@ def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None
             # the GenerateOutput the call without stream returns
             stream = bitmtp.generate(session, input_ids=req.input_ids, stream=True, **req.kwargs)
             emit(("start", None))
-            held, sent_at = "", -math.inf  # text not sent yet, and when the last piece was (the first goes at once)
+            # text not sent yet with its origin spans (asked for: bitmtp.origins), and when the last piece
+            # went (the first goes at once)
+            held, held_spans, sent_at = "", [], -math.inf
             for piece in stream:
                 state.count("steps")
                 if cancelled.is_set() or state.stopping.is_set():  # the client went away, or the server stops
                     return
+                if req.origins:
+                    held_spans += stream.spans
                 if req.stream:
                     held += piece
                     now = time.monotonic()
                     if now - sent_at >= state.stream_interval:  # STREAM_INTERVAL says why pieces are held
-                        emit(("piece", held))
-                        held, sent_at = "", now
+                        emit(("piece", (held, held_spans)))
+                        held, held_spans, sent_at = "", [], now
             if held:
-                emit(("piece", held))
-            emit(("done", stream.result))
+                emit(("piece", (held, held_spans)))
+            # a whole answer's spans: every piece's
+            emit(("done", (stream.result, held_spans if not req.stream else [])))
         except Exception as exc:  # noqa: BLE001 - reported to the request (a BitMTPError is its 400)
             emit(("error", exc))
     finally:
@@ -233,10 +243,18 @@ def _usage(out: Any) -> dict[str, int]:
             "total_tokens": out.prompt_tokens + len(out.token_ids)}
 
 
-def _extension(state: _State, out: Any) -> dict[str, Any]:
+def _origins(spans: list) -> list[dict[str, Any]]:
+    """``bitmtp.origins``: the text cut by the tokens that produced it (:class:`bitmtp.Span` as JSON)."""
+    return [sp.as_dict() for sp in spans]
+
+
+def _extension(state: _State, out: Any, spans: list | None = None) -> dict[str, Any]:
     """The ``"bitmtp"`` field: which replica answered, why it stopped, the sampling seed (given or drawn:
-    send it back to reproduce the text), timings and the decoding stats."""
-    return json_safe({"replica": state.replica, "stop_reason": out.stop_reason, "seed": getattr(out, "seed", None),
+    send it back to reproduce the text), timings and the decoding stats; with ``spans`` (a whole answer
+    that asked for them) the text's origins too."""
+    extra = {"origins": _origins(spans)} if spans is not None else {}
+    return json_safe({**extra, "replica": state.replica, "stop_reason": out.stop_reason,
+                      "seed": getattr(out, "seed", None),
                        "prefill_seconds": out.prefill_seconds, "decode_seconds": out.decode_seconds,
                        "tokens_per_second": out.tokens_per_second, "stats": out.stats.as_dict()})
 
@@ -380,6 +398,13 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         # anything else is a bug in bitmtp: still an OpenAI-style body, and the server keeps serving
         return error_response(_error_of(exc, chat=False))
 
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> Response:
+        """The chat page (``bitmtp/serve/static/chat.html``: one file, no CDN, works offline); it streams from
+        this server's ``/v1/chat/completions`` and tints each token by where it came from."""
+        return Response(CHAT_PAGE.read_bytes(), media_type="text/html; charset=utf-8",
+                        headers={"cache-control": "no-cache"})
+
     @app.get("/health")
     async def health() -> SafeJSONResponse:
         pool = state.pool
@@ -467,7 +492,7 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:
-            return SafeJSONResponse(_full_response(state, req, payload, rid, created))
+            return SafeJSONResponse(_full_response(state, req, *payload, rid, created))
         body = _sse(state, req, events, cancelled, rid, created)
         # a body never started (the client left before the first byte) runs no `finally`: stop the thread when
         # the generator object is dropped instead
@@ -485,7 +510,7 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
     return app
 
 
-def _full_response(state: _State, req: Request, out: Any, rid: str, created: int) -> dict[str, Any]:
+def _full_response(state: _State, req: Request, out: Any, spans: list, rid: str, created: int) -> dict[str, Any]:
     finish = FINISH_REASON.get(out.stop_reason, "stop")
     logprobs = _logprobs_field(state.model, out, chat=req.chat) if req.logprobs else None
     if req.chat:
@@ -494,7 +519,8 @@ def _full_response(state: _State, req: Request, out: Any, rid: str, created: int
     else:
         choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": finish}
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
-            "model": state.model_name, "choices": [choice], "usage": _usage(out), "bitmtp": _extension(state, out)}
+            "model": state.model_name, "choices": [choice], "usage": _usage(out),
+            "bitmtp": _extension(state, out, spans if req.origins else None)}
 
 
 async def _sse(state: _State, req: Request, events: asyncio.Queue, cancelled: threading.Event, rid: str,
@@ -521,9 +547,13 @@ async def _sse(state: _State, req: Request, events: asyncio.Queue, cancelled: th
         while True:
             kind, payload = await events.get()
             if kind == "piece":
-                yield chunk(piece(payload))
+                text, spans = payload
+                if req.origins:  # aligned with the chunk's text: the spans' texts concatenate to it
+                    yield chunk(piece(text), bitmtp={"origins": _origins(spans)})
+                else:
+                    yield chunk(piece(text))
             elif kind == "done":
-                out = payload
+                out, _ = payload
                 last = {"delta": {}} if req.chat else {"text": ""}
                 last["finish_reason"] = FINISH_REASON.get(out.stop_reason, "stop")
                 if req.logprobs:  # the whole answer's, on its last chunk (clients concatenate them)

@@ -72,6 +72,8 @@ class Request:
     logprobs: bool = False
     #: the model name the client gave (None: left out)
     model: str | None = None
+    #: send each piece of text with the origins of its tokens (``"bitmtp": {"origins": true}``)
+    origins: bool = False
 
 
 def _kind(x: Any) -> str:
@@ -240,6 +242,7 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
         if not isinstance(include_usage, bool):
             raise bad_request("stream_options", f"include_usage: expected a boolean, got {_kind(include_usage)}")
     kwargs, logprobs = sampling_kwargs(body, chat=chat)
+    origins = _extension_options(body.get("bitmtp"))
     field_name = "messages" if chat else "prompt"
     try:
         ids = model.encode(_messages(body)) if chat else _prompt_ids(model, body)
@@ -254,7 +257,30 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
                                       f"{quote(str(exc))})") from None
     kwargs["max_new_tokens"] = _max_tokens(body, chat=chat, prompt_tokens=len(ids), capacity=model.engine.capacity)
     return Request(chat=chat, input_ids=ids, kwargs=kwargs, stream=stream, include_usage=include_usage,
-                   logprobs=logprobs, model=name)
+                   logprobs=logprobs, model=name, origins=origins)
+
+
+#: the request's extension field ``"bitmtp"``: option → what it asks for
+EXTENSION_OPTIONS = {"origins": "each piece of text with the origins of its tokens (bitmtp.origins)"}
+
+
+def _extension_options(value: Any) -> bool:
+    """The request's ``"bitmtp"`` extension object (null or absent: no options) → whether it asks for
+    origins."""
+    if value is None:
+        return False
+    if not isinstance(value, Mapping):
+        raise bad_request("bitmtp", f"expected an object such as {{\"origins\": true}}, got {_kind(value)}")
+    for key in value:
+        if key not in EXTENSION_OPTIONS:
+            raise bad_request("bitmtp", f"unknown option {quote(repr(key))}; the options are "
+                                        + ", ".join(f"{k!r} ({v})" for k, v in EXTENSION_OPTIONS.items()))
+    origins = value.get("origins", False)
+    if origins is None:
+        return False
+    if not isinstance(origins, bool):
+        raise bad_request("bitmtp", f"origins: expected a boolean, got {_kind(origins)}")
+    return origins
 
 
 def _max_tokens(body: Mapping[str, Any], *, chat: bool, prompt_tokens: int, capacity: int) -> int:

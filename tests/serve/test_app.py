@@ -160,6 +160,9 @@ BAD = [  # (body, status, param, code): each an error response, then the server 
     ({"messages": _chat("x"), "repetition_penalty": 0}, 400, "repetition_penalty", None),
     ({"messages": _chat("x"), "seed": 1.5}, 400, "seed", None),
     ({"messages": _chat("x"), "top_logprobs": 2}, 400, "top_logprobs", None),
+    ({"messages": _chat("x"), "bitmtp": True}, 400, "bitmtp", None),
+    ({"messages": _chat("x"), "bitmtp": {"origin": True}}, 400, "bitmtp", None),
+    ({"messages": _chat("x"), "bitmtp": {"origins": "yes"}}, 400, "bitmtp", None),
     ({"model": "gpt-4o", "messages": _chat("x")}, 404, "model", "model_not_found"),
 ]
 
@@ -360,3 +363,63 @@ def test_a_bug_is_an_openai_500_and_the_server_keeps_serving(server, monkeypatch
     assert "ZeroDivisionError: planted" in r.json()["error"]["message"]
     monkeypatch.undo()
     _good_request(server)
+
+
+#: a prompt whose greedy answer repeats text of the prompt: prompt lookup's guesses are accepted (policy auto)
+REPEAT = _chat("Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the "
+               "lazy dog.")
+
+
+def _spans_of(events: list[dict]) -> tuple[str, list[dict]]:
+    """A chat stream's text and its origin spans, checking each chunk's spans concatenate to its text."""
+    text, spans = "", []
+    for e in events:
+        if not e["choices"] or not e["choices"][0]["delta"].get("content"):
+            continue
+        piece = e["choices"][0]["delta"]["content"]
+        got = e["bitmtp"]["origins"]
+        assert "".join(sp["text"] for sp in got) == piece  # aligned with the chunk's text
+        text += piece
+        spans += got
+    return text, spans
+
+
+@pytest.mark.parametrize("interval", [0, 10])
+def test_origins_ride_along_on_request(smollm2, interval):
+    """``"bitmtp": {"origins": true}``: every text chunk carries its tokens' origins and steps, aligned with its
+    text (held-back text brings its spans along); they are ``generate``'s per-token origins; a whole answer
+    carries the text's spans; without the option no chunk has them."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    ref = bitmtp.generate(smollm2, REPEAT, max_new_tokens=24)
+    assert "lookup" in ref.origins and len(ref.origins) == len(ref.steps) == len(ref.token_ids)
+    body = {"model": MODEL, "messages": REPEAT, "max_tokens": 24, "stream": True, "bitmtp": {"origins": True}}
+    with run_in_thread(create_app(smollm2, model_name=MODEL, stream_interval=interval)) as srv:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120, json=body) as s:
+            events = _sse(s.iter_lines())
+        whole = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={**body, "stream": False}).json()
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
+                          json={**body, "bitmtp": None}) as s:
+            plain = _sse(s.iter_lines())
+    text, spans = _spans_of(events)
+    assert text == ref.text
+    # one span per token that has text of its own (SmolLM2's answer here: every token), in order
+    texts = [smollm2.tokenizer.decode([t], skip_special_tokens=True) for t in ref.token_ids]
+    keep = [i for i, t in enumerate(texts) if t]
+    if interval == 0:
+        assert [(sp["origin"], sp["step"]) for sp in spans] == [(ref.origins[i], ref.steps[i]) for i in keep]
+    else:  # text of one token split between the first chunk and the rest gives a span in each
+        assert [(sp["origin"], sp["step"]) for sp in spans][-3:] == [(ref.origins[i], ref.steps[i])
+                                                                    for i in keep][-3:]
+    assert {sp["origin"] for sp in spans} <= {"ar", "lookup", "mask", "heads", "runner_up"}
+    assert events[-1]["choices"][0]["finish_reason"] and "origins" not in events[-1]["bitmtp"]
+    assert whole["choices"][0]["message"]["content"] == ref.text
+    assert "".join(sp["text"] for sp in whole["bitmtp"]["origins"]) == ref.text
+    assert [sp["origin"] for sp in whole["bitmtp"]["origins"]] == [ref.origins[i] for i in keep]
+    assert all("origins" not in e.get("bitmtp", {}) for e in plain)
+
+
+def test_chat_page_is_served(server):
+    r = httpx.get(server.url + "/", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in r.text and "<script" in r.text
