@@ -34,6 +34,29 @@
 
 namespace bitmtp_cpu {
 
+// Per-token absmax int8 quantization, bit-exact with bitmtp.formats.quantize.quantize_activations:
+// s = 127 / max(max|x|, 1e-5) and x_q = clamp(round_half_even(x * s), -128, 127), in float32.
+void act_quant_rows(const float* x, int rows, int k, int8_t* q, float* s) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * k;
+    float amax = 0.f;
+    for (int i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr[i]));
+    // torch evaluates `127.0 / t` as reciprocal(t) * 127: a quarter of the scales differ by an ulp
+    // from a true division, so the reference's rounding is reproduced literally.
+    const float sc = (1.0f / std::max(amax, 1e-5f)) * 127.0f;
+    s[r] = sc;
+    int8_t* qr = q + static_cast<int64_t>(r) * k;
+    // Round half to even by the 1.5 * 2^23 trick (|x * sc| <= 128 here): plain adds that vectorize on
+    // any x86-64, where nearbyintf is a libm call per element without SSE4.1 (~0.5 ms per BitNet-2B
+    // layer at 15 rows).
+    constexpr float kMagic = 12582912.0f;
+    for (int i = 0; i < k; ++i) {
+      const float v = (xr[i] * sc + kMagic) - kMagic;
+      qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
+    }
+  }
+}
+
 namespace {
 
 template <typename T>
@@ -57,29 +80,6 @@ void rms_norm_rows(const float* x, int rows, int n, const float* w, float eps, f
     const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
     for (int k = 0; k < n; ++k) yr[k] = w[k] * (xr[k] * inv);
-  }
-}
-
-// Per-token absmax int8 quantization, bit-exact with bitmtp.formats.quantize.quantize_activations:
-// s = 127 / max(max|x|, 1e-5) and x_q = clamp(round_half_even(x * s), -128, 127), in float32.
-void act_quant_rows(const float* x, int rows, int k, int8_t* q, float* s) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<int64_t>(r) * k;
-    float amax = 0.f;
-    for (int i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr[i]));
-    // torch evaluates `127.0 / t` as reciprocal(t) * 127: a quarter of the scales differ by an ulp
-    // from a true division, so the reference's rounding is reproduced literally.
-    const float sc = (1.0f / std::max(amax, 1e-5f)) * 127.0f;
-    s[r] = sc;
-    int8_t* qr = q + static_cast<int64_t>(r) * k;
-    // Round half to even by the 1.5 * 2^23 trick (|x * sc| <= 128 here): plain adds that vectorize on
-    // any x86-64, where nearbyintf is a libm call per element without SSE4.1 (~0.5 ms per BitNet-2B
-    // layer at 15 rows).
-    constexpr float kMagic = 12582912.0f;
-    for (int i = 0; i < k; ++i) {
-      const float v = (xr[i] * sc + kMagic) - kMagic;
-      qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
-    }
   }
 }
 

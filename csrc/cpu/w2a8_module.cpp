@@ -67,6 +67,32 @@ void run(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, int6
            isa, threads);
 }
 
+// Per-token int8 quantization of float32 rows x[M][K] into x_q[M][K] and s[M] (layers.cpp).
+void act_quant(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t q_ptr, uintptr_t s_ptr) {
+  require(M >= 1 && K >= 1 && M * K <= INT32_MAX, "act_quant: needs 1 <= M, 1 <= K and M * K < 2^31");
+  py::gil_scoped_release release;
+  act_quant_rows(reinterpret_cast<const float*>(x_ptr), static_cast<int>(M), static_cast<int>(K),
+                 reinterpret_cast<int8_t*>(q_ptr), reinterpret_cast<float*>(s_ptr));
+}
+
+// W2A8 linear on float32 activations in one call: quantize x[M][K] (act_quant above, into this thread's
+// buffer), then the kernel. What TernaryLinear calls on the cpu backend: the quantization as torch ops
+// cost 3x the kernel at M = 1 (2560 x 6912), and their libgomp region fought the thread team.
+void linear_f32(uintptr_t x_ptr, int64_t M, int64_t K, uintptr_t w_ptr, int64_t N, int64_t KW, uintptr_t scales_ptr,
+                int64_t scale_rows, int64_t NG, int64_t G, uintptr_t bias_ptr, uintptr_t y_ptr, int isa, int threads) {
+  require(M >= 1 && K >= 1 && M * K <= INT32_MAX, "linear_f32: needs 1 <= M, 1 <= K and M * K < 2^31");
+  py::gil_scoped_release release;
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  xq.resize(static_cast<size_t>(M * K));
+  xs.resize(static_cast<size_t>(M));
+  act_quant_rows(reinterpret_cast<const float*>(x_ptr), static_cast<int>(M), static_cast<int>(K), xq.data(),
+                 xs.data());
+  w2a8_run(xq.data(), M, K, reinterpret_cast<const uint32_t*>(w_ptr), N, KW, reinterpret_cast<const float*>(scales_ptr),
+           scale_rows, NG, G, xs.data(), reinterpret_cast<const float*>(bias_ptr), reinterpret_cast<float*>(y_ptr),
+           nullptr, isa, threads);
+}
+
 // Streaming-read probe: sums a buffer with `threads` threads. Benchmarks divide bytes by its time to
 // get this machine's read bandwidth in the same run as the kernels they compare against it.
 uint64_t stream_read(uintptr_t ptr, int64_t nbytes, int threads) {
@@ -266,6 +292,12 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         "TQ2_0 rows (n x k/256 blocks of 66 bytes) -> T2 words (n x k/16 uint32), codes copied as they are");
   m.def("stream_read", &stream_read, py::arg("ptr"), py::arg("nbytes"), py::arg("threads"),
         "Sum a buffer of uint64 with `threads` threads (a streaming-read bandwidth probe)");
+  m.def("act_quant", &act_quant, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("q_ptr"), py::arg("s_ptr"),
+        "Per-token absmax int8 quantization of float32 rows (bit-exact with the torch reference)");
+  m.def("linear_f32", &linear_f32, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),
+        py::arg("KW"), py::arg("scales_ptr"), py::arg("scale_rows"), py::arg("NG"), py::arg("G"), py::arg("bias_ptr"),
+        py::arg("y_ptr"), py::arg("isa"), py::arg("threads"),
+        "W2A8 linear on float32 activations: act_quant then the kernel, in one call (GIL released)");
   m.def("run", &run, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"), py::arg("KW"),
         py::arg("scales_ptr"), py::arg("scale_rows"), py::arg("NG"), py::arg("G"), py::arg("act_scale_ptr"),
         py::arg("bias_ptr"), py::arg("y_ptr"), py::arg("acc_ptr"), py::arg("isa"), py::arg("threads"),

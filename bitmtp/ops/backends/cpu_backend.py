@@ -129,6 +129,38 @@ class CpuBackend:
         except ValueError as exc:  # the extension's own argument checks
             raise ShapeError(str(exc)) from exc
 
+    def act_quant(self, x):
+        """Per-token int8 quantization in the extension, on the calling thread: the reference's bits
+        (widened to float32 first, as the reference does), without torch ops."""
+        lead, k = x.shape[:-1], x.shape[-1]
+        xf = x.reshape(-1, k).to(torch.float32).contiguous()
+        m = xf.shape[0]
+        x_q = torch.empty((m, k), dtype=torch.int8)
+        s = torch.empty((m,), dtype=torch.float32)
+        if m:
+            self._ext.act_quant(xf.data_ptr(), m, k, x_q.data_ptr(), s.data_ptr())
+        return x_q.reshape(*lead, k), s.reshape(lead)
+
+    def w2a8_linear(self, x2, packed, scales, k, group_size, bias, out_dtype):
+        """``w2a8_linear`` on ``x2[M, K]`` in ONE extension call: the activations are quantized inside it
+        (act_quant's bits), then the kernel runs — no torch op between them."""
+        xf = x2.to(torch.float32).contiguous()
+        m = xf.shape[0]
+        if m < 1:
+            raise ShapeError("x: M = 0 rows; W2A8 needs M >= 1 tokens")
+        n, kw = packed.shape
+        self._check("weight", packed, torch.int32)
+        self._check("scales", scales, torch.float32)
+        b = None if bias is None else bias.to(torch.float32).contiguous()
+        y = torch.empty((m, n), dtype=torch.float32)
+        try:
+            self._ext.linear_f32(xf.data_ptr(), m, k, packed.data_ptr(), n, kw, scales.data_ptr(), scales.shape[0],
+                                 -(-k // group_size), group_size, b.data_ptr() if b is not None else 0, y.data_ptr(),
+                                 self._isa(), kernel_threads())
+        except ValueError as exc:  # the extension's own argument checks
+            raise ShapeError(str(exc)) from exc
+        return y if out_dtype == torch.float32 else y.to(out_dtype)
+
     def w2a8_accumulate(self, x_q, packed, k, group_size, out=None):
         if out is None:
             out = torch.empty((x_q.shape[0], packed.shape[0], -(-k // group_size)), dtype=torch.int32)
