@@ -2,7 +2,7 @@
 ``generate``, continue the shipped mask-block adapter on them, and write the adapter and the compressed corpus
 to an output folder — one prepared run, sized to a device call's ten minutes.
 
-Why a GPU: held out, the first mask row gains ~0.035 per doubling of distinct prompts (ARCHITECTURE, "Self-
+Why a GPU: held out, the first mask row gains ~0.035 per doubling of distinct prompts (docs/training.md, "Self-
 distillation corpora"); reaching 0.6 on eval-acceptance's chat set needs ~10x the ~2400 general prompts the
 shipped adapter saw — hours of this project's 2-core CPU, minutes of an H200.
 

@@ -403,19 +403,20 @@ def test_origins_ride_along_on_request(smollm2, interval):
             plain = _sse(s.iter_lines())
     text, spans = _spans_of(events)
     assert text == ref.text
-    # one span per token that has text of its own (SmolLM2's answer here: every token), in order
+    # one span per token with text of its own (SmolLM2's answer here: every token; a token whose text is split
+    # between the first chunk and the rest gives two). Which draft proposed a token is the policy's choice
+    # (auto plans from what it learned in earlier generations): the tokens are fixed, their origins are not
     texts = [smollm2.tokenizer.decode([t], skip_special_tokens=True) for t in ref.token_ids]
-    keep = [i for i, t in enumerate(texts) if t]
-    if interval == 0:
-        assert [(sp["origin"], sp["step"]) for sp in spans] == [(ref.origins[i], ref.steps[i]) for i in keep]
-    else:  # text of one token split between the first chunk and the rest gives a span in each
-        assert [(sp["origin"], sp["step"]) for sp in spans][-3:] == [(ref.origins[i], ref.steps[i])
-                                                                    for i in keep][-3:]
+    owners = sum(1 for t in texts if t)
+    assert owners <= len(spans) <= owners + (1 if interval else 0)
+    steps = [sp["step"] for sp in spans]
+    assert steps[0] == 0 and steps == sorted(steps) and steps[-1] < len(ref.token_ids)
     assert {sp["origin"] for sp in spans} <= {"ar", "lookup", "mask", "heads", "runner_up"}
+    assert "lookup" in {sp["origin"] for sp in spans}  # the answer repeats the prompt
     assert events[-1]["choices"][0]["finish_reason"] and "origins" not in events[-1]["bitmtp"]
     assert whole["choices"][0]["message"]["content"] == ref.text
     assert "".join(sp["text"] for sp in whole["bitmtp"]["origins"]) == ref.text
-    assert [sp["origin"] for sp in whole["bitmtp"]["origins"]] == [ref.origins[i] for i in keep]
+    assert len(whole["bitmtp"]["origins"]) == owners
     assert all("origins" not in e.get("bitmtp", {}) for e in plain)
 
 
