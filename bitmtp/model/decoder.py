@@ -38,8 +38,9 @@ from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupporte
 
 log = logging.getLogger("bitmtp")
 
-#: the two ways :meth:`Decoder.run_layers` can run a step (:attr:`Decoder.last_path`)
-FUSED, PER_OP = "fused", "per-op"
+#: the ways a step can run (:attr:`Decoder.last_path`): the fused CPU layers, per op, and the fused GPU step
+#: (``bitmtp.runtime.gpu_step``: the whole step, recorded by the graph pool's runner)
+FUSED, PER_OP, GPU_STEP = "fused", "per-op", "gpu-step"
 
 
 class Attention(nn.Module):
@@ -137,7 +138,9 @@ class Decoder(nn.Module):
         #: the path the last step ran: ``"fused"`` or ``"per-op"`` (None before any step)
         self.last_path: str | None = None
         #: steps run on each path since this decoder was built (tests assert the path they meant)
-        self.path_counts: dict[str, int] = {FUSED: 0, PER_OP: 0}
+        self.path_counts: dict[str, int] = {FUSED: 0, PER_OP: 0, GPU_STEP: 0}
+        #: why the fused GPU step (``bitmtp.runtime.gpu_step``) does not run, or "" when it does
+        self.gpu_step_reason = ""
         self._logged_reasons: set[str] = set()  # fallback reasons already logged (once each)
 
     def _pending_embed(self) -> LazyWeight | None:

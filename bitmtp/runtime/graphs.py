@@ -19,9 +19,10 @@ import torch
 
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
-from bitmtp.model.decoder import Decoder, StepInputs
+from bitmtp.model.decoder import GPU_STEP, Decoder, StepInputs
 from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.threads import step_threads
+from bitmtp.runtime.gpu_step import ROWS, GpuStepPlan, Launcher, plan_for
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.states import DRAFT_ROLES, ReplayState
 
@@ -78,6 +79,8 @@ class StepRunner:
         self.mempool = mempool
         self.graph = None
         self.replays = 0
+        #: counts the kernels the fused GPU step launches (``bitmtp.runtime.gpu_step``)
+        self.launcher = Launcher()
 
     @torch.no_grad()
     def _body(self) -> None:
@@ -85,6 +88,12 @@ class StepRunner:
             self.drafter.draft(self)
             return
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
+        plan = self._gpu_step()
+        if plan is not None:  # the whole step in the fused GPU kernels (bitmtp.runtime.gpu_step)
+            plan.step(self.launcher, self.tokens, self.positions, self.positions, mask, self.out_token, self.out_prob,
+                      m=self.state.width)
+            self.decoder._took(GPU_STEP, "")
+            return
         logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
         if self.sampler is None:
             tok, prob = argmax_prob(logits)
@@ -97,6 +106,13 @@ class StepRunner:
         self.out_prob.copy_(prob)
         if self.logits is not None:
             self.logits.copy_(logits)
+
+    def _gpu_step(self) -> GpuStepPlan | None:
+        """The fused GPU step's plan when it covers this runner's steps (argmax rows of width ≤ 16 without
+        kept logits), else None."""
+        if self.sampler is not None or self.logits is not None or self.state.width > ROWS:
+            return None
+        return plan_for(self.decoder, self.kv)
 
     def run(self) -> None:
         if not self.capture:

@@ -1,0 +1,215 @@
+"""The GPU step in few launches (DESIGN.md, "The GPU step: a launch budget"): embedding, every decoder layer,
+the final norm and the LM head with argmax / probability / runner-up, as the fused Triton kernels of
+``bitmtp.triton_kernels.layers`` — 9 launches a layer and 5 a step where the per-op path launched ~90 a layer.
+
+Opt-in (``BITMTP_GPU_STEP=fused``) until a GPU run has verified it (``bench/gpu_check.sh``): then the
+graph pool's decode and verify steps of width ≤ 16 run :meth:`GpuStepPlan.step` (inside a CUDA graph on a
+GPU; through Triton's interpreter on CPU tensors with ``TRITON_INTERPRET=1``, for tests). Steps it does not
+cover (mask rows, sampling, wider steps, kept logits) and models it does not cover (dense projections, biases,
+q/k norms, other activations) run the per-op path; :func:`plan_for` says why in ``decoder.gpu_step_reason``.
+
+Every launch goes through one counting :class:`Launcher`; the only launch outside it is the step's attention
+mask (built by the caller's mask function, one torch op): ``tests/runtime/test_gpu_step.py`` counts every op a
+step dispatches and fails above the budget.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import torch
+
+from bitmtp.ops.ternary_linear import TernaryLinear
+
+#: the opt-in switch and its value
+ENV_VAR, ENABLED = "BITMTP_GPU_STEP", "fused"
+#: the launch budget: kernels a layer, and a step's own (embedding, final norm, head, argmax / probabilities)
+LAYER_BUDGET, STEP_BUDGET = 10, 6
+#: the widest step the fused kernels take (``bitmtp.triton_kernels.layers.ROWS``; wider steps run per op)
+ROWS = 16
+
+
+class Unsupported(Exception):
+    """The model or step is not one the fused GPU step covers (the message says what)."""
+
+
+class Launcher:
+    """Runs and counts every kernel launch of a step (``launch(name, kernel, grid, *args, **kwargs)``)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, name: str, kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+        self.counts[name] += 1
+        kernel[grid](*args, **kwargs)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+
+def enabled(device: torch.device) -> tuple[bool, str]:
+    """Whether steps on ``device`` take the fused GPU step, and why not."""
+    if os.environ.get(ENV_VAR, "") != ENABLED:
+        return False, f"opt in with {ENV_VAR}={ENABLED} (not yet verified on a GPU)"
+    if device.type == "cuda":
+        return True, ""
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "Triton interpreter"
+    return False, f"the fused GPU step runs on CUDA devices (or the Triton interpreter), not {device.type}"
+
+
+def _ternary(mod: Any, what: str) -> TernaryLinear:
+    if not isinstance(mod, TernaryLinear):
+        raise Unsupported(f"{what}: a {type(mod).__name__} projection (the fused GPU step takes ternary ones)")
+    if mod.bias is not None:
+        raise Unsupported(f"{what}: has a bias")
+    return mod
+
+
+def _splits(units: int, k: int, sms: int) -> int:
+    """K-slices so that units × slices fills the SMs about twice (each slice at least 256 wide)."""
+    want = max(1, -(-2 * sms // max(units, 1)))
+    return max(1, min(want, k // 256))
+
+
+class GpuStepPlan:
+    """A decoder's weights and scratch laid out for the fused kernels, for one KV store."""
+
+    def __init__(self, decoder: Any, kv: Any):
+        from bitmtp.model.families import Activation, Norm
+        from bitmtp.triton_kernels import layers as kernels
+
+        self.kernels = kernels
+        a = decoder.args
+        spec = decoder.spec
+        acts = {Activation.RELU2: "relu2", Activation.SILU: "silu"}
+        if spec.activation not in acts:
+            raise Unsupported(f"activation {spec.activation!r} (the fused GPU step has relu2 and silu)")
+        self.activation = acts[spec.activation]
+        if a.head_dim % 2 or a.head_dim & (a.head_dim - 1) or a.head_dim < 16:
+            raise Unsupported(f"head_dim {a.head_dim} (the fused attention takes powers of two >= 16)")
+        self.layers = []
+        for i, layer in enumerate(decoder.layers):
+            for slot in (Norm.Q, Norm.K, Norm.MLP_OUT):
+                if layer.norm(slot) is not None:
+                    raise Unsupported(f"layer {i}: a {slot.value} norm")
+            self.layers.append({
+                "qkv": _ternary(layer.attn.qkv_proj, f"layer {i} qkv"),
+                "o": _ternary(layer.attn.o_proj, f"layer {i} o"),
+                "gate_up": _ternary(layer.mlp.gate_up_proj, f"layer {i} gate_up"),
+                "down": _ternary(layer.mlp.down_proj, f"layer {i} down"),
+                "attn_in": layer.norm(Norm.ATTN_IN), "mlp_in": layer.norm(Norm.MLP_IN),
+                "attn_sub": layer.norm(Norm.ATTN_SUB), "mlp_sub": layer.norm(Norm.MLP_SUB),
+            })
+        self.args, self.eps = a, a.rms_norm_eps
+        dev = decoder.device
+        self.device = dev
+        embed = decoder.embed
+        self.embed = embed.materialize() if hasattr(embed, "materialize") and not isinstance(embed, torch.Tensor) \
+            else embed
+        self.norm = decoder.norm
+        self.head = decoder.lm_head.weight
+        self.cos, self.sin = decoder.rope_cos, decoder.rope_sin
+        self.kv = kv
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
+        rows = kernels.ROWS
+        f32 = dict(dtype=torch.float32, device=dev)
+        h, q_size, inter = a.hidden_size, a.num_heads * a.head_dim, a.intermediate_size
+        max_k = max(h, q_size, inter)
+        self.x = torch.zeros(rows, h, **f32)  # the residual stream
+        self.hn = torch.zeros(rows, h, **f32)  # the final norm's rows
+        self.xq = torch.zeros(rows, max_k, dtype=torch.int8, device=dev)
+        self.xs = torch.ones(rows, **f32)
+        self.q = torch.zeros(rows, q_size, **f32)
+        self.act = torch.zeros(rows, inter, **f32)
+        self.seconds = torch.zeros(rows, dtype=torch.long, device=dev)
+        max_n, max_ng, max_units = 1, 1, 1
+        self.splits: list[dict[str, int]] = []
+        heads = a.num_heads + 2 * a.num_kv_heads
+        for ly in self.layers:
+            sp = {}
+            for name in ("qkv", "o", "gate_up", "down"):
+                mod = ly[name]
+                n, k = mod.weight.shape[0], mod.in_features
+                epi = {"qkv": "qkv", "o": "residual", "gate_up": "glu", "down": "residual"}[name]
+                units = kernels.w2a8_units(n, epi, inter=inter, heads=heads)
+                sp[name] = _splits(units, k, sms)
+                max_n, max_ng = max(max_n, n), max(max_ng, mod.scales.shape[1])
+                max_units = max(max_units, units)
+            self.splits.append(sp)
+        # int32 partials and per-unit counters: zero, and left zero by every launch
+        self.acc = torch.zeros(rows, max_n, max_ng, dtype=torch.int32, device=dev)
+        self.counter = torch.zeros(max_units, dtype=torch.int32, device=dev)
+        self.attn_parts = kernels.attention_scratch(a.num_kv_heads, a.num_heads, a.head_dim, kv.rows, dev)
+        self.nsplit_max = -(-kv.rows // kernels.ATTN_SPLIT)
+        self.head_parts = kernels.head_scratch(self.head.shape[0], dev)
+        self.scale = a.head_dim ** -0.5
+
+    def _xq(self, k: int) -> torch.Tensor:
+        return self.xq[:, :k] if k == self.xq.shape[1] else self.xq.view(-1)[: self.xq.shape[0] * k].view(-1, k)
+
+    def step(self, launch: Launcher, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+             mask: torch.Tensor, out_token: torch.Tensor, out_prob: torch.Tensor, *, m: int) -> None:
+        """One step over ``m ≤ 16`` rows: ``tokens / positions / slots`` (int64, ≥ m long), ``mask [m, L]`` (bool);
+        writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob``."""
+        kn, a = self.kernels, self.args
+        kernels_w2a8 = kn.w2a8_fused
+        kn.embed_rows(launch, tokens, self.embed, self.x, m=m)
+        h, q_size, inter = a.hidden_size, a.num_heads * a.head_dim, a.intermediate_size
+        mask_u8 = mask.view(torch.uint8)
+        for i, ly in enumerate(self.layers):
+            sp = self.splits[i]
+            xq_h, xq_q, xq_i = self._xq(h), self._xq(q_size), self._xq(inter)
+            kn.norm_quant(launch, self.x, ly["attn_in"], self.eps, m=m, q=xq_h, s=self.xs)
+            mod = ly["qkv"]
+            kernels_w2a8(launch, xq_h, self.xs, mod.weight, mod.scales, h, mod.group_size, self.acc, self.counter,
+                         m=m, epilogue="qkv", out=self.q, splits=sp["qkv"],
+                         qkv=(positions, slots, self.cos, self.sin, self.kv.k[i], self.kv.v[i], a.num_heads,
+                              a.num_kv_heads, a.head_dim))
+            kn.attention_split(launch, self.q.view(-1, a.num_heads, a.head_dim), self.kv.k[i], self.kv.v[i], mask_u8,
+                               self.scale, self.attn_parts, m=m, nsplit_max=self.nsplit_max,
+                               sub_norm=ly["attn_sub"], eps=self.eps, q_out=xq_q, s_out=self.xs)
+            mod = ly["o"]
+            kernels_w2a8(launch, xq_q, self.xs, mod.weight, mod.scales, q_size, mod.group_size, self.acc, self.counter,
+                         m=m, epilogue="residual", out=self.x, splits=sp["o"])
+            kn.norm_quant(launch, self.x, ly["mlp_in"], self.eps, m=m, q=xq_h, s=self.xs)
+            mod = ly["gate_up"]
+            kernels_w2a8(launch, xq_h, self.xs, mod.weight, mod.scales, h, mod.group_size, self.acc, self.counter,
+                         m=m, epilogue="glu", out=self.act, splits=sp["gate_up"], inter=inter,
+                         activation=self.activation)
+            kn.norm_quant(launch, self.act, ly["mlp_sub"], self.eps, m=m, q=xq_i, s=self.xs)
+            mod = ly["down"]
+            kernels_w2a8(launch, xq_i, self.xs, mod.weight, mod.scales, inter, mod.group_size, self.acc, self.counter,
+                         m=m, epilogue="residual", out=self.x, splits=sp["down"])
+        kn.norm_quant(launch, self.x, self.norm, self.eps, m=m, f=self.hn)
+        kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
+
+
+def plan_for(decoder: Any, kv: Any) -> GpuStepPlan | None:
+    """The decoder's fused GPU step plan for ``kv`` (built once per store), or None — with the reason in
+    ``decoder.gpu_step_reason`` — when it is off or does not cover this model."""
+    ok, why = enabled(decoder.device)
+    if not ok:
+        decoder.gpu_step_reason = why
+        return None
+    cached = getattr(kv, "_gpu_step_plan", None)
+    if cached is not None and cached[0] is decoder:
+        decoder.gpu_step_reason = cached[2]
+        return cached[1]
+    try:
+        plan, reason = GpuStepPlan(decoder, kv), ""
+    except Unsupported as exc:
+        plan, reason = None, str(exc)
+    kv._gpu_step_plan = (decoder, plan, reason)
+    decoder.gpu_step_reason = reason
+    return plan
+
+
+__all__ = ["ENABLED", "ENV_VAR", "LAYER_BUDGET", "STEP_BUDGET", "ROWS", "GpuStepPlan", "Launcher", "Unsupported",
+           "enabled", "plan_for"]

@@ -1,0 +1,136 @@
+"""The fused GPU step (bitmtp/runtime/gpu_step.py), run on the CPU through Triton's interpreter.
+
+Rules: a decode or verify step launches at most 10 kernels a layer plus 6 a step — every op the step
+dispatches is counted, torch's included (views excepted: they launch nothing); its tokens equal the per-op
+path's greedy tokens; a row's probability has the same bits at every width (AR rows == verify rows); it is
+off unless asked for, and a model or step it does not cover runs per op with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import bitmtp
+from bitmtp.decoding.drafters import OracleDrafter
+from bitmtp.runtime import gpu_step
+from bitmtp.runtime.states import ReplayState
+from tests.support.hf_models import tiny_model
+
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                reason="needs the Triton interpreter (TRITON_INTERPRET=1, set by tests/conftest.py)")
+
+PROMPT = [5, 9, 12, 40, 3, 7, 8]
+NEW = 8
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+
+
+@pytest.fixture(scope="module")
+def bitnet():
+    return bitmtp.load(tiny_model("bitnet", seed=3), capacity=300, quantize="ternary")
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the torch ops a block dispatches outside the launcher (views launch nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and not func.is_view:
+            self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted_step(model, width: int) -> tuple[Counter, Counter]:
+    """One step of ``width`` rows through the graph pool's runner: (kernels launched by name, torch ops)."""
+    engine = model.engine
+    engine.reset()
+    engine._prefill(PROMPT)
+    role = "ar" if width == 1 else "verify"
+    runner = engine.pool.get(ReplayState(width, engine.kv.segment_for(len(PROMPT) + width), role))
+    runner.tokens.copy_(torch.arange(3, 3 + width))
+    runner.positions.copy_(torch.arange(len(PROMPT), len(PROMPT) + width))
+    mode = _Ops()
+    original = runner.launcher.__class__.__call__
+
+    def launch(self, *args, **kwargs):
+        mode.paused += 1
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            mode.paused -= 1
+
+    runner.launcher.reset()
+    before = model.decoder.path_counts["gpu-step"]
+    with mode, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_step.Launcher, "__call__", launch)
+        runner.run()
+    assert model.decoder.path_counts["gpu-step"] == before + 1, model.decoder.gpu_step_reason
+    return runner.launcher.counts, mode.ops
+
+
+@pytest.mark.parametrize("width", [1, 8, 16])
+def test_a_step_stays_within_the_launch_budget(bitnet, fused, width):
+    kernels, ops = _counted_step(bitnet, width)
+    layers = len(bitnet.decoder.layers)
+    # everything but the attention mask (one comparison, the runner's mask function) is a counted kernel
+    assert sum(ops.values()) <= 1, ops
+    total = sum(kernels.values()) + sum(ops.values())
+    assert total <= gpu_step.LAYER_BUDGET * layers + gpu_step.STEP_BUDGET, (kernels, ops)
+    per_layer = {k: v for k, v in kernels.items() if k not in ("embed", "head_partial", "head_combine")}
+    assert sum(per_layer.values()) == 9 * layers + 1  # 9 a layer, plus the final norm's norm_quant
+
+
+@pytest.mark.parametrize("family", ["bitnet", "llama"])
+def test_tokens_equal_the_per_op_path(family, monkeypatch):
+    model = bitmtp.load(tiny_model(family, seed=3), capacity=300, quantize="ternary")
+    ref = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    before = model.decoder.path_counts["gpu-step"]
+    out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    assert out.token_ids == ref.token_ids
+    assert model.decoder.path_counts["gpu-step"] - before == NEW  # the 7-row prefill and every decode step
+
+
+def test_rows_have_the_same_bits_at_every_width(bitnet, fused):
+    """AR (width 1) and one-pass verify rows (width 6) commit the same tokens with bit-identical probabilities:
+    speculative == AR by construction."""
+    ar = bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[], logprobs=True)
+    spec = bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule="one-pass",
+                           block_size=6, eos_token_id=[], logprobs=True,
+                           drafter=OracleDrafter(bitnet.decoder, PROMPT + ar.token_ids))
+    assert spec.token_ids == ar.token_ids and spec.logprobs == ar.logprobs
+    assert max(spec.stats.committed) > 1  # several rows per step were verified
+
+
+def test_off_unless_asked_for(bitnet, monkeypatch):
+    monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
+    before = bitnet.decoder.path_counts["gpu-step"]
+    bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=3, policy="ar", eos_token_id=[])
+    assert bitnet.decoder.path_counts["gpu-step"] == before
+    assert gpu_step.ENV_VAR in bitnet.decoder.gpu_step_reason
+
+
+def test_uncovered_models_and_steps_run_per_op_with_a_reason(fused):
+    dense = bitmtp.load(tiny_model("llama", seed=1), capacity=64)  # float projections
+    bitmtp.generate(dense, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
+    assert dense.decoder.path_counts["gpu-step"] == 0 and "projection" in dense.decoder.gpu_step_reason
+    qwen = bitmtp.load(tiny_model("qwen3", seed=1), capacity=64, quantize="ternary")
+    bitmtp.generate(qwen, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
+    assert qwen.decoder.path_counts["gpu-step"] == 0 and "q norm" in qwen.decoder.gpu_step_reason
+    bitnet = bitmtp.load(tiny_model("bitnet", seed=2), capacity=64, quantize="ternary")
+    bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=3, temperature=0.8, seed=1, eos_token_id=[])
+    assert bitnet.decoder.path_counts["gpu-step"] == 0  # sampled rows: the per-op path's sampler

@@ -1,0 +1,483 @@
+"""The GPU step's fused kernels: a decoder layer in 9 launches, a step's ends in 4 (DESIGN.md, "The GPU step").
+
+Every kernel takes the step's rows padded to a fixed ``ROWS = 16`` (rows ≥ M masked): the same compiled
+kernel runs every width 1..16, so a row's arithmetic — each product, each reduction's order — cannot depend
+on the width it ran in. Integer accumulators are exact whatever the order (split-K partials are added with
+integer atomics); float reductions run in a fixed order over fixed tiles. That is invariant (1) of the design
+by construction: a verify row equals the AR row bit for bit.
+
+* :func:`norm_quant` — RMSNorm (float64 sum of squares, as ``bitmtp.model.layers.rms_norm``) and the
+  per-token int8 quantization (``bitmtp.formats.quantize.quantize_activations``) of a row, in one program
+  per row; either part may be off (the final norm stores floats).
+* :func:`w2a8_fused` — W2A8 on int8 ``tl.dot`` (tensor cores on a GPU; codes decoded once per tile), split-K
+  with exact int32 partials added atomically; the last program of an output tile runs the epilogue:
+  ``store`` (y), ``residual`` (x += y in place), ``glu`` (act(gate)·up from the gate and up rows of one
+  gate_up projection; relu² or SiLU in float64) or ``qkv`` (RoPE on the q / k heads, q stored, k and v
+  written into the KV cache at each row's slot). It then zeroes its partials and counter for the next launch.
+* :func:`attention_partial` / :func:`attention_combine` — split-KV flash decoding: one program per
+  (KV head, split) reads each KV row once for every query row and head of its group; splits sit at fixed
+  absolute positions; the combine (one program per row, splits in order) quantizes the row for the output
+  projection (optionally after BitNet's sub-norm).
+* :func:`embed_rows`, :func:`head_partial` / :func:`head_combine` — the token embedding, and the LM head
+  with the first argmax, its softmax probability and the runner-up fused (a vocabulary block per program,
+  then one program per row over the blocks in order).
+
+Reference: bitmtp.model.layers (rms_norm, silu, relu2, apply_rope), bitmtp.formats.quantize.quantize_activations,
+bitmtp.ops.reference (w2a8_linear_q_reference, attention_reference), bitmtp.ops.choose.argmax_prob
+Test: tests/ops/test_gpu_layer_kernels.py, tests/runtime/test_gpu_step.py
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: rows every kernel computes (a step's width M ≤ ROWS; rows ≥ M are masked): one compiled kernel per shape
+ROWS = 16
+#: epilogues of :func:`w2a8_fused`
+EPILOGUES = {"store": 0, "residual": 1, "glu": 2, "qkv": 3}
+#: activations of the ``glu`` epilogue
+ACTIVATIONS = {"relu2": 0, "silu": 1}
+#: K elements a W2A8 program consumes per ``tl.dot`` (a multiple of 32: int8 MMA's k)
+BLOCK_K = 64
+#: KV rows per attention split (fixed: the split positions are absolute, so a row's bits never depend on
+#: the segment or the width) and per block inside a split
+ATTN_SPLIT = 256
+ATTN_BLOCK = 64
+#: vocabulary rows per LM-head program
+HEAD_BLOCK = 128
+_MAGIC = 12582912.0  # 1.5 * 2^23: (v + magic) - magic rounds |v| < 2^22 half to even in float32
+
+
+# --------------------------------------------------------------------------------------------- norm + quant
+@triton.jit
+def _quant_row(h, mask, q_ptr, s_ptr):
+    """int8 quantization of one float32 row ``h`` (masked lanes 0): bits of quantize_activations."""
+    amax = tl.max(tl.where(mask, tl.abs(h), 0.0), axis=0)
+    sc = tl.div_rn(1.0, tl.maximum(amax, 1e-5)) * 127.0  # torch: reciprocal, then * 127
+    v = (h * sc + _MAGIC) - _MAGIC
+    q = tl.minimum(tl.maximum(v, -128.0), 127.0)
+    tl.store(q_ptr, q.to(tl.int8), mask=mask)
+    tl.store(s_ptr, sc)
+
+
+@triton.jit
+def _norm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M, K, stride_x, stride_f, eps,
+                       BLOCK: tl.constexpr, NORM: tl.constexpr, QUANT: tl.constexpr, STORE_F: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    h = tl.load(x_ptr + row * stride_x + offs, mask=offs < tl.where(row < M, K, 0), other=0.0).to(tl.float32)
+    if NORM:
+        hd = h.to(tl.float64)
+        var = (tl.sum(hd * hd, axis=0) / K).to(tl.float32)
+        inv = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        h = w * (h * inv)
+    if STORE_F:
+        tl.store(f_ptr + row * stride_f + offs, h, mask=mask)  # padding rows: zeros (their input is masked)
+    if QUANT:
+        _quant_row(h, mask, q_ptr + row * K + offs, s_ptr + row)
+
+
+def norm_quant(launch, x, weight, eps, *, m, q=None, s=None, f=None):
+    """``ROWS`` programs over ``x[ROWS, K]`` (rows ≥ ``m`` read as zeros): RMSNorm with ``weight`` (None:
+    none) then int8 quantization into ``q[ROWS, K]`` / ``s[ROWS]`` (None: none) and/or the float32 rows
+    into ``f[ROWS, K]``. ``m`` is a Python int or a 0-dim device tensor read by the kernel... a Python int
+    (graphs capture one runner per width)."""
+    k = x.shape[1]
+    launch("norm_quant", _norm_quant_kernel, (ROWS,), x, weight if weight is not None else x,
+           q if q is not None else x, s if s is not None else x, f if f is not None else x, m, k,
+           x.stride(0), f.stride(0) if f is not None else 0, float(eps),
+           BLOCK=triton.next_power_of_2(k), NORM=weight is not None, QUANT=q is not None, STORE_F=f is not None)
+
+
+# ------------------------------------------------------------------------------------------------ W2A8
+@triton.jit
+def _dot_rows(xq_ptr, w_ptr, rows, r_mask, k0, k_end, K, KW, BLOCK_N: tl.constexpr):
+    """int32 [ROWS, BLOCK_N] partial of x_q[:, k0 : min(k0 + BLOCK_K, k_end)] against the T2 rows ``rows``, with
+    the −Σx fold; codes decoded once for all rows."""
+    offs_m = tl.arange(0, 16)
+    offs_j = tl.arange(0, 4)  # BLOCK_K / 16 words
+    wj = k0 // 16 + offs_j
+    words = tl.load(w_ptr + rows[:, None] * KW + wj[None, :], mask=r_mask[:, None] & (wj[None, :] < KW), other=0)
+    i = tl.arange(0, 16)
+    shifts = (i % 4) * 8 + (i // 4) * 2
+    codes = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 3, [BLOCK_N, 64]).to(tl.int8)
+    offs_k = k0 + tl.arange(0, 64)
+    xk = tl.load(xq_ptr + offs_m[:, None] * K + offs_k[None, :], mask=offs_k[None, :] < k_end, other=0)
+    acc = tl.dot(xk, tl.trans(codes), out_dtype=tl.int32)
+    return acc - tl.sum(xk.to(tl.int32), axis=1)[:, None]
+
+
+@triton.jit
+def _scaled(acc_ptr, s_ptr, xs_ptr, rows, r_mask, N, NG, stride_sn):
+    """y[ROWS, BLOCK] = Σ_g acc_g · scale[row, g] / s_x (float32, groups in order) from the int32 partials."""
+    offs_m = tl.arange(0, 16)
+    y = tl.zeros([16, rows.shape[0]], dtype=tl.float32)
+    for g in range(NG):
+        acc = tl.load(acc_ptr + (offs_m[:, None] * N + rows[None, :]) * NG + g, mask=r_mask[None, :], other=0,
+                      volatile=True)
+        sc = tl.load(s_ptr + rows * stride_sn + g, mask=r_mask, other=0.0)
+        y += acc.to(tl.float32) * sc[None, :]
+    xs = tl.load(xs_ptr + offs_m)
+    return y / xs[:, None]
+
+
+@triton.jit
+def _clear(acc_ptr, rows, r_mask, N, NG):
+    offs_m = tl.arange(0, 16)
+    for g in range(NG):
+        tl.store(acc_ptr + (offs_m[:, None] * N + rows[None, :]) * NG + g, tl.zeros([16, rows.shape[0]], tl.int32),
+                 mask=r_mask[None, :])
+
+
+@triton.jit
+def _silu64(g):
+    gd = g.to(tl.float64)
+    return (gd / (1.0 + tl.exp(-gd))).to(tl.float32)
+
+
+@triton.jit
+def _w2a8_fused_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, acc_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+    M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
+    BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr,
+):
+    unit = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_b = tl.arange(0, BLOCK_N)
+    # the rows of this unit: a (and b: the up rows of a gate, the second half of a rotated head)
+    if EPI == 3:
+        rows_a = unit * HD + offs_b  # a head's first half (BLOCK_N = HD / 2); v heads are rows like any other
+        a_mask = offs_b < HALF_OR_I
+        rows_b = rows_a + HALF_OR_I
+    else:
+        rows_a = unit * BLOCK_N + offs_b
+        a_mask = rows_a < (HALF_OR_I if EPI == 2 else N)
+        rows_b = rows_a + HALF_OR_I
+    b_mask = a_mask
+    # split-K: this program's K range (whole groups when there are several, so partials stay per group)
+    k_lo = split * SPLIT_K
+    k_hi = tl.minimum(k_lo + SPLIT_K, K)
+    offs_m = tl.arange(0, 16)
+    for g in range(NG):
+        g_lo = tl.maximum(k_lo, g * GROUP_K)
+        g_hi = tl.minimum(k_hi, g * GROUP_K + GROUP_K)
+        if g_lo < g_hi:
+            acc_a = tl.zeros([16, BLOCK_N], dtype=tl.int32)
+            acc_b = tl.zeros([16, BLOCK_N], dtype=tl.int32)
+            for k0 in range(g_lo, g_hi, 64):
+                acc_a += _dot_rows(xq_ptr, w_ptr, rows_a, a_mask, k0, g_hi, K, KW, BLOCK_N)
+                if TWO:
+                    acc_b += _dot_rows(xq_ptr, w_ptr, rows_b, b_mask, k0, g_hi, K, KW, BLOCK_N)
+            live = (offs_m[:, None] < M) & a_mask[None, :]
+            tl.atomic_add(acc_ptr + (offs_m[:, None] * N + rows_a[None, :]) * NG + g, acc_a, mask=live)
+            if TWO:
+                tl.atomic_add(acc_ptr + (offs_m[:, None] * N + rows_b[None, :]) * NG + g, acc_b, mask=live)
+    # the last program of this unit (integer partials: their sum is exact in any order) runs the epilogue
+    done = tl.atomic_add(cnt_ptr + unit, 1)
+    if done == tl.num_programs(1) - 1:
+        y_a = _scaled(acc_ptr, s_ptr, xs_ptr, rows_a, a_mask, N, NG, stride_sn)
+        m_mask = offs_m[:, None] < M
+        if EPI == 0:
+            tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, mask=m_mask & a_mask[None, :])
+        elif EPI == 1:
+            ptrs = out_ptr + offs_m[:, None] * stride_o + rows_a[None, :]
+            res = tl.load(ptrs, mask=m_mask & a_mask[None, :], other=0.0)
+            tl.store(ptrs, res + y_a, mask=m_mask & a_mask[None, :])
+        elif EPI == 2:
+            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, N, NG, stride_sn)
+            if ACT == 0:
+                r = tl.maximum(y_a, 0.0)
+                act = r * r
+            else:
+                act = _silu64(y_a)
+            tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], act * y_b, mask=m_mask & a_mask[None, :])
+        else:
+            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, N, NG, stride_sn)
+            mm = offs_m < M
+            if unit < HQ + HKV:  # q or k head: rotate-half RoPE at each row's position
+                pos = tl.load(pos_ptr + offs_m, mask=mm, other=0)
+                c = tl.load(cos_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :],
+                            other=0.0)
+                sn = tl.load(sin_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :],
+                             other=0.0)
+                lo = y_a * c - y_b * sn
+                hi = y_b * c + y_a * sn
+            else:
+                lo = y_a
+                hi = y_b
+            full = mm[:, None] & a_mask[None, :]
+            if unit < HQ:
+                base = out_ptr + offs_m[:, None] * stride_o + unit * HD + offs_b[None, :]
+                tl.store(base, lo, mask=full)
+                tl.store(base + HALF_OR_I, hi, mask=full)
+            else:
+                slot = tl.load(slot_ptr + offs_m, mask=mm, other=0)
+                if unit < HQ + HKV:
+                    dst = kc_ptr + ((unit - HQ) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
+                else:
+                    dst = vc_ptr + ((unit - HQ - HKV) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
+                tl.store(dst, lo.to(dst.dtype.element_ty), mask=full)
+                tl.store(dst + HALF_OR_I, hi.to(dst.dtype.element_ty), mask=full)
+        # leave the partials and the counter zeroed for the next launch (no memset launch)
+        _clear(acc_ptr, rows_a, a_mask, N, NG)
+        if TWO:
+            _clear(acc_ptr, rows_b, b_mask, N, NG)
+        tl.store(cnt_ptr + unit, 0)
+
+
+def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *, m, epilogue, out, splits,
+               block_n=64, activation="relu2", inter=0, qkv=None):
+    """One W2A8 projection of the int8 rows ``x_q[ROWS, k]`` (scales ``x_s[ROWS]``) against T2 ``weight[N, KW]``
+    with its epilogue (module docstring), in ``splits`` K-slices. ``acc int32[ROWS, N, n_groups]`` and
+    ``counter int32[units]`` are zero on entry and left zero. ``epilogue``:
+
+    * ``"store"`` / ``"residual"``: ``out[:m, :N]`` = y / += y;
+    * ``"glu"``: ``out[:m, :inter]`` = act(y[:, :inter]) · y[:, inter:] (``N == 2 * inter``);
+    * ``"qkv"``: ``qkv = (positions, slots, cos, sin, k_cache, v_cache, q_heads, kv_heads, head_dim)``; q
+      heads (RoPE'd) into ``out[:m, :q_heads * head_dim]``, k (RoPE'd) and v into the caches at ``slots``.
+    """
+    n, kw = weight.shape
+    ng = scales.shape[1]
+    stride_sn = 0 if scales.shape[0] == 1 else ng
+    epi = EPILOGUES[epilogue]
+    split_k = k if splits <= 1 else -(-k // splits)
+    if ng > 1:  # a K-slice covers whole groups
+        split_k = -(-split_k // group_size) * group_size
+    split_k = -(-split_k // BLOCK_K) * BLOCK_K
+    n_splits = -(-k // split_k)
+    dummy = x_s
+    if epi == 3:
+        positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
+        units, half = hq + 2 * hkv, hd // 2
+        grid = (units, n_splits)
+        launch("w2a8_qkv", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, positions, slots,
+               cos, sin, kc, vc, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half, hq, hkv,
+               kc.shape[1], hd, BLOCK_N=half, EPI=3, ACT=0, TWO=True)
+        return
+    half_or_i = inter if epi == 2 else 0
+    span = inter if epi == 2 else n
+    grid = (triton.cdiv(span, block_n), n_splits)
+    launch(f"w2a8_{epilogue}", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, dummy, dummy,
+           dummy, dummy, dummy, dummy, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half_or_i,
+           0, 0, 0, 1, BLOCK_N=block_n, EPI=epi, ACT=ACTIVATIONS[activation], TWO=epi == 2)
+
+
+def w2a8_units(n: int, epilogue: str, *, block_n: int = 64, inter: int = 0, heads: int = 0) -> int:
+    """Programs along N of :func:`w2a8_fused` (the size its counter needs)."""
+    if epilogue == "qkv":
+        return heads
+    return triton.cdiv(inter if epilogue == "glu" else n, block_n)
+
+
+# ------------------------------------------------------------------------------------------- attention
+@triton.jit
+def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, M, L, S_ROWS, H, scale,
+                         GROUP: tl.constexpr, D: tl.constexpr, R: tl.constexpr, SPLIT: tl.constexpr,
+                         BLOCK_L: tl.constexpr, NSPLIT_MAX):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    r = tl.arange(0, R)  # r = row * GROUP + head within the group
+    row = r // GROUP
+    head = kvh * GROUP + r % GROUP
+    live = row < M
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + (row[:, None] * H + head[:, None]) * D + offs_d[None, :], mask=live[:, None], other=0.0)
+    m_run = tl.full([R], -1.0e30, dtype=tl.float32)
+    l_run = tl.zeros([R], dtype=tl.float32)
+    acc = tl.zeros([R, D], dtype=tl.float32)
+    for l0 in range(sp * SPLIT, sp * SPLIT + SPLIT, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        in_l = offs_l < L
+        vis = tl.load(mask_ptr + row[:, None] * L + offs_l[None, :], mask=live[:, None] & in_l[None, :], other=0) != 0
+        any_vis = tl.max(vis.to(tl.int32), axis=0) > 0  # a KV row some query row sees: read it, once
+        kv_off = (kvh * S_ROWS + offs_l[:, None]) * D + offs_d[None, :]
+        kk = tl.load(k_ptr + kv_off, mask=(in_l & any_vis)[:, None], other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(kk), input_precision="ieee") * scale
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_run - m_new)
+        vv = tl.load(v_ptr + kv_off, mask=(in_l & any_vis)[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, vv, input_precision="ieee")
+        l_run = l_run * alpha + tl.sum(p, axis=1)
+        m_run = m_new
+    base = (kvh * NSPLIT_MAX + sp) * R + r
+    tl.store(pm_ptr + base, m_run)
+    tl.store(pl_ptr + base, l_run)
+    tl.store(pacc_ptr + base[:, None] * D + offs_d[None, :], acc)
+
+
+@triton.jit
+def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M, NSPLIT, NSPLIT_MAX, eps,
+                         H: tl.constexpr, H_PAD: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+                         NORM: tl.constexpr, STORE_F: tl.constexpr):
+    row = tl.program_id(0)
+    h = tl.arange(0, H_PAD)
+    h_mask = h < H
+    kvh = h // GROUP
+    r = row * GROUP + h % GROUP
+    offs_d = tl.arange(0, D)
+    m_tot = tl.full([H_PAD], -1.0e30, dtype=tl.float32)
+    for sp in range(0, NSPLIT):
+        m_tot = tl.maximum(m_tot, tl.load(pm_ptr + (kvh * NSPLIT_MAX + sp) * R + r, mask=h_mask, other=-1.0e30))
+    l_tot = tl.zeros([H_PAD], dtype=tl.float32)
+    acc = tl.zeros([H_PAD, D], dtype=tl.float32)
+    for sp in range(0, NSPLIT):  # in order: the same sum whatever else ran
+        base = (kvh * NSPLIT_MAX + sp) * R + r
+        w = tl.exp(tl.load(pm_ptr + base, mask=h_mask, other=-1.0e30) - m_tot)
+        l_tot += tl.load(pl_ptr + base, mask=h_mask, other=0.0) * w
+        acc += tl.load(pacc_ptr + base[:, None] * D + offs_d[None, :], mask=h_mask[:, None], other=0.0) * w[:, None]
+    out = tl.where(l_tot[:, None] > 0, acc / tl.where(l_tot > 0, l_tot, 1.0)[:, None], 0.0)  # no visible row: 0
+    out = tl.reshape(out, [H_PAD * D])
+    offs = tl.arange(0, H_PAD * D)
+    mask = offs < H * D
+    out = tl.where(offs < tl.where(row < M, H * D, 0), out, 0.0)
+    if NORM:
+        od = out.to(tl.float64)
+        var = (tl.sum(od * od, axis=0) / (H * D)).to(tl.float32)
+        inv = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        wn = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        out = wn * (out * inv)
+    if STORE_F:
+        tl.store(f_ptr + row * (H * D) + offs, out, mask=mask)
+    _quant_row(out, mask, q_ptr + row * (H * D) + offs, s_ptr + row)
+
+
+def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nsplit_max, sub_norm, eps, q_out, s_out,
+                    f_out=None):
+    """Attention of ``q[ROWS, H, D]`` over KV rows ``[0, L)`` (``L = mask.shape[1]``) of the caches
+    ``[KVH, S, D]`` under ``mask[M, L]``, then the output rows' int8 quantization (after ``sub_norm``: a
+    weight, or None) into ``q_out[ROWS, H·D]`` / ``s_out[ROWS]``. ``parts``: (m, l, acc) scratch of
+    :func:`attention_scratch`. Two launches."""
+    _, h, d = q.shape
+    kvh, s_rows, _ = k_cache.shape
+    group = h // kvh
+    length = mask.shape[1]
+    r = triton.next_power_of_2(ROWS * group)
+    nsplit = triton.cdiv(length, ATTN_SPLIT)
+    pm, pl, pacc = parts
+    launch("attention_partial", _attn_partial_kernel, (kvh, nsplit), q, k_cache, v_cache, mask, pm, pl, pacc, m,
+           length, s_rows, h, float(scale), GROUP=group, D=d, R=r, SPLIT=ATTN_SPLIT, BLOCK_L=ATTN_BLOCK,
+           NSPLIT_MAX=nsplit_max)
+    launch("attention_combine", _attn_combine_kernel, (ROWS,), pm, pl, pacc,
+           sub_norm if sub_norm is not None else pm, q_out, s_out, f_out if f_out is not None else pm, m, nsplit,
+           nsplit_max, float(eps), H=h, H_PAD=triton.next_power_of_2(h), GROUP=group, D=d, R=r,
+           NORM=sub_norm is not None, STORE_F=f_out is not None)
+
+
+def attention_scratch(kv_heads: int, heads: int, head_dim: int, rows: int, device) -> tuple[torch.Tensor, ...]:
+    """The partials of :func:`attention_split` for a store of ``rows`` KV rows: (m, l, acc) float32."""
+    r = triton.next_power_of_2(ROWS * (heads // kv_heads))
+    nsplit = triton.cdiv(rows, ATTN_SPLIT)
+    return (torch.empty(kv_heads * nsplit * r, dtype=torch.float32, device=device),
+            torch.empty(kv_heads * nsplit * r, dtype=torch.float32, device=device),
+            torch.empty(kv_heads * nsplit * r * head_dim, dtype=torch.float32, device=device))
+
+
+# -------------------------------------------------------------------------------------- embedding and head
+@triton.jit
+def _embed_kernel(tok_ptr, emb_ptr, out_ptr, M, K, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    tok = tl.load(tok_ptr + row + tl.zeros([1], tl.int32), mask=row + tl.zeros([1], tl.int32) < M, other=0)
+    x = tl.load(emb_ptr + tok * K + offs, mask=offs < tl.where(row < M, K, 0), other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * K + offs, x, mask=mask)
+
+
+def embed_rows(launch, tokens, table, out, *, m):
+    """``out[ROWS, K]`` = rows ``tokens[:m]`` of ``table[V, K]`` as float32 (padding rows zero)."""
+    k = table.shape[1]
+    launch("embed", _embed_kernel, (ROWS,), tokens, table, out, m, k, BLOCK=triton.next_power_of_2(k))
+
+
+@triton.jit
+def _head_partial_kernel(h_ptr, w_ptr, pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psum_ptr, M, V, K, NVB,
+                         BLOCK_V: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    vb = tl.program_id(0)
+    offs_m = tl.arange(0, 16)
+    offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_mask = offs_v < V
+    logits = tl.zeros([16, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        k_mask = offs_k < K
+        hk = tl.load(h_ptr + offs_m[:, None] * K + offs_k[None, :], mask=k_mask[None, :], other=0.0)
+        wk = tl.load(w_ptr + offs_v[:, None] * K + offs_k[None, :], mask=v_mask[:, None] & k_mask[None, :], other=0.0)
+        if IEEE:  # float32 weights; or the interpreter, whose bf16 dot is wrong: the same products in float32
+            if wk.dtype == tl.bfloat16:  # h rounded to bf16 by hand (the interpreter's cast truncates)
+                bits = hk.to(tl.int32, bitcast=True)
+                hk = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+            elif wk.dtype != tl.float32:
+                hk = hk.to(wk.dtype).to(tl.float32)
+            logits = tl.dot(hk, tl.trans(wk.to(tl.float32)), logits, input_precision="ieee")
+        else:
+            logits = tl.dot(hk.to(wk.dtype), tl.trans(wk), logits)
+    logits = tl.where(v_mask[None, :], logits, float("-inf"))
+    mx = tl.max(logits, axis=1)
+    idx = tl.where(logits == mx[:, None], offs_v[None, :], 2147483647)
+    arg = tl.min(idx, axis=1)  # the first index of the block's max
+    rest = tl.where(offs_v[None, :] == arg[:, None], float("-inf"), logits)
+    mx2 = tl.max(rest, axis=1)
+    arg2 = tl.min(tl.where(rest == mx2[:, None], offs_v[None, :], 2147483647), axis=1)
+    ssum = tl.sum(tl.exp(logits - mx[:, None]), axis=1)
+    live = offs_m < M
+    o = offs_m * NVB + vb
+    tl.store(pmax_ptr + o, mx, mask=live)
+    tl.store(parg_ptr + o, arg, mask=live)
+    tl.store(p2v_ptr + o, mx2, mask=live)
+    tl.store(p2i_ptr + o, arg2, mask=live)
+    tl.store(psum_ptr + o, ssum, mask=live)
+
+
+@triton.jit
+def _head_combine_kernel(pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psum_ptr, tok_ptr, prob_ptr, second_ptr, M, NVB,
+                         NVB_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    if row < M:
+        b = tl.arange(0, NVB_PAD)
+        bm = b < NVB
+        o = row * NVB + b
+        mx = tl.load(pmax_ptr + o, mask=bm, other=float("-inf"))
+        g = tl.max(mx, axis=0)
+        arg = tl.load(parg_ptr + o, mask=bm, other=2147483647)
+        first = tl.min(tl.where(mx == g, arg, 2147483647), axis=0)  # blocks ascend: the first argmax
+        total = tl.sum(tl.where(bm, tl.load(psum_ptr + o, mask=bm, other=0.0) * tl.exp(mx - g), 0.0), axis=0)
+        # runner-up: the best of the argmax block's second and every other block's first
+        own = arg == first
+        cand_v = tl.where(own, tl.load(p2v_ptr + o, mask=bm, other=float("-inf")), mx)
+        cand_i = tl.where(own, tl.load(p2i_ptr + o, mask=bm, other=2147483647), arg)
+        best = tl.max(cand_v, axis=0)
+        second = tl.min(tl.where(cand_v == best, cand_i, 2147483647), axis=0)
+        tl.store(tok_ptr + row, first.to(tl.int64))
+        tl.store(prob_ptr + row, tl.div_rn(1.0, total))
+        tl.store(second_ptr + row, second.to(tl.int64))
+
+
+def head_argmax(launch, hidden, weight, parts, tokens, probs, seconds, *, m):
+    """The LM head over ``hidden[ROWS, K]`` (float32; cast to the weight's dtype unless that is float32) with
+    ``weight[V, K]``, fused with each row's first argmax, its softmax probability and the runner-up, into
+    ``tokens / probs / seconds [≥ m]``. ``parts``: :func:`head_scratch`. Two launches."""
+    v, k = weight.shape
+    nvb = triton.cdiv(v, HEAD_BLOCK)
+    pmax, parg, p2v, p2i, psum = parts
+    launch("head_partial", _head_partial_kernel, (nvb,), hidden, weight, pmax, parg, p2v, p2i, psum, m, v, k, nvb,
+           BLOCK_V=HEAD_BLOCK, BK=64, IEEE=weight.dtype == torch.float32 or weight.device.type == "cpu")
+    launch("head_combine", _head_combine_kernel, (ROWS,), pmax, parg, p2v, p2i, psum, tokens, probs, seconds, m, nvb,
+           NVB_PAD=triton.next_power_of_2(nvb))
+
+
+def head_scratch(vocab: int, device) -> tuple[torch.Tensor, ...]:
+    nvb = triton.cdiv(vocab, HEAD_BLOCK)
+    f = dict(dtype=torch.float32, device=device)
+    i = dict(dtype=torch.int32, device=device)
+    return (torch.empty(ROWS * nvb, **f), torch.empty(ROWS * nvb, **i), torch.empty(ROWS * nvb, **f),
+            torch.empty(ROWS * nvb, **i), torch.empty(ROWS * nvb, **f))
+
+
+__all__ = ["ACTIVATIONS", "ATTN_SPLIT", "EPILOGUES", "HEAD_BLOCK", "ROWS", "attention_scratch", "attention_split",
+           "embed_rows", "head_argmax", "head_scratch", "norm_quant", "w2a8_fused", "w2a8_units"]
