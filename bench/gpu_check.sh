@@ -7,6 +7,9 @@
 #   3. nvcc compile check of csrc/cuda for this GPU's architecture (registers, spills);
 #   4. python -m pytest -m cuda tests          (the CUDA/Triton kernel tests);
 #   5. python -m pytest --benchmark-only (quick mode) on
+#        bench/runtime/test_bench_gpu_step.py  the fused GPU step (BITMTP_GPU_STEP=fused) against the per-op step
+#                                            at BitNet-2B shapes: AR tok/s before/after, roofline fraction, w8/w1,
+#                                            graph nodes == launcher count <= budget, speculative == AR;
 #        bench/kernels/test_bench_cuda.py    Triton and CUDA kernels side by side: M = 1 weight bandwidth
 #                                            as a fraction of copy bandwidth, time(M) / time(1), GB/s per M;
 #        bench/runtime/test_bench_graphs.py  CUDA-graph replay vs eager per replay width M (8 layers);
@@ -189,7 +192,7 @@ else
 fi
 
 step "benchmarks"
-BENCH_FILES="bench/kernels/test_bench_cuda.py bench/runtime/test_bench_graphs.py bench/e2e/test_bench_policies.py bench/e2e/test_bench_auto.py::test_one_pass_and_auto_gpu"
+BENCH_FILES="bench/runtime/test_bench_gpu_step.py bench/kernels/test_bench_cuda.py bench/runtime/test_bench_graphs.py bench/e2e/test_bench_policies.py bench/e2e/test_bench_auto.py::test_one_pass_and_auto_gpu"
 BENCH_LOG=$(logfile "pytest bench (GPU)")
 BENCH_JSON="$LOGS/bench_gpu.json"
 if [ $DRY = 1 ]; then

@@ -23,8 +23,10 @@ from tests.support.hf_models import tiny_model
 
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="needs the Triton interpreter (TRITON_INTERPRET=1, set by tests/conftest.py)")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+#: the CPU checks (tiny models on CPU tensors): they need the interpreter, which tests/conftest.py sets without a GPU
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="CPU tensors through the Triton interpreter "
+                                 "(TRITON_INTERPRET=1, set by tests/conftest.py where no GPU is visible)")
 
 PROMPT = [5, 9, 12, 40, 3, 7, 8]
 NEW = 8
@@ -82,6 +84,7 @@ def _counted_step(model, width: int) -> tuple[Counter, Counter]:
     return runner.launcher.counts, mode.ops
 
 
+@interpreted
 @pytest.mark.parametrize("width", [1, 8, 16])
 def test_a_step_stays_within_the_launch_budget(bitnet, fused, width):
     kernels, ops = _counted_step(bitnet, width)
@@ -94,6 +97,7 @@ def test_a_step_stays_within_the_launch_budget(bitnet, fused, width):
     assert sum(per_layer.values()) == 9 * layers + 1  # 9 a layer, plus the final norm's norm_quant
 
 
+@interpreted
 @pytest.mark.parametrize("family", ["bitnet", "llama"])
 def test_tokens_equal_the_per_op_path(family, monkeypatch):
     model = bitmtp.load(tiny_model(family, seed=3), capacity=300, quantize="ternary")
@@ -105,6 +109,7 @@ def test_tokens_equal_the_per_op_path(family, monkeypatch):
     assert model.decoder.path_counts["gpu-step"] - before == NEW  # the 7-row prefill and every decode step
 
 
+@interpreted
 def test_rows_have_the_same_bits_at_every_width(bitnet, fused):
     """AR (width 1) and one-pass verify rows (width 6) commit the same tokens with bit-identical probabilities:
     speculative == AR by construction."""
@@ -116,6 +121,7 @@ def test_rows_have_the_same_bits_at_every_width(bitnet, fused):
     assert max(spec.stats.committed) > 1  # several rows per step were verified
 
 
+@interpreted
 def test_off_unless_asked_for(bitnet, monkeypatch):
     monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
     before = bitnet.decoder.path_counts["gpu-step"]
@@ -124,6 +130,7 @@ def test_off_unless_asked_for(bitnet, monkeypatch):
     assert gpu_step.ENV_VAR in bitnet.decoder.gpu_step_reason
 
 
+@interpreted
 def test_uncovered_models_and_steps_run_per_op_with_a_reason(fused):
     dense = bitmtp.load(tiny_model("llama", seed=1), capacity=64)  # float projections
     bitmtp.generate(dense, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
@@ -134,3 +141,23 @@ def test_uncovered_models_and_steps_run_per_op_with_a_reason(fused):
     bitnet = bitmtp.load(tiny_model("bitnet", seed=2), capacity=64, quantize="ternary")
     bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=3, temperature=0.8, seed=1, eos_token_id=[])
     assert bitnet.decoder.path_counts["gpu-step"] == 0  # sampled rows: the per-op path's sampler
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", ["bitnet", "llama"])
+def test_on_a_gpu_graphs_replay_the_fused_step_exactly(family, monkeypatch):
+    """On a GPU (bench/gpu_check.sh runs the ``cuda`` marker): CUDA graphs of the fused step give the eager fused
+    step's tokens, and one-pass speculative decoding gives AR's."""
+    hf = tiny_model(family, seed=4)
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    monkeypatch.setenv("BITMTP_EAGER", "1")
+    eager = bitmtp.load(hf, capacity=256, device="cuda", quantize="ternary")
+    ref = bitmtp.generate(eager, input_ids=PROMPT, max_new_tokens=24, policy="ar", eos_token_id=[])
+    monkeypatch.delenv("BITMTP_EAGER")
+    graphed = bitmtp.load(hf, capacity=256, device="cuda", quantize="ternary")
+    out = bitmtp.generate(graphed, input_ids=PROMPT, max_new_tokens=24, policy="ar", eos_token_id=[], logprobs=True)
+    assert out.token_ids == ref.token_ids and graphed.decoder.path_counts["gpu-step"] > 0
+    spec = bitmtp.generate(graphed, input_ids=PROMPT, max_new_tokens=24, policy="speculative", schedule="one-pass",
+                           block_size=8, eos_token_id=[], logprobs=True,
+                           drafter=OracleDrafter(graphed.decoder, PROMPT + out.token_ids))
+    assert spec.token_ids == out.token_ids and spec.logprobs == out.logprobs
