@@ -82,6 +82,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("runtimes (--runtime):")
     print(f"  {'yes':3}  {'torch':7} the default: steps on {' / '.join(devices)} through the kernel backends above")
     print(f"  {'yes' if ok else 'no ':3}  {'vulkan':7} whole layers on a Vulkan device (wgpu): {why}")
+    from bitmtp.runtime.gpu_step import ENABLED, ENV_VAR
+    from bitmtp.runtime.gpu_step import enabled as gpu_step_enabled
+
+    for dev in devices[1:]:
+        ok, why = gpu_step_enabled(torch.device(dev))
+        print(f"fused GPU step ({ENV_VAR}={ENABLED}, 9 launches a layer): {'on' if ok else 'off'}"
+              f"{'' if ok else ' - ' + why}")
     if args.plan:
         return _print_plan(args)
     if args.model or args.default_model:

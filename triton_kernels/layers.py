@@ -93,6 +93,19 @@ def norm_quant(launch, x, weight, eps, *, m, q=None, s=None, f=None):
            BLOCK=triton.next_power_of_2(k), NORM=weight is not None, QUANT=q is not None, STORE_F=f is not None)
 
 
+def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
+    """Per-token int8 quantization of ``x[M, K]`` (any M; float32 / bf16 / fp16 rows), one program a row:
+    ``(q int8[M, K], s float32[M])``, the bits of ``quantize_activations``. What the triton and cuda backends'
+    ``act_quant`` run (one launch where the torch reference took eight)."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device) if q is None else q
+    s = torch.empty((m,), dtype=torch.float32, device=x.device) if s is None else s
+    if m:
+        _norm_quant_kernel[(m,)](x, x, q, s, x, m, k, x.stride(0), 0, 0.0, BLOCK=triton.next_power_of_2(k),
+                                 NORM=False, QUANT=True, STORE_F=False)
+    return q, s
+
+
 # ------------------------------------------------------------------------------------------------ W2A8
 @triton.jit
 def _dot_rows(xq_ptr, w_ptr, rows, r_mask, k0, k_end, K, KW, BLOCK_N: tl.constexpr):
@@ -480,4 +493,5 @@ def head_scratch(vocab: int, device) -> tuple[torch.Tensor, ...]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_SPLIT", "EPILOGUES", "HEAD_BLOCK", "ROWS", "attention_scratch", "attention_split",
-           "embed_rows", "head_argmax", "head_scratch", "norm_quant", "w2a8_fused", "w2a8_units"]
+           "embed_rows", "head_argmax", "head_scratch", "norm_quant", "quantize_rows", "w2a8_fused",
+           "w2a8_units"]

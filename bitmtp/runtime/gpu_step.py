@@ -58,6 +58,10 @@ def enabled(device: torch.device) -> tuple[bool, str]:
     if os.environ.get(ENV_VAR, "") != ENABLED:
         return False, f"opt in with {ENV_VAR}={ENABLED} (not yet verified on a GPU)"
     if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:  # the W2A8 kernels' int8 tl.dot needs int8 tensor cores
+            return False, (f"int8 tensor cores need an Ampere (sm_80) or later GPU; this one is sm_{major}{minor}: "
+                           "steps run per op")
         return True, ""
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return True, "Triton interpreter"

@@ -161,3 +161,15 @@ def test_on_a_gpu_graphs_replay_the_fused_step_exactly(family, monkeypatch):
                            block_size=8, eos_token_id=[], logprobs=True,
                            drafter=OracleDrafter(graphed.decoder, PROMPT + out.token_ids))
     assert spec.token_ids == out.token_ids and spec.logprobs == out.logprobs
+
+
+def test_a_gpu_without_int8_tensor_cores_runs_per_op(monkeypatch):
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    ok, why = gpu_step.enabled(torch.device("cuda"))
+    assert not ok and "sm_75" in why and "Ampere" in why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert gpu_step.enabled(torch.device("cuda")) == (True, "")
+    monkeypatch.setenv(gpu_step.ENV_VAR, "yes")
+    ok, why = gpu_step.enabled(torch.device("cuda"))
+    assert not ok and f"{gpu_step.ENV_VAR}={gpu_step.ENABLED}" in why

@@ -231,3 +231,16 @@ def test_embed_rows(rng):
     out = torch.full((ROWS, 40), POISON)
     layers.embed_rows(launch, tokens, table, out, m=5)
     assert torch.equal(out[:5], table[tokens[:5]].float()) and not out[5:].any()
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 15, 16, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_quantize_rows_and_the_triton_act_quant(m, dtype, rng):
+    from bitmtp.ops import act_quant
+
+    x = (torch.randn(m, 577, generator=rng) * torch.rand(m, 1, generator=rng).mul(20)).to(dtype)
+    q, s = layers.quantize_rows(x)
+    rq, rs = quantize_activations(x)
+    assert torch.equal(q, rq) and torch.equal(s, rs)
+    q3, s3 = act_quant(x.reshape(1, m, 577), backend="triton")
+    assert torch.equal(q3.reshape(m, 577), rq) and torch.equal(s3.reshape(m), rs)

@@ -523,6 +523,19 @@ class CudaBackend:
 
     # -- ops ---------------------------------------------------------------------------------
 
+    def act_quant(self, x):
+        """Per-token int8 quantization in one launch: the Triton kernel (``triton_kernels.layers.quantize_rows``;
+        the cuda extras install Triton), else the torch reference's eight ops."""
+        try:
+            from bitmtp.triton_kernels.layers import quantize_rows
+        except ImportError:  # triton missing: the reference (same bits)
+            from bitmtp.ops import reference
+
+            return reference.act_quant_reference(x)
+        lead, k = x.shape[:-1], x.shape[-1]
+        q, s = quantize_rows(x.reshape(-1, k).contiguous())
+        return q.reshape(*lead, k), s.reshape(lead)
+
     def w2a8_accumulate(self, x_q, packed, k, group_size, out=None):
         """Exact per-group accumulators ``int32[M, N, n_groups]`` (see bitmtp.ops.w2a8_accumulate)."""
         x_q = _tensor("x_q", x_q)

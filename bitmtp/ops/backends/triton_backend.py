@@ -30,6 +30,15 @@ class TritonBackend:
             return False, "Triton needs a GPU; set TRITON_INTERPRET=1 before import to interpret it on the CPU"
         return False, f"no Triton support for device type {device.type!r}"
 
+    def act_quant(self, x):
+        """Per-token int8 quantization in one Triton launch (``triton_kernels.layers.quantize_rows``), not
+        eight torch ops; the reference's bits."""
+        from bitmtp.triton_kernels.layers import quantize_rows
+
+        lead, k = x.shape[:-1], x.shape[-1]
+        q, s = quantize_rows(x.reshape(-1, k).contiguous())
+        return q.reshape(*lead, k), s.reshape(lead)
+
     def w2a8_accumulate(self, x_q, packed, k, group_size, out=None):
         m, n, ng = x_q.shape[0], packed.shape[0], -(-k // group_size)
         if out is None:
