@@ -108,7 +108,7 @@ def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tenso
 
 # ------------------------------------------------------------------------------------------------ W2A8
 @triton.jit
-def _dot_rows(xq_ptr, w_ptr, rows, r_mask, k0, k_end, K, KW, BLOCK_N: tl.constexpr):
+def _dot_rows(xq_ptr, w_ptr, rows, r_mask, k0, k_end, M, K, KW, BLOCK_N: tl.constexpr):
     """int32 [ROWS, BLOCK_N] partial of x_q[:, k0 : min(k0 + BLOCK_K, k_end)] against the T2 rows ``rows``, with
     the −Σx fold; codes decoded once for all rows."""
     offs_m = tl.arange(0, 16)
@@ -119,19 +119,22 @@ def _dot_rows(xq_ptr, w_ptr, rows, r_mask, k0, k_end, K, KW, BLOCK_N: tl.constex
     shifts = (i % 4) * 8 + (i // 4) * 2
     codes = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 3, [BLOCK_N, 64]).to(tl.int8)
     offs_k = k0 + tl.arange(0, 64)
-    xk = tl.load(xq_ptr + offs_m[:, None] * K + offs_k[None, :], mask=offs_k[None, :] < k_end, other=0)
+    # rows ≥ M are not read (zeros): an M = 1 step moves one row of activations, not 16
+    xk = tl.load(xq_ptr + offs_m[:, None] * K + offs_k[None, :], mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_end),
+                 other=0)
     acc = tl.dot(xk, tl.trans(codes), out_dtype=tl.int32)
     return acc - tl.sum(xk.to(tl.int32), axis=1)[:, None]
 
 
 @triton.jit
-def _scaled(acc_ptr, s_ptr, xs_ptr, rows, r_mask, N, NG, stride_sn):
-    """y[ROWS, BLOCK] = Σ_g acc_g · scale[row, g] / s_x (float32, groups in order) from the int32 partials."""
+def _scaled(acc_ptr, s_ptr, xs_ptr, rows, r_mask, M, N, NG, stride_sn):
+    """y[ROWS, BLOCK] = Σ_g acc_g · scale[row, g] / s_x (float32, groups in order) from the int32 partials (rows
+    ≥ M are neither read nor meaningful)."""
     offs_m = tl.arange(0, 16)
     y = tl.zeros([16, rows.shape[0]], dtype=tl.float32)
     for g in range(NG):
-        acc = tl.load(acc_ptr + (offs_m[:, None] * N + rows[None, :]) * NG + g, mask=r_mask[None, :], other=0,
-                      volatile=True)
+        acc = tl.load(acc_ptr + (offs_m[:, None] * N + rows[None, :]) * NG + g,
+                      mask=(offs_m[:, None] < M) & r_mask[None, :], other=0, volatile=True)
         sc = tl.load(s_ptr + rows * stride_sn + g, mask=r_mask, other=0.0)
         y += acc.to(tl.float32) * sc[None, :]
     xs = tl.load(xs_ptr + offs_m)
@@ -139,11 +142,12 @@ def _scaled(acc_ptr, s_ptr, xs_ptr, rows, r_mask, N, NG, stride_sn):
 
 
 @triton.jit
-def _clear(acc_ptr, rows, r_mask, N, NG):
+def _clear(acc_ptr, rows, r_mask, M, N, NG):
+    """Zero the partials of rows < M (the only ones the atomics touched)."""
     offs_m = tl.arange(0, 16)
     for g in range(NG):
         tl.store(acc_ptr + (offs_m[:, None] * N + rows[None, :]) * NG + g, tl.zeros([16, rows.shape[0]], tl.int32),
-                 mask=r_mask[None, :])
+                 mask=(offs_m[:, None] < M) & r_mask[None, :])
 
 
 @triton.jit
@@ -182,9 +186,9 @@ def _w2a8_fused_kernel(
             acc_a = tl.zeros([16, BLOCK_N], dtype=tl.int32)
             acc_b = tl.zeros([16, BLOCK_N], dtype=tl.int32)
             for k0 in range(g_lo, g_hi, 64):
-                acc_a += _dot_rows(xq_ptr, w_ptr, rows_a, a_mask, k0, g_hi, K, KW, BLOCK_N)
+                acc_a += _dot_rows(xq_ptr, w_ptr, rows_a, a_mask, k0, g_hi, M, K, KW, BLOCK_N)
                 if TWO:
-                    acc_b += _dot_rows(xq_ptr, w_ptr, rows_b, b_mask, k0, g_hi, K, KW, BLOCK_N)
+                    acc_b += _dot_rows(xq_ptr, w_ptr, rows_b, b_mask, k0, g_hi, M, K, KW, BLOCK_N)
             live = (offs_m[:, None] < M) & a_mask[None, :]
             tl.atomic_add(acc_ptr + (offs_m[:, None] * N + rows_a[None, :]) * NG + g, acc_a, mask=live)
             if TWO:
@@ -192,7 +196,7 @@ def _w2a8_fused_kernel(
     # the last program of this unit (integer partials: their sum is exact in any order) runs the epilogue
     done = tl.atomic_add(cnt_ptr + unit, 1)
     if done == tl.num_programs(1) - 1:
-        y_a = _scaled(acc_ptr, s_ptr, xs_ptr, rows_a, a_mask, N, NG, stride_sn)
+        y_a = _scaled(acc_ptr, s_ptr, xs_ptr, rows_a, a_mask, M, N, NG, stride_sn)
         m_mask = offs_m[:, None] < M
         if EPI == 0:
             tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, mask=m_mask & a_mask[None, :])
@@ -201,7 +205,7 @@ def _w2a8_fused_kernel(
             res = tl.load(ptrs, mask=m_mask & a_mask[None, :], other=0.0)
             tl.store(ptrs, res + y_a, mask=m_mask & a_mask[None, :])
         elif EPI == 2:
-            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, N, NG, stride_sn)
+            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
             if ACT == 0:
                 r = tl.maximum(y_a, 0.0)
                 act = r * r
@@ -209,7 +213,7 @@ def _w2a8_fused_kernel(
                 act = _silu64(y_a)
             tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], act * y_b, mask=m_mask & a_mask[None, :])
         else:
-            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, N, NG, stride_sn)
+            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
             mm = offs_m < M
             if unit < HQ + HKV:  # q or k head: rotate-half RoPE at each row's position
                 pos = tl.load(pos_ptr + offs_m, mask=mm, other=0)
@@ -236,9 +240,9 @@ def _w2a8_fused_kernel(
                 tl.store(dst, lo.to(dst.dtype.element_ty), mask=full)
                 tl.store(dst + HALF_OR_I, hi.to(dst.dtype.element_ty), mask=full)
         # leave the partials and the counter zeroed for the next launch (no memset launch)
-        _clear(acc_ptr, rows_a, a_mask, N, NG)
+        _clear(acc_ptr, rows_a, a_mask, M, N, NG)
         if TWO:
-            _clear(acc_ptr, rows_b, b_mask, N, NG)
+            _clear(acc_ptr, rows_b, b_mask, M, N, NG)
         tl.store(cnt_ptr + unit, 0)
 
 
@@ -267,9 +271,10 @@ def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *,
         positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
         units, half = hq + 2 * hkv, hd // 2
         grid = (units, n_splits)
+        # a program per head: its two halves (tl.dot needs tiles of at least 16 columns: a smaller half is masked)
         launch("w2a8_qkv", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, positions, slots,
                cos, sin, kc, vc, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half, hq, hkv,
-               kc.shape[1], hd, BLOCK_N=half, EPI=3, ACT=0, TWO=True)
+               kc.shape[1], hd, BLOCK_N=max(16, half), EPI=3, ACT=0, TWO=True)
         return
     half_or_i = inter if epi == 2 else 0
     span = inter if epi == 2 else n

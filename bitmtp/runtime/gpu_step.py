@@ -195,6 +195,50 @@ class GpuStepPlan:
         kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
 
 
+def planned_bytes(args: Any, *, m: int, length: int, head_bytes: int, kv_bytes: int = 2, sms: int = 132,
+                  scale_bytes: int = 4) -> dict[str, int]:
+    """The memory traffic one fused step of ``m`` rows over ``length`` KV rows plans, for a ternary model of
+    ``args`` on a GPU with ``sms`` SMs, from the kernels' own loads and stores:
+
+    * ``weights``: every packed T2 word once (split-K slices are disjoint) and the scales; ``head``: the LM head
+      once; ``kv``: each KV row read once per KV head (one split-KV program serves its group's heads and rows)
+      plus the step's rows written;
+    * ``scratch``: the bytes of the buffers kernels hand each other (residual rows, int8 rows, int32 partials,
+      attention and head partials) — a few MB that stay in L2; counted once, as the most they add to HBM traffic;
+    * ``on_chip``: the traffic to those buffers (loads, stores and atomics; L2), reported, not counted.
+
+    ``roofline`` = weights + head + KV read: what a step must read. ``tests/runtime/test_gpu_step.py`` holds
+    ``hbm`` (weights + head + KV + scratch) to ≤ 1.05× of it at BitNet-2B shapes."""
+    rows = 16
+    h, q, inter, kvh, d, layers = (args.hidden_size, args.num_heads * args.head_dim, args.intermediate_size,
+                                   args.num_kv_heads, args.head_dim, args.num_layers)
+    kv_size = kvh * d
+    heads = args.num_heads + 2 * kvh
+    # (N, K, units along N) of qkv, o, gate_up, down as w2a8_fused lays them out
+    shapes = [(q + 2 * kv_size, h, heads), (h, q, -(-h // 64)), (2 * inter, h, -(-inter // 64)),
+              (h, inter, -(-h // 64))]
+    weights = layers * sum(n * (-(-k // 16)) * 4 + scale_bytes for n, k, _ in shapes)
+    kv_read = layers * 2 * kvh * length * d * kv_bytes
+    kv_write = layers * 2 * m * kv_size * kv_bytes
+    nsplit = -(-length // 256)
+    r = 1 << (rows * (args.num_heads // kvh) - 1).bit_length()
+    nvb = -(-args.vocab_size // 128)
+    scratch = (rows * h * 4 * 2 + rows * max(h, q, inter) + rows * 4 + rows * q * 4 + rows * inter * 4
+               + rows * max(n for n, _, _ in shapes) * 4 + max(u for _, _, u in shapes) * 4
+               + kvh * -(-(args.max_position_embeddings or length) // 256) * r * (d + 2) * 4 + rows * nvb * 5 * 4)
+    on_chip = 0
+    for k in (h, h, inter):  # norm_quant: read float rows, write int8 rows and scales
+        on_chip += m * k * 4 + rows * k + rows * 4
+    for n, k, units in shapes:  # each slice reads its int8 rows; partials added atomically, read, cleared
+        splits = _splits(units, k, sms)
+        on_chip += units * splits * m * -(-k // splits) + splits * m * n * 4 * 2 + 2 * m * n * 4 + m * n * 4
+    on_chip += 2 * kvh * nsplit * r * (d + 2) * 4 + rows * q + m * q * 4  # attention partials, quantized rows
+    on_chip = layers * on_chip + rows * h * 4 * 3 + m * h * 4 + 2 * rows * nvb * 5 * 4
+    roofline = weights + head_bytes + kv_read
+    return {"weights": weights, "head": head_bytes, "kv": kv_read + kv_write, "scratch": scratch,
+            "hbm": weights + head_bytes + kv_read + kv_write + scratch, "on_chip": on_chip, "roofline": roofline}
+
+
 def plan_for(decoder: Any, kv: Any) -> GpuStepPlan | None:
     """The decoder's fused GPU step plan for ``kv`` (built once per store), or None — with the reason in
     ``decoder.gpu_step_reason`` — when it is off or does not cover this model."""
@@ -216,4 +260,4 @@ def plan_for(decoder: Any, kv: Any) -> GpuStepPlan | None:
 
 
 __all__ = ["ENABLED", "ENV_VAR", "LAYER_BUDGET", "STEP_BUDGET", "ROWS", "GpuStepPlan", "Launcher", "Unsupported",
-           "enabled", "plan_for"]
+           "enabled", "plan_for", "planned_bytes"]

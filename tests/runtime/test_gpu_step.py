@@ -173,3 +173,17 @@ def test_a_gpu_without_int8_tensor_cores_runs_per_op(monkeypatch):
     monkeypatch.setenv(gpu_step.ENV_VAR, "yes")
     ok, why = gpu_step.enabled(torch.device("cuda"))
     assert not ok and f"{gpu_step.ENV_VAR}={gpu_step.ENABLED}" in why
+
+
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_planned_bytes_stay_near_the_roofline_at_bitnet_2b_shapes(m):
+    """What the fused kernels move beyond the weights, the head and the KV rows (activations, partials) stays
+    within 5 % of what a step must read, at BitNet-2B shapes with a bf16 head and 512 KV rows."""
+    from bitmtp.model.args import ModelArgs
+
+    a = ModelArgs(family="bitnet", vocab_size=128256, hidden_size=2560, num_layers=30, num_heads=20, num_kv_heads=5,
+                  head_dim=128, intermediate_size=6912)
+    got = gpu_step.planned_bytes(a, m=m, length=512, head_bytes=128256 * 2560 * 2, kv_bytes=2, sms=132)
+    assert got["hbm"] <= 1.05 * got["roofline"], got
+    assert got["scratch"] < 50 * 2**20  # stays in an H100's L2
+    assert 1.20e9 < got["roofline"] < 1.23e9  # 0.52 GB of ternary weights + 0.66 GB of head + 39 MB of KV rows
