@@ -22,9 +22,11 @@ by construction: a verify row equals the AR row bit for bit.
   with the first argmax, its softmax probability and the runner-up fused (a vocabulary block per program,
   then one program per row over the blocks in order).
 
-Reference: bitmtp.model.layers (rms_norm, silu, relu2, apply_rope), bitmtp.formats.quantize.quantize_activations,
-bitmtp.ops.reference (w2a8_linear_q_reference, attention_reference), bitmtp.ops.choose.argmax_prob
-Test: tests/ops/test_gpu_layer_kernels.py, tests/runtime/test_gpu_step.py
+Reference: bitmtp.model.layers.rms_norm, bitmtp.model.layers.silu, bitmtp.model.layers.relu2
+Reference: bitmtp.model.layers.apply_rope, bitmtp.formats.quantize.quantize_activations
+Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.attention_reference
+Reference: bitmtp.ops.choose.argmax_prob
+Test: tests/triton_kernels/test_layers.py, tests/runtime/test_gpu_step.py
 """
 
 from __future__ import annotations
@@ -157,6 +159,67 @@ def _silu64(g):
 
 
 @triton.jit
+def _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
+              kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI: tl.constexpr, ACT: tl.constexpr):
+    """A projection's float32 rows ``y_a`` (and ``y_b``: the up rows of a gate, a head's second half) → their
+    destination: store, residual add, gated activation, or RoPE + q store / KV write (``EPILOGUES``)."""
+    offs_m = tl.arange(0, 16)
+    m_mask = offs_m[:, None] < M
+    if EPI == 0:
+        tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, mask=m_mask & a_mask[None, :])
+    elif EPI == 1:
+        ptrs = out_ptr + offs_m[:, None] * stride_o + rows_a[None, :]
+        res = tl.load(ptrs, mask=m_mask & a_mask[None, :], other=0.0)
+        tl.store(ptrs, res + y_a, mask=m_mask & a_mask[None, :])
+    elif EPI == 2:
+        if ACT == 0:
+            r = tl.maximum(y_a, 0.0)
+            act = r * r
+        else:
+            act = _silu64(y_a)
+        tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], act * y_b, mask=m_mask & a_mask[None, :])
+    else:
+        mm = offs_m < M
+        if unit < HQ + HKV:  # q or k head: rotate-half RoPE at each row's position
+            pos = tl.load(pos_ptr + offs_m, mask=mm, other=0)
+            c = tl.load(cos_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :], other=0.0)
+            sn = tl.load(sin_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :],
+                         other=0.0)
+            lo = y_a * c - y_b * sn
+            hi = y_b * c + y_a * sn
+        else:
+            lo = y_a
+            hi = y_b
+        full = mm[:, None] & a_mask[None, :]
+        if unit < HQ:
+            base = out_ptr + offs_m[:, None] * stride_o + unit * HD + offs_b[None, :]
+            tl.store(base, lo, mask=full)
+            tl.store(base + HALF_OR_I, hi, mask=full)
+        else:
+            slot = tl.load(slot_ptr + offs_m, mask=mm, other=0)
+            if unit < HQ + HKV:
+                dst = kc_ptr + ((unit - HQ) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
+            else:
+                dst = vc_ptr + ((unit - HQ - HKV) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
+            tl.store(dst, lo.to(dst.dtype.element_ty), mask=full)
+            tl.store(dst + HALF_OR_I, hi.to(dst.dtype.element_ty), mask=full)
+
+
+@triton.jit
+def _unit_rows(unit, N, HALF_OR_I, HD, BLOCK_N: tl.constexpr, EPI: tl.constexpr):
+    """The output rows of program ``unit``: (rows_a, mask, rows_b) — rows_b the up rows of a gate or a head's
+    second half."""
+    offs_b = tl.arange(0, BLOCK_N)
+    if EPI == 3:
+        rows_a = unit * HD + offs_b  # a head's first half; v heads are rows like any other
+        a_mask = offs_b < HALF_OR_I
+    else:
+        rows_a = unit * BLOCK_N + offs_b
+        a_mask = rows_a < (HALF_OR_I if EPI == 2 else N)
+    return rows_a, a_mask, rows_a + HALF_OR_I
+
+
+@triton.jit
 def _w2a8_fused_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, acc_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
     M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
@@ -165,15 +228,7 @@ def _w2a8_fused_kernel(
     unit = tl.program_id(0)
     split = tl.program_id(1)
     offs_b = tl.arange(0, BLOCK_N)
-    # the rows of this unit: a (and b: the up rows of a gate, the second half of a rotated head)
-    if EPI == 3:
-        rows_a = unit * HD + offs_b  # a head's first half (BLOCK_N = HD / 2); v heads are rows like any other
-        a_mask = offs_b < HALF_OR_I
-        rows_b = rows_a + HALF_OR_I
-    else:
-        rows_a = unit * BLOCK_N + offs_b
-        a_mask = rows_a < (HALF_OR_I if EPI == 2 else N)
-        rows_b = rows_a + HALF_OR_I
+    rows_a, a_mask, rows_b = _unit_rows(unit, N, HALF_OR_I, HD, BLOCK_N, EPI)
     b_mask = a_mask
     # split-K: this program's K range (whole groups when there are several, so partials stay per group)
     k_lo = split * SPLIT_K
@@ -197,48 +252,11 @@ def _w2a8_fused_kernel(
     done = tl.atomic_add(cnt_ptr + unit, 1)
     if done == tl.num_programs(1) - 1:
         y_a = _scaled(acc_ptr, s_ptr, xs_ptr, rows_a, a_mask, M, N, NG, stride_sn)
-        m_mask = offs_m[:, None] < M
-        if EPI == 0:
-            tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, mask=m_mask & a_mask[None, :])
-        elif EPI == 1:
-            ptrs = out_ptr + offs_m[:, None] * stride_o + rows_a[None, :]
-            res = tl.load(ptrs, mask=m_mask & a_mask[None, :], other=0.0)
-            tl.store(ptrs, res + y_a, mask=m_mask & a_mask[None, :])
-        elif EPI == 2:
+        y_b = y_a
+        if TWO:
             y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
-            if ACT == 0:
-                r = tl.maximum(y_a, 0.0)
-                act = r * r
-            else:
-                act = _silu64(y_a)
-            tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], act * y_b, mask=m_mask & a_mask[None, :])
-        else:
-            y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
-            mm = offs_m < M
-            if unit < HQ + HKV:  # q or k head: rotate-half RoPE at each row's position
-                pos = tl.load(pos_ptr + offs_m, mask=mm, other=0)
-                c = tl.load(cos_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :],
-                            other=0.0)
-                sn = tl.load(sin_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :],
-                             other=0.0)
-                lo = y_a * c - y_b * sn
-                hi = y_b * c + y_a * sn
-            else:
-                lo = y_a
-                hi = y_b
-            full = mm[:, None] & a_mask[None, :]
-            if unit < HQ:
-                base = out_ptr + offs_m[:, None] * stride_o + unit * HD + offs_b[None, :]
-                tl.store(base, lo, mask=full)
-                tl.store(base + HALF_OR_I, hi, mask=full)
-            else:
-                slot = tl.load(slot_ptr + offs_m, mask=mm, other=0)
-                if unit < HQ + HKV:
-                    dst = kc_ptr + ((unit - HQ) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
-                else:
-                    dst = vc_ptr + ((unit - HQ - HKV) * S_ROWS + slot[:, None]) * HD + offs_b[None, :]
-                tl.store(dst, lo.to(dst.dtype.element_ty), mask=full)
-                tl.store(dst + HALF_OR_I, hi.to(dst.dtype.element_ty), mask=full)
+        _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
+                  kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
         # leave the partials and the counter zeroed for the next launch (no memset launch)
         _clear(acc_ptr, rows_a, a_mask, M, N, NG)
         if TWO:
@@ -291,6 +309,101 @@ def w2a8_units(n: int, epilogue: str, *, block_n: int = 64, inter: int = 0, head
     return triton.cdiv(inter if epilogue == "glu" else n, block_n)
 
 
+# ----------------------------------------------------------------------------------------------- dense
+@triton.jit
+def _fdot(xk, wk, acc, IEEE: tl.constexpr):
+    """acc + xk[16, BK] · wk[BN, BK]ᵀ with float32 accumulation: on a GPU in the weight's dtype (bf16 / fp16
+    tensor cores); float32 weights, and the interpreter (whose bf16 dot is wrong), take the same products in
+    float32 (x rounded to the weight's dtype by hand first: the interpreter's cast truncates)."""
+    if IEEE:
+        if wk.dtype == tl.bfloat16:
+            bits = xk.to(tl.int32, bitcast=True)
+            xk = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+        elif wk.dtype != tl.float32:
+            xk = xk.to(wk.dtype).to(tl.float32)
+        return tl.dot(xk, tl.trans(wk.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(xk.to(wk.dtype), tl.trans(wk), acc)
+
+
+@triton.jit
+def _dense_fused_kernel(
+    x_ptr, w_ptr, bias_ptr, part_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
+    M, N, K, stride_x, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
+    BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    unit = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_b = tl.arange(0, BLOCK_N)
+    rows_a, a_mask, rows_b = _unit_rows(unit, N, HALF_OR_I, HD, BLOCK_N, EPI)
+    offs_m = tl.arange(0, 16)
+    k_lo = split * SPLIT_K
+    k_hi = tl.minimum(k_lo + SPLIT_K, K)
+    acc_a = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, 64):
+        offs_k = k0 + tl.arange(0, 64)
+        k_mask = offs_k < k_hi
+        xk = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :],
+                     mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0).to(tl.float32)
+        wa = tl.load(w_ptr + rows_a[:, None] * K + offs_k[None, :], mask=a_mask[:, None] & k_mask[None, :], other=0.0)
+        acc_a = _fdot(xk, wa, acc_a, IEEE)
+        if TWO:
+            wb = tl.load(w_ptr + rows_b[:, None] * K + offs_k[None, :], mask=a_mask[:, None] & k_mask[None, :],
+                         other=0.0)
+            acc_b = _fdot(xk, wb, acc_b, IEEE)
+    # float partials are not associative: each split stores its own, the last program adds them in split order
+    live = (offs_m[:, None] < M) & a_mask[None, :]
+    base = part_ptr + split * 16 * N + offs_m[:, None] * N
+    tl.store(base + rows_a[None, :], acc_a, mask=live)
+    if TWO:
+        tl.store(base + rows_b[None, :], acc_b, mask=live)
+    done = tl.atomic_add(cnt_ptr + unit, 1)
+    if done == tl.num_programs(1) - 1:
+        y_a = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+        y_b = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+        for sp in range(0, tl.num_programs(1)):
+            src = part_ptr + sp * 16 * N + offs_m[:, None] * N
+            y_a += tl.load(src + rows_a[None, :], mask=live, other=0.0, volatile=True)
+            if TWO:
+                y_b += tl.load(src + rows_b[None, :], mask=live, other=0.0, volatile=True)
+        if HAS_BIAS:
+            y_a += tl.load(bias_ptr + rows_a, mask=a_mask, other=0.0).to(tl.float32)[None, :]
+            if TWO:
+                y_b += tl.load(bias_ptr + rows_b, mask=a_mask, other=0.0).to(tl.float32)[None, :]
+        if not TWO:
+            y_b = y_a
+        _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
+                  kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
+        tl.store(cnt_ptr + unit, 0)
+
+
+def dense_fused(launch, x, weight, bias, parts, counter, *, m, epilogue, out, splits, block_n=64,
+                activation="relu2", inter=0, qkv=None):
+    """:func:`w2a8_fused` for a dense ``weight[N, K]`` (bf16 / fp16 / fp32) on float32 rows ``x[ROWS, ≥K]``, with an
+    optional ``bias[N]``. ``parts``: float32 scratch of at least ``splits × ROWS × N`` (no zeroing needed);
+    ``counter`` as for :func:`w2a8_fused`. Split-K partials are summed in split order by the tile's last program, so
+    the result is the same whichever program finishes last."""
+    n, k = weight.shape
+    epi = EPILOGUES[epilogue]
+    split_k = triton.cdiv(triton.cdiv(k, max(splits, 1)), 64) * 64
+    n_splits = -(-k // split_k)
+    ieee = weight.dtype == torch.float32 or weight.device.type == "cpu"
+    flags = dict(EPI=epi, HAS_BIAS=bias is not None, IEEE=ieee)
+    b = bias if bias is not None else x
+    if epi == 3:
+        positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
+        half = hd // 2
+        launch("dense_qkv", _dense_fused_kernel, (hq + 2 * hkv, n_splits), x, weight, b, parts, counter, out, positions,
+               slots, cos, sin, kc, vc, m, n, k, x.stride(0), out.stride(0), split_k, half, hq, hkv, kc.shape[1], hd,
+               BLOCK_N=max(16, half), ACT=0, TWO=True, **flags)
+        return
+    span = inter if epi == 2 else n
+    launch(f"dense_{epilogue}", _dense_fused_kernel, (triton.cdiv(span, block_n), n_splits), x, weight, b, parts,
+           counter, out, x, x, x, x, x, x, m, n, k, x.stride(0), out.stride(0), split_k, inter if epi == 2 else 0, 0, 0,
+           0, 1, BLOCK_N=block_n, ACT=ACTIVATIONS[activation], TWO=epi == 2, **flags)
+
+
 # ------------------------------------------------------------------------------------------- attention
 @triton.jit
 def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, M, L, S_ROWS, H, scale,
@@ -330,9 +443,9 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr
 
 
 @triton.jit
-def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M, NSPLIT, NSPLIT_MAX, eps,
+def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, stride_f, M, NSPLIT, NSPLIT_MAX, eps,
                          H: tl.constexpr, H_PAD: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
-                         NORM: tl.constexpr, STORE_F: tl.constexpr):
+                         NORM: tl.constexpr, STORE_F: tl.constexpr, QUANT: tl.constexpr):
     row = tl.program_id(0)
     h = tl.arange(0, H_PAD)
     h_mask = h < H
@@ -361,16 +474,17 @@ def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M
         wn = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         out = wn * (out * inv)
     if STORE_F:
-        tl.store(f_ptr + row * (H * D) + offs, out, mask=mask)
-    _quant_row(out, mask, q_ptr + row * (H * D) + offs, s_ptr + row)
+        tl.store(f_ptr + row * stride_f + offs, out, mask=mask)
+    if QUANT:
+        _quant_row(out, mask, q_ptr + row * (H * D) + offs, s_ptr + row)
 
 
-def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nsplit_max, sub_norm, eps, q_out, s_out,
-                    f_out=None):
+def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nsplit_max, sub_norm, eps, q_out=None,
+                    s_out=None, f_out=None):
     """Attention of ``q[ROWS, H, D]`` over KV rows ``[0, L)`` (``L = mask.shape[1]``) of the caches
-    ``[KVH, S, D]`` under ``mask[M, L]``, then the output rows' int8 quantization (after ``sub_norm``: a
-    weight, or None) into ``q_out[ROWS, H·D]`` / ``s_out[ROWS]``. ``parts``: (m, l, acc) scratch of
-    :func:`attention_scratch`. Two launches."""
+    ``[KVH, S, D]`` under ``mask[M, L]``, then (after ``sub_norm``: a weight, or None) the output rows' int8
+    quantization into ``q_out[ROWS, H·D]`` / ``s_out[ROWS]`` and/or the float32 rows into ``f_out``. ``parts``:
+    (m, l, acc) scratch of :func:`attention_scratch`. Two launches."""
     _, h, d = q.shape
     kvh, s_rows, _ = k_cache.shape
     group = h // kvh
@@ -382,9 +496,11 @@ def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nspli
            length, s_rows, h, float(scale), GROUP=group, D=d, R=r, SPLIT=ATTN_SPLIT, BLOCK_L=ATTN_BLOCK,
            NSPLIT_MAX=nsplit_max)
     launch("attention_combine", _attn_combine_kernel, (ROWS,), pm, pl, pacc,
-           sub_norm if sub_norm is not None else pm, q_out, s_out, f_out if f_out is not None else pm, m, nsplit,
-           nsplit_max, float(eps), H=h, H_PAD=triton.next_power_of_2(h), GROUP=group, D=d, R=r,
-           NORM=sub_norm is not None, STORE_F=f_out is not None)
+           sub_norm if sub_norm is not None else pm, q_out if q_out is not None else pm,
+           s_out if s_out is not None else pm, f_out if f_out is not None else pm,
+           f_out.stride(0) if f_out is not None else 0, m, nsplit, nsplit_max, float(eps),
+           H=h, H_PAD=triton.next_power_of_2(h), GROUP=group, D=d, R=r, NORM=sub_norm is not None,
+           STORE_F=f_out is not None, QUANT=q_out is not None)
 
 
 def attention_scratch(kv_heads: int, heads: int, head_dim: int, rows: int, device) -> tuple[torch.Tensor, ...]:
@@ -497,6 +613,6 @@ def head_scratch(vocab: int, device) -> tuple[torch.Tensor, ...]:
             torch.empty(ROWS * nvb, **i), torch.empty(ROWS * nvb, **f))
 
 
-__all__ = ["ACTIVATIONS", "ATTN_SPLIT", "EPILOGUES", "HEAD_BLOCK", "ROWS", "attention_scratch", "attention_split",
+__all__ = ["ACTIVATIONS", "ATTN_SPLIT", "EPILOGUES", "dense_fused", "HEAD_BLOCK", "ROWS", "attention_scratch", "attention_split",
            "embed_rows", "head_argmax", "head_scratch", "norm_quant", "quantize_rows", "w2a8_fused",
            "w2a8_units"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from bitmtp.model.layers import DenseLinear
 from bitmtp.ops.ternary_linear import TernaryLinear
 
 #: the opt-in switch and its value
@@ -68,12 +69,17 @@ def enabled(device: torch.device) -> tuple[bool, str]:
     return False, f"the fused GPU step runs on CUDA devices (or the Triton interpreter), not {device.type}"
 
 
-def _ternary(mod: Any, what: str) -> TernaryLinear:
-    if not isinstance(mod, TernaryLinear):
-        raise Unsupported(f"{what}: a {type(mod).__name__} projection (the fused GPU step takes ternary ones)")
-    if mod.bias is not None:
-        raise Unsupported(f"{what}: has a bias")
-    return mod
+def _projection(mod: Any, what: str) -> tuple[str, Any]:
+    """``("ternary", module)`` or ``("dense", module)`` — the two kinds of projection the fused kernels take."""
+    if isinstance(mod, TernaryLinear):
+        if mod.bias is not None:
+            raise Unsupported(f"{what}: a ternary projection with a bias")
+        return "ternary", mod
+    if isinstance(mod, DenseLinear):
+        if mod.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise Unsupported(f"{what}: a {mod.weight.dtype} dense weight")
+        return "dense", mod
+    raise Unsupported(f"{what}: a {type(mod).__name__} projection (the fused GPU step takes ternary and dense ones)")
 
 
 def _splits(units: int, k: int, sms: int) -> int:
@@ -104,10 +110,10 @@ class GpuStepPlan:
                 if layer.norm(slot) is not None:
                     raise Unsupported(f"layer {i}: a {slot.value} norm")
             self.layers.append({
-                "qkv": _ternary(layer.attn.qkv_proj, f"layer {i} qkv"),
-                "o": _ternary(layer.attn.o_proj, f"layer {i} o"),
-                "gate_up": _ternary(layer.mlp.gate_up_proj, f"layer {i} gate_up"),
-                "down": _ternary(layer.mlp.down_proj, f"layer {i} down"),
+                "qkv": _projection(layer.attn.qkv_proj, f"layer {i} qkv"),
+                "o": _projection(layer.attn.o_proj, f"layer {i} o"),
+                "gate_up": _projection(layer.mlp.gate_up_proj, f"layer {i} gate_up"),
+                "down": _projection(layer.mlp.down_proj, f"layer {i} down"),
                 "attn_in": layer.norm(Norm.ATTN_IN), "mlp_in": layer.norm(Norm.MLP_IN),
                 "attn_sub": layer.norm(Norm.ATTN_SUB), "mlp_sub": layer.norm(Norm.MLP_SUB),
             })
@@ -132,23 +138,28 @@ class GpuStepPlan:
         self.xs = torch.ones(rows, **f32)
         self.q = torch.zeros(rows, q_size, **f32)
         self.act = torch.zeros(rows, inter, **f32)
+        self.hf = torch.zeros(rows, max_k, **f32)  # float rows into a dense projection
         self.seconds = torch.zeros(rows, dtype=torch.long, device=dev)
-        max_n, max_ng, max_units = 1, 1, 1
+        max_n, max_ng, max_units, max_parts = 1, 1, 1, 0
         self.splits: list[dict[str, int]] = []
         heads = a.num_heads + 2 * a.num_kv_heads
         for ly in self.layers:
             sp = {}
             for name in ("qkv", "o", "gate_up", "down"):
-                mod = ly[name]
-                n, k = mod.weight.shape[0], mod.in_features
+                kind, mod = ly[name]
+                n, k = mod.weight.shape
+                if kind == "ternary":
+                    k = mod.in_features
+                    max_ng = max(max_ng, mod.scales.shape[1])
                 epi = {"qkv": "qkv", "o": "residual", "gate_up": "glu", "down": "residual"}[name]
                 units = kernels.w2a8_units(n, epi, inter=inter, heads=heads)
                 sp[name] = _splits(units, k, sms)
-                max_n, max_ng = max(max_n, n), max(max_ng, mod.scales.shape[1])
-                max_units = max(max_units, units)
+                max_n, max_units = max(max_n, n), max(max_units, units)
+                max_parts = max(max_parts, sp[name] * rows * n if kind == "dense" else 0)
             self.splits.append(sp)
-        # int32 partials and per-unit counters: zero, and left zero by every launch
+        # int32 partials (ternary) and per-unit counters: zero, and left zero by every launch; float partials (dense)
         self.acc = torch.zeros(rows, max_n, max_ng, dtype=torch.int32, device=dev)
+        self.parts = torch.zeros(max(max_parts, 1), **f32)
         self.counter = torch.zeros(max_units, dtype=torch.int32, device=dev)
         self.attn_parts = kernels.attention_scratch(a.num_kv_heads, a.num_heads, a.head_dim, kv.rows, dev)
         self.nsplit_max = -(-kv.rows // kernels.ATTN_SPLIT)
@@ -158,39 +169,51 @@ class GpuStepPlan:
     def _xq(self, k: int) -> torch.Tensor:
         return self.xq[:, :k] if k == self.xq.shape[1] else self.xq.view(-1)[: self.xq.shape[0] * k].view(-1, k)
 
+    def _input(self, launch: Launcher, x: torch.Tensor, norm: torch.Tensor | None, kind: str, k: int, m: int) -> None:
+        """Rows ``x`` (after ``norm``) made ready for a ``kind`` projection: int8 rows and scales, or float rows."""
+        if kind == "ternary":
+            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, q=self._xq(k), s=self.xs)
+        else:
+            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, f=self.hf[:, :k])
+
+    def _project(self, launch: Launcher, proj: tuple[str, Any], splits: int, k: int, m: int, **kw: Any) -> None:
+        kind, mod = proj
+        if kind == "ternary":
+            self.kernels.w2a8_fused(launch, self._xq(k), self.xs, mod.weight, mod.scales, k, mod.group_size,
+                                    self.acc, self.counter, m=m, splits=splits, **kw)
+        else:
+            src = kw.pop("src", None)
+            self.kernels.dense_fused(launch, self.hf if src is None else src, mod.weight, mod.bias, self.parts,
+                                     self.counter, m=m, splits=splits, **kw)
+
     def step(self, launch: Launcher, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
              mask: torch.Tensor, out_token: torch.Tensor, out_prob: torch.Tensor, *, m: int) -> None:
         """One step over ``m ≤ 16`` rows: ``tokens / positions / slots`` (int64, ≥ m long), ``mask [m, L]`` (bool);
         writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob``."""
         kn, a = self.kernels, self.args
-        kernels_w2a8 = kn.w2a8_fused
         kn.embed_rows(launch, tokens, self.embed, self.x, m=m)
         h, q_size, inter = a.hidden_size, a.num_heads * a.head_dim, a.intermediate_size
         mask_u8 = mask.view(torch.uint8)
         for i, ly in enumerate(self.layers):
             sp = self.splits[i]
-            xq_h, xq_q, xq_i = self._xq(h), self._xq(q_size), self._xq(inter)
-            kn.norm_quant(launch, self.x, ly["attn_in"], self.eps, m=m, q=xq_h, s=self.xs)
-            mod = ly["qkv"]
-            kernels_w2a8(launch, xq_h, self.xs, mod.weight, mod.scales, h, mod.group_size, self.acc, self.counter,
-                         m=m, epilogue="qkv", out=self.q, splits=sp["qkv"],
-                         qkv=(positions, slots, self.cos, self.sin, self.kv.k[i], self.kv.v[i], a.num_heads,
-                              a.num_kv_heads, a.head_dim))
+            self._input(launch, self.x, ly["attn_in"], ly["qkv"][0], h, m)
+            self._project(launch, ly["qkv"], sp["qkv"], h, m, epilogue="qkv", out=self.q,
+                          qkv=(positions, slots, self.cos, self.sin, self.kv.k[i], self.kv.v[i], a.num_heads,
+                               a.num_kv_heads, a.head_dim))
+            dense_o = ly["o"][0] == "dense"
             kn.attention_split(launch, self.q.view(-1, a.num_heads, a.head_dim), self.kv.k[i], self.kv.v[i], mask_u8,
-                               self.scale, self.attn_parts, m=m, nsplit_max=self.nsplit_max,
-                               sub_norm=ly["attn_sub"], eps=self.eps, q_out=xq_q, s_out=self.xs)
-            mod = ly["o"]
-            kernels_w2a8(launch, xq_q, self.xs, mod.weight, mod.scales, q_size, mod.group_size, self.acc, self.counter,
-                         m=m, epilogue="residual", out=self.x, splits=sp["o"])
-            kn.norm_quant(launch, self.x, ly["mlp_in"], self.eps, m=m, q=xq_h, s=self.xs)
-            mod = ly["gate_up"]
-            kernels_w2a8(launch, xq_h, self.xs, mod.weight, mod.scales, h, mod.group_size, self.acc, self.counter,
-                         m=m, epilogue="glu", out=self.act, splits=sp["gate_up"], inter=inter,
-                         activation=self.activation)
-            kn.norm_quant(launch, self.act, ly["mlp_sub"], self.eps, m=m, q=xq_i, s=self.xs)
-            mod = ly["down"]
-            kernels_w2a8(launch, xq_i, self.xs, mod.weight, mod.scales, inter, mod.group_size, self.acc, self.counter,
-                         m=m, epilogue="residual", out=self.x, splits=sp["down"])
+                               self.scale, self.attn_parts, m=m, nsplit_max=self.nsplit_max, sub_norm=ly["attn_sub"],
+                               eps=self.eps, q_out=None if dense_o else self._xq(q_size),
+                               s_out=None if dense_o else self.xs, f_out=self.hf[:, :q_size] if dense_o else None)
+            self._project(launch, ly["o"], sp["o"], q_size, m, epilogue="residual", out=self.x)
+            self._input(launch, self.x, ly["mlp_in"], ly["gate_up"][0], h, m)
+            self._project(launch, ly["gate_up"], sp["gate_up"], h, m, epilogue="glu", out=self.act, inter=inter,
+                          activation=self.activation)
+            if ly["down"][0] == "dense" and ly["mlp_sub"] is None:  # float rows as they are: no launch
+                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, src=self.act)
+            else:
+                self._input(launch, self.act, ly["mlp_sub"], ly["down"][0], inter, m)
+                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x)
         kn.norm_quant(launch, self.x, self.norm, self.eps, m=m, f=self.hn)
         kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
 

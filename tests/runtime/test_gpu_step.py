@@ -97,10 +97,19 @@ def test_a_step_stays_within_the_launch_budget(bitnet, fused, width):
     assert sum(per_layer.values()) == 9 * layers + 1  # 9 a layer, plus the final norm's norm_quant
 
 
+def test_a_dense_model_without_sub_norms_takes_8_launches_a_layer(fused):
+    dense = bitmtp.load(tiny_model("llama", seed=1), capacity=64)  # float projections (SmolLM2's kind)
+    kernels, ops = _counted_step(dense, 4)
+    layers = len(dense.decoder.layers)
+    assert sum(ops.values()) <= 1 and sum(kernels.values()) == 8 * layers + 4, kernels
+    assert kernels["dense_qkv"] == kernels["dense_glu"] == layers and kernels["dense_residual"] == 2 * layers
+
+
 @interpreted
-@pytest.mark.parametrize("family", ["bitnet", "llama"])
-def test_tokens_equal_the_per_op_path(family, monkeypatch):
-    model = bitmtp.load(tiny_model(family, seed=3), capacity=300, quantize="ternary")
+@pytest.mark.parametrize("family,quantize", [("bitnet", "ternary"), ("llama", "ternary"), ("llama", None)])
+def test_tokens_equal_the_per_op_path(family, quantize, monkeypatch):
+    """Ternary projections (W2A8 kernels) and dense ones (float kernels, SmolLM2's kind)."""
+    model = bitmtp.load(tiny_model(family, seed=3), capacity=300, quantize=quantize)
     ref = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
     monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
     before = model.decoder.path_counts["gpu-step"]
@@ -132,9 +141,6 @@ def test_off_unless_asked_for(bitnet, monkeypatch):
 
 @interpreted
 def test_uncovered_models_and_steps_run_per_op_with_a_reason(fused):
-    dense = bitmtp.load(tiny_model("llama", seed=1), capacity=64)  # float projections
-    bitmtp.generate(dense, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
-    assert dense.decoder.path_counts["gpu-step"] == 0 and "projection" in dense.decoder.gpu_step_reason
     qwen = bitmtp.load(tiny_model("qwen3", seed=1), capacity=64, quantize="ternary")
     bitmtp.generate(qwen, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
     assert qwen.decoder.path_counts["gpu-step"] == 0 and "q norm" in qwen.decoder.gpu_step_reason

@@ -244,3 +244,39 @@ def test_quantize_rows_and_the_triton_act_quant(m, dtype, rng):
     assert torch.equal(q, rq) and torch.equal(s, rs)
     q3, s3 = act_quant(x.reshape(1, m, 577), backend="triton")
     assert torch.equal(q3.reshape(m, 577), rq) and torch.equal(s3.reshape(m), rs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("epilogue", ["store", "residual", "glu"])
+def test_dense_projection_split_order_and_bias(dtype, m, epilogue, rng):
+    """Dense weights (SmolLM2's kind): float32 accumulation, split-K partials summed in split order (the same
+    bits for any number of splits), an optional bias; against a float64 reference."""
+    inter, k = 70, 200
+    n = 2 * inter if epilogue == "glu" else 90
+    weight = torch.randn(n, k, generator=rng).to(dtype)
+    bias = torch.randn(n, generator=rng)
+    x = _rows(m, k, rng)
+    parts = torch.full((4 * ROWS * n,), POISON)  # never needs zeroing
+    counter = torch.zeros(8, dtype=torch.int32)
+    width = inter if epilogue == "glu" else n
+    res = torch.randn(ROWS, width, generator=rng)
+    outs = []
+    for splits in (1, 2, 4):
+        out = res.clone() if epilogue == "residual" else torch.full((ROWS, width), POISON)
+        layers.dense_fused(launch, x, weight, bias, parts, counter, m=m, epilogue=epilogue, out=out, splits=splits,
+                           inter=inter, activation="silu")
+        assert not counter.any()
+        outs.append(out)
+    xr = x[:m].to(dtype).double() if dtype != torch.float32 else x[:m].double()
+    y = xr @ weight.double().T + bias.double()
+    if epilogue == "glu":
+        want = silu(y[:, :inter].float()).double() * y[:, inter:]
+    else:
+        want = y + (res[:m].double() if epilogue == "residual" else 0)
+    for out in outs:
+        assert (out[:m].double() - want).abs().max().item() <= 2e-5 * max(want.abs().max().item(), 1.0)
+        if epilogue == "residual":
+            assert torch.equal(out[m:], res[m:])
+        else:
+            assert torch.isnan(out[m:]).all()
