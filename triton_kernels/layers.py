@@ -65,8 +65,20 @@ def _quant_row(h, mask, q_ptr, s_ptr):
 
 
 @triton.jit
-def _norm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M, K, stride_x, stride_f, eps,
-                       BLOCK: tl.constexpr, NORM: tl.constexpr, QUANT: tl.constexpr, STORE_F: tl.constexpr):
+def _lora_down(h, mask, row, M, K, a_ptr, t_ptr, FIRST, RT, RT_PAD: tl.constexpr):
+    """t[row, j] = Σ_k h[k] · A[j, k] for a mask row (row ≥ FIRST): the gated LoRA's down-projection of the
+    row this program holds whole, one rank at a time (fixed order: the same bits at any width)."""
+    if (row >= FIRST) & (row < M):
+        offs = tl.arange(0, mask.shape[0])
+        for j in range(0, RT):
+            a = tl.load(a_ptr + j * K + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(t_ptr + row * RT_PAD + j, tl.sum(a * h, axis=0))
+
+
+@triton.jit
+def _norm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, f_ptr, a_ptr, t_ptr, M, K, stride_x, stride_f, eps, FIRST, RT,
+                       BLOCK: tl.constexpr, NORM: tl.constexpr, QUANT: tl.constexpr, STORE_F: tl.constexpr,
+                       LORA: tl.constexpr, RT_PAD: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < K
@@ -81,18 +93,31 @@ def _norm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, f_ptr, M, K, stride_x, stride
         tl.store(f_ptr + row * stride_f + offs, h, mask=mask)  # padding rows: zeros (their input is masked)
     if QUANT:
         _quant_row(h, mask, q_ptr + row * K + offs, s_ptr + row)
+    if LORA:
+        _lora_down(h, mask, row, M, K, a_ptr, t_ptr, FIRST, RT, RT_PAD)
 
 
-def norm_quant(launch, x, weight, eps, *, m, q=None, s=None, f=None):
+def _lora_args(lora, dummy):
+    """(A, t, first row, rank, RT_PAD, on) of an optional gated-LoRA down-projection ``lora = (A [RT, K], t
+    [ROWS, RT_PAD], first_row)``."""
+    if lora is None:
+        return dummy, dummy, 0, 0, 16, False
+    a, t, first = lora
+    return a, t, first, a.shape[0], t.shape[1], True
+
+
+def norm_quant(launch, x, weight, eps, *, m, q=None, s=None, f=None, lora=None):
     """``ROWS`` programs over ``x[ROWS, K]`` (rows ≥ ``m`` read as zeros): RMSNorm with ``weight`` (None:
     none) then int8 quantization into ``q[ROWS, K]`` / ``s[ROWS]`` (None: none) and/or the float32 rows
-    into ``f[ROWS, K]``. ``m`` is a Python int or a 0-dim device tensor read by the kernel... a Python int
-    (graphs capture one runner per width)."""
+    into ``f[ROWS, K]``; with ``lora = (A, t, first_row)`` also the gated LoRA's ``t = h · Aᵀ`` of the mask rows
+    (rows ≥ first_row). ``m``: the step's width (a Python int: graphs capture one runner per width)."""
     k = x.shape[1]
+    a, t, first, rt, rt_pad, on = _lora_args(lora, x)
     launch("norm_quant", _norm_quant_kernel, (ROWS,), x, weight if weight is not None else x,
-           q if q is not None else x, s if s is not None else x, f if f is not None else x, m, k,
-           x.stride(0), f.stride(0) if f is not None else 0, float(eps),
-           BLOCK=triton.next_power_of_2(k), NORM=weight is not None, QUANT=q is not None, STORE_F=f is not None)
+           q if q is not None else x, s if s is not None else x, f if f is not None else x, a, t, m, k,
+           x.stride(0), f.stride(0) if f is not None else 0, float(eps), first, rt,
+           BLOCK=triton.next_power_of_2(k), NORM=weight is not None, QUANT=q is not None, STORE_F=f is not None,
+           LORA=on, RT_PAD=rt_pad)
 
 
 def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
@@ -103,8 +128,9 @@ def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tenso
     q = torch.empty((m, k), dtype=torch.int8, device=x.device) if q is None else q
     s = torch.empty((m,), dtype=torch.float32, device=x.device) if s is None else s
     if m:
-        _norm_quant_kernel[(m,)](x, x, q, s, x, m, k, x.stride(0), 0, 0.0, BLOCK=triton.next_power_of_2(k),
-                                 NORM=False, QUANT=True, STORE_F=False)
+        _norm_quant_kernel[(m,)](x, x, q, s, x, x, x, m, k, x.stride(0), 0, 0.0, 0, 0,
+                                 BLOCK=triton.next_power_of_2(k), NORM=False, QUANT=True, STORE_F=False, LORA=False,
+                                 RT_PAD=16)
     return q, s
 
 
@@ -156,6 +182,19 @@ def _clear(acc_ptr, rows, r_mask, M, N, NG):
 def _silu64(g):
     gd = g.to(tl.float64)
     return (gd / (1.0 + tl.exp(-gd))).to(tl.float32)
+
+
+@triton.jit
+def _lora_up(y, rows, r_mask, M, t_ptr, b_ptr, FIRST, RT, RT_PAD: tl.constexpr, scaling):
+    """y + scaling · t · Bᵀ on the mask rows (rows in [FIRST, M)); the other rows keep their bits (the gate)."""
+    offs_m = tl.arange(0, 16)
+    gate = (offs_m >= FIRST) & (offs_m < M)
+    d = tl.zeros(y.shape, dtype=tl.float32)
+    for j in range(0, RT):
+        tj = tl.load(t_ptr + offs_m * RT_PAD + j, mask=gate, other=0.0)
+        bj = tl.load(b_ptr + rows * RT + j, mask=r_mask, other=0.0).to(tl.float32)
+        d += tj[:, None] * bj[None, :]
+    return tl.where(gate[:, None], y + d * scaling, y)
 
 
 @triton.jit
@@ -222,8 +261,10 @@ def _unit_rows(unit, N, HALF_OR_I, HD, BLOCK_N: tl.constexpr, EPI: tl.constexpr)
 @triton.jit
 def _w2a8_fused_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, acc_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-    M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
-    BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr,
+    lb_ptr, lt_ptr, M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
+    FIRST, RT, scaling,
+    BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, LORA: tl.constexpr,
+    RT_PAD: tl.constexpr,
 ):
     unit = tl.program_id(0)
     split = tl.program_id(1)
@@ -255,6 +296,10 @@ def _w2a8_fused_kernel(
         y_b = y_a
         if TWO:
             y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
+        if LORA:  # the gated LoRA's up-projection, mask rows only
+            y_a = _lora_up(y_a, rows_a, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
+            if TWO:
+                y_b = _lora_up(y_b, rows_b, b_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
         _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
                   kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
         # leave the partials and the counter zeroed for the next launch (no memset launch)
@@ -265,7 +310,7 @@ def _w2a8_fused_kernel(
 
 
 def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *, m, epilogue, out, splits,
-               block_n=64, activation="relu2", inter=0, qkv=None):
+               block_n=64, activation="relu2", inter=0, qkv=None, lora=None):
     """One W2A8 projection of the int8 rows ``x_q[ROWS, k]`` (scales ``x_s[ROWS]``) against T2 ``weight[N, KW]``
     with its epilogue (module docstring), in ``splits`` K-slices. ``acc int32[ROWS, N, n_groups]`` and
     ``counter int32[units]`` are zero on entry and left zero. ``epilogue``:
@@ -274,6 +319,9 @@ def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *,
     * ``"glu"``: ``out[:m, :inter]`` = act(y[:, :inter]) · y[:, inter:] (``N == 2 * inter``);
     * ``"qkv"``: ``qkv = (positions, slots, cos, sin, k_cache, v_cache, q_heads, kv_heads, head_dim)``; q
       heads (RoPE'd) into ``out[:m, :q_heads * head_dim]``, k (RoPE'd) and v into the caches at ``slots``.
+
+    ``lora = (B [N, RT], t [ROWS, RT_PAD], first_row, scaling)``: the gated LoRA's up-projection added to rows
+    ``[first_row, m)`` before the epilogue (``t`` from :func:`norm_quant` / :func:`attention_split`).
     """
     n, kw = weight.shape
     ng = scales.shape[1]
@@ -285,21 +333,32 @@ def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *,
     split_k = -(-split_k // BLOCK_K) * BLOCK_K
     n_splits = -(-k // split_k)
     dummy = x_s
+    lb, lt, first, rt, rt_pad, lscale, on = _lora_up_args(lora, dummy)
     if epi == 3:
         positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
         units, half = hq + 2 * hkv, hd // 2
         grid = (units, n_splits)
         # a program per head: its two halves (tl.dot needs tiles of at least 16 columns: a smaller half is masked)
         launch("w2a8_qkv", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, positions, slots,
-               cos, sin, kc, vc, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half, hq, hkv,
-               kc.shape[1], hd, BLOCK_N=max(16, half), EPI=3, ACT=0, TWO=True)
+               cos, sin, kc, vc, lb, lt, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half, hq, hkv,
+               kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), EPI=3, ACT=0, TWO=True, LORA=on,
+               RT_PAD=rt_pad)
         return
     half_or_i = inter if epi == 2 else 0
     span = inter if epi == 2 else n
     grid = (triton.cdiv(span, block_n), n_splits)
     launch(f"w2a8_{epilogue}", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, dummy, dummy,
-           dummy, dummy, dummy, dummy, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half_or_i,
-           0, 0, 0, 1, BLOCK_N=block_n, EPI=epi, ACT=ACTIVATIONS[activation], TWO=epi == 2)
+           dummy, dummy, dummy, dummy, lb, lt, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k,
+           half_or_i, 0, 0, 0, 1, first, rt, lscale, BLOCK_N=block_n, EPI=epi, ACT=ACTIVATIONS[activation],
+           TWO=epi == 2, LORA=on, RT_PAD=rt_pad)
+
+
+def _lora_up_args(lora, dummy):
+    """(B, t, first row, rank, RT_PAD, scaling, on) of an optional ``lora = (B [N, RT], t, first_row, scaling)``."""
+    if lora is None:
+        return dummy, dummy, 0, 0, 16, 1.0, False
+    b, t, first, scaling = lora
+    return b, t, first, b.shape[1], t.shape[1], float(scaling), True
 
 
 def w2a8_units(n: int, epilogue: str, *, block_n: int = 64, inter: int = 0, heads: int = 0) -> int:
@@ -328,9 +387,9 @@ def _fdot(xk, wk, acc, IEEE: tl.constexpr):
 @triton.jit
 def _dense_fused_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-    M, N, K, stride_x, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
+    lb_ptr, lt_ptr, M, N, K, stride_x, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD, FIRST, RT, scaling,
     BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, LORA: tl.constexpr, RT_PAD: tl.constexpr,
 ):
     unit = tl.program_id(0)
     split = tl.program_id(1)
@@ -373,13 +432,17 @@ def _dense_fused_kernel(
                 y_b += tl.load(bias_ptr + rows_b, mask=a_mask, other=0.0).to(tl.float32)[None, :]
         if not TWO:
             y_b = y_a
+        if LORA:  # the gated LoRA's up-projection, mask rows only
+            y_a = _lora_up(y_a, rows_a, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
+            if TWO:
+                y_b = _lora_up(y_b, rows_b, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
         _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
                   kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
         tl.store(cnt_ptr + unit, 0)
 
 
 def dense_fused(launch, x, weight, bias, parts, counter, *, m, epilogue, out, splits, block_n=64,
-                activation="relu2", inter=0, qkv=None):
+                activation="relu2", inter=0, qkv=None, lora=None):
     """:func:`w2a8_fused` for a dense ``weight[N, K]`` (bf16 / fp16 / fp32) on float32 rows ``x[ROWS, ≥K]``, with an
     optional ``bias[N]``. ``parts``: float32 scratch of at least ``splits × ROWS × N`` (no zeroing needed);
     ``counter`` as for :func:`w2a8_fused`. Split-K partials are summed in split order by the tile's last program, so
@@ -389,19 +452,21 @@ def dense_fused(launch, x, weight, bias, parts, counter, *, m, epilogue, out, sp
     split_k = triton.cdiv(triton.cdiv(k, max(splits, 1)), 64) * 64
     n_splits = -(-k // split_k)
     ieee = weight.dtype == torch.float32 or weight.device.type == "cpu"
-    flags = dict(EPI=epi, HAS_BIAS=bias is not None, IEEE=ieee)
+    lb, lt, first, rt, rt_pad, lscale, on = _lora_up_args(lora, x)
+    flags = dict(EPI=epi, HAS_BIAS=bias is not None, IEEE=ieee, LORA=on, RT_PAD=rt_pad)
     b = bias if bias is not None else x
     if epi == 3:
         positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
         half = hd // 2
         launch("dense_qkv", _dense_fused_kernel, (hq + 2 * hkv, n_splits), x, weight, b, parts, counter, out, positions,
-               slots, cos, sin, kc, vc, m, n, k, x.stride(0), out.stride(0), split_k, half, hq, hkv, kc.shape[1], hd,
-               BLOCK_N=max(16, half), ACT=0, TWO=True, **flags)
+               slots, cos, sin, kc, vc, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k, half, hq, hkv,
+               kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), ACT=0, TWO=True, **flags)
         return
     span = inter if epi == 2 else n
     launch(f"dense_{epilogue}", _dense_fused_kernel, (triton.cdiv(span, block_n), n_splits), x, weight, b, parts,
-           counter, out, x, x, x, x, x, x, m, n, k, x.stride(0), out.stride(0), split_k, inter if epi == 2 else 0, 0, 0,
-           0, 1, BLOCK_N=block_n, ACT=ACTIVATIONS[activation], TWO=epi == 2, **flags)
+           counter, out, x, x, x, x, x, x, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k,
+           inter if epi == 2 else 0, 0, 0, 0, 1, first, rt, lscale, BLOCK_N=block_n, ACT=ACTIVATIONS[activation],
+           TWO=epi == 2, **flags)
 
 
 # ------------------------------------------------------------------------------------------- attention
@@ -443,9 +508,11 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr
 
 
 @triton.jit
-def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, stride_f, M, NSPLIT, NSPLIT_MAX, eps,
+def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, a_ptr, t_ptr, stride_f, M, NSPLIT,
+                         NSPLIT_MAX, eps, FIRST, RT,
                          H: tl.constexpr, H_PAD: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
-                         NORM: tl.constexpr, STORE_F: tl.constexpr, QUANT: tl.constexpr):
+                         NORM: tl.constexpr, STORE_F: tl.constexpr, QUANT: tl.constexpr, LORA: tl.constexpr,
+                         RT_PAD: tl.constexpr):
     row = tl.program_id(0)
     h = tl.arange(0, H_PAD)
     h_mask = h < H
@@ -477,10 +544,12 @@ def _attn_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, w_ptr, q_ptr, s_ptr, f_ptr, s
         tl.store(f_ptr + row * stride_f + offs, out, mask=mask)
     if QUANT:
         _quant_row(out, mask, q_ptr + row * (H * D) + offs, s_ptr + row)
+    if LORA:
+        _lora_down(out, mask, row, M, H * D, a_ptr, t_ptr, FIRST, RT, RT_PAD)
 
 
 def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nsplit_max, sub_norm, eps, q_out=None,
-                    s_out=None, f_out=None):
+                    s_out=None, f_out=None, lora=None):
     """Attention of ``q[ROWS, H, D]`` over KV rows ``[0, L)`` (``L = mask.shape[1]``) of the caches
     ``[KVH, S, D]`` under ``mask[M, L]``, then (after ``sub_norm``: a weight, or None) the output rows' int8
     quantization into ``q_out[ROWS, H·D]`` / ``s_out[ROWS]`` and/or the float32 rows into ``f_out``. ``parts``:
@@ -495,12 +564,13 @@ def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nspli
     launch("attention_partial", _attn_partial_kernel, (kvh, nsplit), q, k_cache, v_cache, mask, pm, pl, pacc, m,
            length, s_rows, h, float(scale), GROUP=group, D=d, R=r, SPLIT=ATTN_SPLIT, BLOCK_L=ATTN_BLOCK,
            NSPLIT_MAX=nsplit_max)
+    a, t, first, rt, rt_pad, on = _lora_args(lora, pm)
     launch("attention_combine", _attn_combine_kernel, (ROWS,), pm, pl, pacc,
            sub_norm if sub_norm is not None else pm, q_out if q_out is not None else pm,
-           s_out if s_out is not None else pm, f_out if f_out is not None else pm,
-           f_out.stride(0) if f_out is not None else 0, m, nsplit, nsplit_max, float(eps),
+           s_out if s_out is not None else pm, f_out if f_out is not None else pm, a, t,
+           f_out.stride(0) if f_out is not None else 0, m, nsplit, nsplit_max, float(eps), first, rt,
            H=h, H_PAD=triton.next_power_of_2(h), GROUP=group, D=d, R=r, NORM=sub_norm is not None,
-           STORE_F=f_out is not None, QUANT=q_out is not None)
+           STORE_F=f_out is not None, QUANT=q_out is not None, LORA=on, RT_PAD=rt_pad)
 
 
 def attention_scratch(kv_heads: int, heads: int, head_dim: int, rows: int, device) -> tuple[torch.Tensor, ...]:
@@ -514,19 +584,25 @@ def attention_scratch(kv_heads: int, heads: int, head_dim: int, rows: int, devic
 
 # -------------------------------------------------------------------------------------- embedding and head
 @triton.jit
-def _embed_kernel(tok_ptr, emb_ptr, out_ptr, M, K, BLOCK: tl.constexpr):
+def _embed_kernel(tok_ptr, emb_ptr, me_ptr, out_ptr, M, K, FIRST, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < K
-    tok = tl.load(tok_ptr + row + tl.zeros([1], tl.int32), mask=row + tl.zeros([1], tl.int32) < M, other=0)
-    x = tl.load(emb_ptr + tok * K + offs, mask=offs < tl.where(row < M, K, 0), other=0.0).to(tl.float32)
+    if row < FIRST:
+        tok = tl.load(tok_ptr + row + tl.zeros([1], tl.int32), mask=row + tl.zeros([1], tl.int32) < M, other=0)
+        x = tl.load(emb_ptr + tok * K + offs, mask=offs < tl.where(row < M, K, 0), other=0.0).to(tl.float32)
+    else:  # a mask row: the adapter's mask embedding
+        x = tl.load(me_ptr + offs, mask=offs < tl.where(row < M, K, 0), other=0.0).to(tl.float32)
     tl.store(out_ptr + row * K + offs, x, mask=mask)
 
 
-def embed_rows(launch, tokens, table, out, *, m):
-    """``out[ROWS, K]`` = rows ``tokens[:m]`` of ``table[V, K]`` as float32 (padding rows zero)."""
+def embed_rows(launch, tokens, table, out, *, m, mask_embedding=None, first_mask_row=None):
+    """``out[ROWS, K]`` = rows ``tokens[:m]`` of ``table[V, K]`` as float32 (padding rows zero); rows from
+    ``first_mask_row`` on take ``mask_embedding[K]`` instead."""
     k = table.shape[1]
-    launch("embed", _embed_kernel, (ROWS,), tokens, table, out, m, k, BLOCK=triton.next_power_of_2(k))
+    first = m if first_mask_row is None else first_mask_row
+    launch("embed", _embed_kernel, (ROWS,), tokens, table, mask_embedding if mask_embedding is not None else table,
+           out, m, k, first, BLOCK=triton.next_power_of_2(k))
 
 
 @triton.jit

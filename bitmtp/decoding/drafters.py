@@ -154,6 +154,15 @@ class MaskBlockDrafter(Drafter):
         runner.out_token.copy_(tok)
         runner.out_prob.copy_(prob)
 
+    @staticmethod
+    def block_mask(runner) -> torch.Tensor:
+        """A draft or fused step's attention mask: pending rows attend causally (row i sees KV rows ≤ its
+        position); the D − 1 mask rows see the history, P and the whole block (bidirectional inside it): every
+        row ≤ the last position."""
+        pos = runner.positions
+        reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < runner.state.pending, pos, pos[-1])
+        return runner.kv_index[None, :] <= reach[:, None]
+
     def draft(self, runner) -> None:
         st = runner.state
         if st.role == "tree":
@@ -161,10 +170,7 @@ class MaskBlockDrafter(Drafter):
             return
         p, d = st.pending, st.block
         pos = runner.positions
-        # Pending rows attend causally (row i sees KV rows ≤ its position); the D − 1 mask rows see
-        # the history, P and the whole block (bidirectional inside it): every row ≤ the last position.
-        reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])
-        mask = runner.kv_index[None, :] <= reach[:, None]
+        mask = self.block_mask(runner)
         slots = None
         if st.alt:
             # the top2 schedule's runner-up row (row p, at g_1's position n + 1, KV in the scratch slot the

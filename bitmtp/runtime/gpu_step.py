@@ -139,6 +139,7 @@ class GpuStepPlan:
         self.q = torch.zeros(rows, q_size, **f32)
         self.act = torch.zeros(rows, inter, **f32)
         self.hf = torch.zeros(rows, max_k, **f32)  # float rows into a dense projection
+        self.t = torch.zeros(rows, 16, **f32)  # the mask rows' gated-LoRA down-projection (grown to the rank)
         self.seconds = torch.zeros(rows, dtype=torch.long, device=dev)
         max_n, max_ng, max_units, max_parts = 1, 1, 1, 0
         self.splits: list[dict[str, int]] = []
@@ -169,12 +170,21 @@ class GpuStepPlan:
     def _xq(self, k: int) -> torch.Tensor:
         return self.xq[:, :k] if k == self.xq.shape[1] else self.xq.view(-1)[: self.xq.shape[0] * k].view(-1, k)
 
-    def _input(self, launch: Launcher, x: torch.Tensor, norm: torch.Tensor | None, kind: str, k: int, m: int) -> None:
-        """Rows ``x`` (after ``norm``) made ready for a ``kind`` projection: int8 rows and scales, or float rows."""
+    def _input(self, launch: Launcher, x: torch.Tensor, norm: torch.Tensor | None, kind: str, k: int, m: int,
+               lora: Any = None) -> None:
+        """Rows ``x`` (after ``norm``) made ready for a ``kind`` projection: int8 rows and scales, or float rows
+        (and the mask rows' LoRA down-projection)."""
         if kind == "ternary":
-            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, q=self._xq(k), s=self.xs)
+            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, q=self._xq(k), s=self.xs, lora=lora)
         else:
-            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, f=self.hf[:, :k])
+            self.kernels.norm_quant(launch, x, norm, self.eps, m=m, f=self.hf[:, :k], lora=lora)
+
+    def _lora(self, block: Any, layer: int, group: str, first: int) -> tuple[Any, Any]:
+        """(down, up) LoRA arguments of ``group`` in ``layer`` for the kernels (None, None: not a target)."""
+        if block is None or (layer, group) not in block.a:
+            return None, None
+        return ((block.a[(layer, group)], self.t, first),
+                (block.b[(layer, group)], self.t, first, block.scaling))
 
     def _project(self, launch: Launcher, proj: tuple[str, Any], splits: int, k: int, m: int, **kw: Any) -> None:
         kind, mod = proj
@@ -187,35 +197,58 @@ class GpuStepPlan:
                                      self.counter, m=m, splits=splits, **kw)
 
     def step(self, launch: Launcher, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor, out_token: torch.Tensor, out_prob: torch.Tensor, *, m: int) -> None:
+             mask: torch.Tensor, out_token: torch.Tensor, out_prob: torch.Tensor, *, m: int, mask_rows: int = 0,
+             block: Any = None) -> None:
         """One step over ``m ≤ 16`` rows: ``tokens / positions / slots`` (int64, ≥ m long), ``mask [m, L]`` (bool);
-        writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob``."""
+        writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob`` (and
+        every row's runner-up into :attr:`seconds`). The last ``mask_rows`` rows are mask rows of the mask-block
+        adapter ``block`` (a ``bitmtp.model.adapters.MaskBlock``): its mask embedding and gated LoRA."""
         kn, a = self.kernels, self.args
-        kn.embed_rows(launch, tokens, self.embed, self.x, m=m)
+        first = m - mask_rows
+        if mask_rows:
+            self._check_block(block)
+        kn.embed_rows(launch, tokens, self.embed, self.x, m=m, first_mask_row=first,
+                      mask_embedding=block.mask_embedding if mask_rows else None)
+        block = block if mask_rows else None
         h, q_size, inter = a.hidden_size, a.num_heads * a.head_dim, a.intermediate_size
         mask_u8 = mask.view(torch.uint8)
         for i, ly in enumerate(self.layers):
             sp = self.splits[i]
-            self._input(launch, self.x, ly["attn_in"], ly["qkv"][0], h, m)
-            self._project(launch, ly["qkv"], sp["qkv"], h, m, epilogue="qkv", out=self.q,
+            down, up = self._lora(block, i, "qkv", first)
+            self._input(launch, self.x, ly["attn_in"], ly["qkv"][0], h, m, down)
+            self._project(launch, ly["qkv"], sp["qkv"], h, m, epilogue="qkv", out=self.q, lora=up,
                           qkv=(positions, slots, self.cos, self.sin, self.kv.k[i], self.kv.v[i], a.num_heads,
                                a.num_kv_heads, a.head_dim))
             dense_o = ly["o"][0] == "dense"
+            down, up = self._lora(block, i, "o", first)
             kn.attention_split(launch, self.q.view(-1, a.num_heads, a.head_dim), self.kv.k[i], self.kv.v[i], mask_u8,
                                self.scale, self.attn_parts, m=m, nsplit_max=self.nsplit_max, sub_norm=ly["attn_sub"],
                                eps=self.eps, q_out=None if dense_o else self._xq(q_size),
-                               s_out=None if dense_o else self.xs, f_out=self.hf[:, :q_size] if dense_o else None)
-            self._project(launch, ly["o"], sp["o"], q_size, m, epilogue="residual", out=self.x)
-            self._input(launch, self.x, ly["mlp_in"], ly["gate_up"][0], h, m)
+                               s_out=None if dense_o else self.xs, f_out=self.hf[:, :q_size] if dense_o else None,
+                               lora=down)
+            self._project(launch, ly["o"], sp["o"], q_size, m, epilogue="residual", out=self.x, lora=up)
+            down, up = self._lora(block, i, "gate_up", first)
+            self._input(launch, self.x, ly["mlp_in"], ly["gate_up"][0], h, m, down)
             self._project(launch, ly["gate_up"], sp["gate_up"], h, m, epilogue="glu", out=self.act, inter=inter,
-                          activation=self.activation)
-            if ly["down"][0] == "dense" and ly["mlp_sub"] is None:  # float rows as they are: no launch
-                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, src=self.act)
+                          activation=self.activation, lora=up)
+            down, up = self._lora(block, i, "down", first)
+            if ly["down"][0] == "dense" and ly["mlp_sub"] is None:  # float rows as they are
+                if down is not None:  # the mask rows' LoRA down-projection still needs a pass over the rows
+                    kn.norm_quant(launch, self.act, None, self.eps, m=m, lora=down)
+                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, src=self.act,
+                              lora=up)
             else:
-                self._input(launch, self.act, ly["mlp_sub"], ly["down"][0], inter, m)
-                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x)
+                self._input(launch, self.act, ly["mlp_sub"], ly["down"][0], inter, m, down)
+                self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, lora=up)
         kn.norm_quant(launch, self.x, self.norm, self.eps, m=m, f=self.hn)
         kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
+
+    def _check_block(self, block: Any) -> None:
+        """The LoRA ranks must fit the plan's ``t`` buffer (made for the largest group rank seen)."""
+        rank = max((b.shape[1] for b in block.b.values()), default=1)
+        if rank > self.t.shape[1]:
+            self.t = torch.zeros(self.t.shape[0], 1 << (rank - 1).bit_length(), dtype=torch.float32,
+                                 device=self.device)
 
 
 def planned_bytes(args: Any, *, m: int, length: int, head_bytes: int, kv_bytes: int = 2, sms: int = 132,

@@ -85,6 +85,19 @@ class StepRunner:
     @torch.no_grad()
     def _body(self) -> None:
         if self.drafter is not None:
+            plan = self._gpu_step()
+            block = getattr(self.drafter, "block", None)
+            if (plan is not None and self.drafter.kind == "mask-block" and self.state.role in ("draft", "fused")
+                    and not self.state.alt):
+                # a mask-block draft or one-pass step in the fused GPU kernels: the mask rows take the adapter's
+                # mask embedding and its gated LoRA inside them
+                st = self.state
+                plan.step(self.launcher, self.tokens, self.positions, self.positions, self.drafter.block_mask(self),
+                          self.out_token, self.out_prob, m=st.width, mask_rows=st.block - 1, block=block)
+                if st.role == "fused":
+                    self.out_second.copy_(plan.seconds[st.pending : st.pending + 1])
+                self.decoder._took(GPU_STEP, "")
+                return
             self.drafter.draft(self)
             return
         mask = self.mask_fn(self.state, self.positions, self.kv_index)

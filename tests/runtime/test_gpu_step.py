@@ -193,3 +193,48 @@ def test_planned_bytes_stay_near_the_roofline_at_bitnet_2b_shapes(m):
     assert got["hbm"] <= 1.05 * got["roofline"], got
     assert got["scratch"] < 50 * 2**20  # stays in an H100's L2
     assert 1.20e9 < got["roofline"] < 1.23e9  # 0.52 GB of ternary weights + 0.66 GB of head + 39 MB of KV rows
+
+
+@interpreted
+@pytest.mark.parametrize("family,quantize", [("bitnet", "ternary"), ("llama", None)])
+def test_mask_block_draft_and_one_pass_steps(family, quantize, monkeypatch):
+    """A mask-block adapter's draft step and one-pass (fused) step in the fused kernels — mask embedding and
+    gated LoRA on the mask rows inside them — give the per-op path's drafts, probabilities (float32 epilogues:
+    within 1e-5) and runner-up; speculative decoding with them commits AR's tokens."""
+    from tests.support.adapters import INIT_RANGE, random_adapter
+
+    model = bitmtp.load(tiny_model(family, seed=3, initializer_range=INIT_RANGE), capacity=300, quantize=quantize)
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=4))
+    eng = model.engine
+    got = {}
+    for env in (None, gpu_step.ENABLED):
+        if env is None:
+            monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
+        else:
+            monkeypatch.setenv(gpu_step.ENV_VAR, env)
+        eng.reset()
+        eng._prefill(PROMPT)
+        eng.pool.runners = {}
+        eng.pool.set_drafter(model.drafter)
+        for role, pending, block in (("draft", 1, 4), ("fused", 3, 4)):
+            width = pending + block - 1
+            r = eng.pool.get(ReplayState(width, eng.kv.segment_for(len(PROMPT) + width), role, block))
+            r.tokens.copy_(torch.randint(3, 90, (width,), generator=torch.Generator().manual_seed(1)))
+            r.positions.copy_(torch.arange(len(PROMPT), len(PROMPT) + width))
+            r.out_token.fill_(-1)
+            before = model.decoder.path_counts["gpu-step"]
+            r.run()
+            assert model.decoder.path_counts["gpu-step"] == before + (env is not None)
+            got[(env, role)] = (r.out_token.clone(), r.out_prob.clone(), r.out_second.clone())
+    for role, lo in (("draft", 0), ("fused", 0)):
+        (t0, p0, s0), (t1, p1, s1) = got[(None, role)], got[(gpu_step.ENABLED, role)]
+        assert torch.equal(t0[lo:], t1[lo:]) and (p0 - p1).abs().max() <= 1e-5
+        if role == "fused":
+            assert torch.equal(s0, s1)
+    if family != "bitnet":  # the generation check once (the interpreter takes ~1 s a step)
+        return
+    ar = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    for schedule in (None, "one-pass"):
+        out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule=schedule,
+                              block_size=4, eos_token_id=[])
+        assert out.token_ids == ar.token_ids
