@@ -149,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "mask = runner.kv_index[None, :] <= pos[:, None]", "mask = runner.kv_index[None, :] <= pos[:, None] - 1",
            (*SPEC_SUBSET,), "the heads drafter's pending rows miss their own key"),
     Mutant("mask-rows-not-bidirectional", "bitmtp/decoding/drafters.py",
-           "reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < p, pos, pos[-1])",
+           "reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < runner.state.pending, pos, pos[-1])",
            "reach = pos",
            (MTP, "-k", "independent_draft and mask-block"), "mask rows attend causally inside their block"),
     Mutant("heads-always-head-0", "bitmtp/decoding/drafters.py",

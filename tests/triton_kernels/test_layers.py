@@ -213,7 +213,8 @@ def test_head_argmax_probability_and_runner_up(dtype, m, rng):
     logits = hidden[:m].to(dtype).double() @ weight.double().T
     want_tok, want_prob = argmax_prob(logits.float())
     assert torch.equal(tok[:m], want_tok)
-    assert (prob[:m].double() - want_prob.double()).abs().max().item() <= 2e-6
+    # float32 block sums of exp, combined in block order, against softmax over float32 logits: 1e-5
+    assert (prob[:m].double() - want_prob.double()).abs().max().item() <= 1e-5
     top2 = logits.topk(2, dim=1)
     runner = torch.where(top2.values[:, 1] == top2.values[:, 0],
                          torch.where(top2.indices[:, 0] == want_tok, top2.indices[:, 1], top2.indices[:, 0]),
