@@ -167,7 +167,7 @@ BOUNDS: tuple[Bound, ...] = (
           "the native kernel's bandwidth goal, through the registry: " + _BW),
     Bound("bench/kernels/test_bench_ops.py::test_ternary_linear_overhead", "linear_over_kernel", LOWER, 1.5,
           "goal 1.3 (TernaryLinear at M = 1 within 1.3x its raw kernel: quantization inside the kernel call); "
-          "1.02-1.10 measured on the Intel avx512vnni kind (2026-12-05); torch-op quantization gave 3.3-7x"),
+          "1.17-1.21 in quiet quick runs on the Intel avx512vnni kind (2026-12-05); torch-op quantization gave 3.3-7x"),
     Bound("bench/kernels/test_bench_cuda.py::test_width_scaling", r".+_t(?P<m>\d+)_over_t1", LOWER, _width, _WIDTH),
     # runtime
     Bound("bench/runtime/test_bench_steps.py::test_bitnet2b_step_ratios_cpu", "draft_over_ar", LOWER,
