@@ -40,7 +40,7 @@ listing="$tmp/listing.txt"
 tar tzf "$sdist" > "$listing"
 missing=0
 for f in csrc/cpu/*.cpp csrc/cpu/*.h csrc/cpu/*.inc csrc/cuda/* wgsl_fallback/*.wgsl bitmtp/adapters/*/* \
-         bitmtp/data/*.json bitmtp/data/*.jsonl bitmtp/data/*.txt bitmtp/data/*.md; do
+         bitmtp/data/*.json bitmtp/data/*.jsonl bitmtp/data/*.txt bitmtp/data/*.md bitmtp/serve/static/*.html; do
   if ! grep -qx "bitmtp-[^/]*/$f" "$listing"; then echo "sdist lacks $f" >&2; missing=1; fi
 done
 if grep -E '\.(so|pyc|o)$' "$listing"; then echo "sdist carries build products (above)" >&2; missing=1; fi

@@ -71,6 +71,7 @@ def test_sdist_carries_every_file_the_native_build_includes():
         assert shipped and not shipped - files, f"MANIFEST.in leaves out {sorted(shipped - files)}"
     data = {str(p.relative_to(REPO)) for p in (REPO / "bitmtp" / "data").iterdir() if p.is_file()}
     assert "bitmtp/data/LICENSE-PSF.txt" in data and not data - files, f"MANIFEST.in leaves out {sorted(data - files)}"
+    assert "bitmtp/serve/static/chat.html" in files, "MANIFEST.in leaves out the chat page"
     assert not {f for f in files if f.endswith((".so", ".pyc", ".o"))}, "build products in the sdist"
 
 
@@ -120,6 +121,8 @@ def test_wheel_carries_the_data_and_loads_it_from_the_installed_copy(tmp_path):
     shipped = {p.name for p in (lib / "bitmtp" / "data").iterdir()}
     wanted = {p.name for p in (REPO / "bitmtp" / "data").iterdir() if p.is_file()}
     assert wanted <= shipped, f"the wheel leaves out {sorted(wanted - shipped)}"
+    page = lib / "bitmtp" / "serve" / "static" / "chat.html"  # what `bitmtp serve` answers at /
+    assert page.read_bytes() == (REPO / "bitmtp" / "serve" / "static" / "chat.html").read_bytes()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(lib)}
     run = subprocess.run([sys.executable, "-c", _LOAD_DATA], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)

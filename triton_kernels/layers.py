@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from bitmtp.triton_kernels.w2a8 import _store_out
+
 #: rows every kernel computes (a step's width M ≤ ROWS; rows ≥ M are masked): one compiled kernel per shape
 ROWS = 16
 #: epilogues of :func:`w2a8_fused`
@@ -165,7 +167,7 @@ def _scaled(acc_ptr, s_ptr, xs_ptr, rows, r_mask, M, N, NG, stride_sn):
                       mask=(offs_m[:, None] < M) & r_mask[None, :], other=0, volatile=True)
         sc = tl.load(s_ptr + rows * stride_sn + g, mask=r_mask, other=0.0)
         y += acc.to(tl.float32) * sc[None, :]
-    xs = tl.load(xs_ptr + offs_m)
+    xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=1.0)
     return y / xs[:, None]
 
 
@@ -204,8 +206,8 @@ def _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_
     destination: store, residual add, gated activation, or RoPE + q store / KV write (``EPILOGUES``)."""
     offs_m = tl.arange(0, 16)
     m_mask = offs_m[:, None] < M
-    if EPI == 0:
-        tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, mask=m_mask & a_mask[None, :])
+    if EPI == 0:  # in the output's dtype (bf16 rounded to nearest even on every path, the interpreter's too)
+        _store_out(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], y_a, m_mask & a_mask[None, :])
     elif EPI == 1:
         ptrs = out_ptr + offs_m[:, None] * stride_o + rows_a[None, :]
         res = tl.load(ptrs, mask=m_mask & a_mask[None, :], other=0.0)

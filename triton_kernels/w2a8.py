@@ -62,6 +62,13 @@ SMALL_TILED = KernelConfig("tiled", block_n=64, block_kw=4, block_m=16)
 TILED_FROM = 17
 
 
+#: Widths 1..SPLITK_UP_TO run the split-K tensor-core kernel of the fused GPU step
+#: (``triton_kernels.layers.w2a8_fused``, epilogue "store": int8 ``tl.dot`` for every width, K split across
+#: programs with exact integer partials, so enough programs fill the SMs at M = 1). 0: never, until a GPU run
+#: measures it faster than the decode buckets (``bench/kernels/test_bench_cuda.py`` times ``triton_splitk``).
+SPLITK_UP_TO = 0
+
+
 def config_for_width(m: int, tiled_from: int | None = None) -> KernelConfig:
     """The kernel configuration for replay width ``m`` (``tiled_from``: :data:`TILED_FROM` unless given)."""
     first = TILED_FROM if tiled_from is None else tiled_from
@@ -229,6 +236,9 @@ def w2a8_matmul(
     n, kw = packed.shape
     ng = scales.shape[1]
     stride_sn = 0 if scales.shape[0] == 1 else ng
+    if m <= SPLITK_UP_TO and out is not None and acc_out is None and bias is None:
+        _splitk(x_q, act_scale, packed, scales, kk, group_size, out)
+        return
     cfg = config_for_width(m, tiled_from)
     dummy = act_scale  # any valid pointer for arguments a constexpr switch leaves unused
     args = (
@@ -254,4 +264,24 @@ def w2a8_matmul(
         )
 
 
-__all__ = ["KernelConfig", "SMALL_TILED", "TILED_FROM", "WIDTH_BUCKETS", "config_for_width", "w2a8_matmul"]
+def _splitk(x_q, act_scale, packed, scales, k, group_size, out) -> None:
+    """``out = W2A8(x_q)`` through the fused step's split-K kernel (:data:`SPLITK_UP_TO`): zeroed int32 partials and
+    counters for this call, K split so that the output tiles × slices fill the GPU's SMs about twice."""
+    from bitmtp.triton_kernels import layers
+
+    m, n = x_q.shape[0], packed.shape[0]
+    dev = x_q.device
+    units = layers.w2a8_units(n, "store")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
+    splits = max(1, min(-(-2 * sms // units), k // 256))
+    acc = torch.zeros((layers.ROWS, n, scales.shape[1]), dtype=torch.int32, device=dev)
+    counter = torch.zeros(units, dtype=torch.int32, device=dev)
+
+    def launch(name, kernel, grid, *args, **kwargs):
+        kernel[grid](*args, **kwargs)
+
+    layers.w2a8_fused(launch, x_q, act_scale, packed, scales, k, group_size, acc, counter, m=m, epilogue="store",
+                      out=out, splits=splits)
+
+
+__all__ = ["KernelConfig", "SMALL_TILED", "SPLITK_UP_TO", "TILED_FROM", "WIDTH_BUCKETS", "config_for_width", "w2a8_matmul"]

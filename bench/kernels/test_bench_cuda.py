@@ -9,6 +9,8 @@ Figures (recorded into the end-of-run ratio table by ``bench.conftest.record``):
   perfect width specialization: the weights are read once whatever M is), and ``*_m<M>_GBps``, the
   packed weight bytes over the time at width M (``python -m bench.plots`` draws it against M).
 
+* ``triton_splitk_*`` / ``triton_splitk_speedup_m<M>`` — Triton through the fused GPU step's split-K tensor-core
+  kernel at every width (not gated: what sets ``bitmtp.triton_kernels.w2a8.SPLITK_UP_TO``);
 * ``triton_tiled_*`` / ``triton_tiled_over_decode_m<M>`` — Triton with widths 2..16 on its ``tl.dot`` tiled
   kernel, and its time over the decode buckets' at width M (below 1: the tiled kernel is faster; not gated —
   what a GPU session reads to set ``bitmtp.triton_kernels.w2a8.TILED_FROM``).
@@ -106,12 +108,13 @@ def _setup(n: int, k: int, widths, backends):
     scales = torch.rand(1, 1, generator=g, device="cpu").add_(0.1).to(dev)  # BitNet: one scale per tensor
     rotations = {}
     for name in backends:
-        impl = select("w2a8_linear_q", dev, name.removesuffix("_tiled"))
+        impl = select("w2a8_linear_q", dev, name.removesuffix("_tiled").removesuffix("_splitk"))
         for m in widths:
             x_q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).to(dev)
             s = (torch.rand(m, generator=g) + 0.5).to(dev)
             out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             tiled = (mock.patch("bitmtp.triton_kernels.w2a8.TILED_FROM", 2) if name == "triton_tiled"
+                     else mock.patch("bitmtp.triton_kernels.w2a8.SPLITK_UP_TO", 16) if name == "triton_splitk"
                      else contextlib.nullcontext())  # the kernel is chosen at capture: the graph keeps it
             with tiled:
                 rotations[name, m] = _Rotation(impl, x_q, s, packs, scales, k, out)
@@ -122,6 +125,8 @@ def _setup(n: int, k: int, widths, backends):
 def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
     """M = 1 weight bandwidth of the CUDA and Triton kernels as a fraction of copy bandwidth."""
     backends = _backends()
+    if "triton" in backends:
+        backends.append("triton_splitk")  # the fused step's split-K tensor-core kernel (w2a8.SPLITK_UP_TO)
     weight_bytes, rot = _setup(n, k, (1,), backends)
     benchmark.pedantic(lambda: (rot["cuda", 1].graph.replay(), torch.cuda.synchronize()), rounds=5, iterations=1,
                        warmup_rounds=1)
@@ -143,7 +148,7 @@ def test_m1_weight_bandwidth(benchmark, copy_buffers, n, k):
         figures[f"{name}_m1_us"] = statistics.median(times[name]) * 1e6
         figures[f"{name}_m1_GBps"] = weight_bytes / statistics.median(times[name]) / 1e9
         figures[f"{name}_bw_frac"] = statistics.median(fracs[name])
-    record(benchmark, gates={f"{name}_bw_frac": HIGHER for name in backends}, **figures)
+    record(benchmark, gates={f"{name}_bw_frac": HIGHER for name in backends if name != "triton_splitk"}, **figures)
 
 
 @pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
@@ -153,7 +158,7 @@ def test_width_scaling(benchmark, n, k):
     uses to choose ``bitmtp.triton_kernels.w2a8.TILED_FROM``)."""
     backends = _backends()
     if "triton" in backends:
-        backends.append("triton_tiled")
+        backends += ["triton_tiled", "triton_splitk"]
     weight_bytes, rot = _setup(n, k, WIDTHS, backends)
     benchmark.pedantic(lambda: (rot["cuda", 16].graph.replay(), torch.cuda.synchronize()), rounds=5,
                        iterations=1, warmup_rounds=1)
@@ -173,10 +178,13 @@ def test_width_scaling(benchmark, n, k):
             figures[f"{name}_m{m}_GBps"] = weight_bytes / statistics.median(times[m]) / 1e9
         for m, r in ratios.items():
             figures[f"{name}_t{m}_over_t1"] = statistics.median(r)
-            if name != "triton_tiled":
+            if name not in ("triton_tiled", "triton_splitk"):
                 gates[f"{name}_t{m}_over_t1"] = LOWER
-    if "triton_tiled" in backends:  # the candidate against today's decode buckets, same widths, same run
+    if "triton_tiled" in backends:  # the candidates against today's decode buckets, same widths, same run
         for m in WIDTHS[1:]:
             figures[f"triton_tiled_over_decode_m{m}"] = (figures[f"triton_m{m}_GBps"]
                                                          / figures[f"triton_tiled_m{m}_GBps"])
+        for m in WIDTHS:  # > 1: split-K faster than the decode buckets (sets w2a8.SPLITK_UP_TO)
+            figures[f"triton_splitk_speedup_m{m}"] = (figures[f"triton_splitk_m{m}_GBps"]
+                                                      / figures[f"triton_m{m}_GBps"])
     record(benchmark, gates=gates, **figures)

@@ -281,3 +281,21 @@ def test_dense_projection_split_order_and_bias(dtype, m, epilogue, rng):
             assert torch.equal(out[m:], res[m:])
         else:
             assert torch.isnan(out[m:]).all()
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_backend_split_k_path_equals_the_decode_kernels(m, dtype, monkeypatch, rng):
+    """``w2a8.SPLITK_UP_TO``: the triton backend's widths run the split-K tensor-core kernel — the decode kernels'
+    bits (same integer accumulators, same float epilogue), bf16 rounded to nearest even."""
+    from bitmtp.ops import w2a8_linear
+    from bitmtp.triton_kernels import w2a8
+
+    n, k = 150, 577
+    packed = pack_t2(random_ternary(n, k, rng))
+    scales = torch.rand(n, 1, generator=rng) + 0.1
+    x = _rows(m, k, rng)[:m]
+    want = w2a8_linear(x, packed, scales, backend="triton", out_dtype=dtype)
+    monkeypatch.setattr(w2a8, "SPLITK_UP_TO", 16)
+    got = w2a8_linear(x, packed, scales, backend="triton", out_dtype=dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
