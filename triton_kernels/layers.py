@@ -35,8 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from bitmtp.triton_kernels.w2a8 import _store_out
-
 #: rows every kernel computes (a step's width M ≤ ROWS; rows ≥ M are masked): one compiled kernel per shape
 ROWS = 16
 #: epilogues of :func:`w2a8_fused`
@@ -52,6 +50,18 @@ ATTN_BLOCK = 64
 #: vocabulary rows per LM-head program
 HEAD_BLOCK = 128
 _MAGIC = 12582912.0  # 1.5 * 2^23: (v + magic) - magic rounds |v| < 2^22 half to even in float32
+
+
+@triton.jit
+def _store_out(ptrs, y, mask):
+    """Store float32 ``y`` in the output's dtype. bf16 is rounded to nearest-even by hand on the
+    bit pattern (the interpreter truncates fp32 -> bf16; GPUs round), so both agree with torch."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = y.to(tl.int32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536  # -65536 == 0xFFFF0000
+        tl.store(ptrs, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------- norm + quant

@@ -27,6 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from bitmtp.triton_kernels import layers as _layers
+from bitmtp.triton_kernels.layers import _store_out
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -89,18 +92,6 @@ def _decode_codes(words, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
     shifts = (i % 4) * 8 + (i // 4) * 2  # weight i = 4s + b sits at bit 8b + 2s
     codes = (words[:, :, None] >> shifts[None, None, :]) & 3
     return tl.reshape(codes, [BLOCK_N, BLOCK_KW * 16])
-
-
-@triton.jit
-def _store_out(ptrs, y, mask):
-    """Store float32 ``y`` in the output's dtype. bf16 is rounded to nearest-even by hand on the
-    bit pattern (the interpreter truncates fp32 -> bf16; GPUs round), so both agree with torch."""
-    if ptrs.dtype.element_ty == tl.bfloat16:
-        bits = y.to(tl.int32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536  # -65536 == 0xFFFF0000
-        tl.store(ptrs, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
-    else:
-        tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -267,20 +258,18 @@ def w2a8_matmul(
 def _splitk(x_q, act_scale, packed, scales, k, group_size, out) -> None:
     """``out = W2A8(x_q)`` through the fused step's split-K kernel (:data:`SPLITK_UP_TO`): zeroed int32 partials and
     counters for this call, K split so that the output tiles × slices fill the GPU's SMs about twice."""
-    from bitmtp.triton_kernels import layers
-
     m, n = x_q.shape[0], packed.shape[0]
     dev = x_q.device
-    units = layers.w2a8_units(n, "store")
+    units = _layers.w2a8_units(n, "store")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 2
     splits = max(1, min(-(-2 * sms // units), k // 256))
-    acc = torch.zeros((layers.ROWS, n, scales.shape[1]), dtype=torch.int32, device=dev)
+    acc = torch.zeros((_layers.ROWS, n, scales.shape[1]), dtype=torch.int32, device=dev)
     counter = torch.zeros(units, dtype=torch.int32, device=dev)
 
     def launch(name, kernel, grid, *args, **kwargs):
         kernel[grid](*args, **kwargs)
 
-    layers.w2a8_fused(launch, x_q, act_scale, packed, scales, k, group_size, acc, counter, m=m, epilogue="store",
+    _layers.w2a8_fused(launch, x_q, act_scale, packed, scales, k, group_size, acc, counter, m=m, epilogue="store",
                       out=out, splits=splits)
 
 
