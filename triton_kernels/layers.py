@@ -1,6 +1,7 @@
 """The GPU step's fused kernels: a decoder layer in 9 launches, a step's ends in 4 (DESIGN.md, "The GPU step").
 
-Every kernel takes the step's rows padded to a fixed ``ROWS = 16`` (rows ≥ M masked): the same compiled
+Every kernel takes the step's rows padded to a fixed ``ROWS = 16`` (rows ≥ M masked; the row-wise kernels run one
+program per live row and leave the padding rows' buffers as they are: every reader masks them): the same compiled
 kernel runs every width 1..16, so a row's arithmetic — each product, each reduction's order — cannot depend
 on the width it ran in. Integer accumulators are exact whatever the order (split-K partials are added with
 integer atomics); float reductions run in a fixed order over fixed tiles. That is invariant (1) of the design
@@ -49,7 +50,10 @@ ATTN_SPLIT = 256
 ATTN_BLOCK = 64
 #: vocabulary rows per LM-head program
 HEAD_BLOCK = 128
-_MAGIC = 12582912.0  # 1.5 * 2^23: (v + magic) - magic rounds |v| < 2^22 half to even in float32
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + magic) - magic rounds |v| < 2^22 half to even in float32
+#: launch option of the kernels that quantize: no FMA contraction, so ``(h · s + magic) − magic`` rounds the rounded
+#: product as torch does (an FMA would round the exact product: a different int8 now and then)
+NO_FMA = {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -119,17 +123,17 @@ def _lora_args(lora, dummy):
 
 
 def norm_quant(launch, x, weight, eps, *, m, q=None, s=None, f=None, lora=None):
-    """``ROWS`` programs over ``x[ROWS, K]`` (rows ≥ ``m`` read as zeros): RMSNorm with ``weight`` (None:
+    """``m`` programs over rows ``x[:m, K]`` (rows ≥ ``m`` left as they are): RMSNorm with ``weight`` (None:
     none) then int8 quantization into ``q[ROWS, K]`` / ``s[ROWS]`` (None: none) and/or the float32 rows
     into ``f[ROWS, K]``; with ``lora = (A, t, first_row)`` also the gated LoRA's ``t = h · Aᵀ`` of the mask rows
     (rows ≥ first_row). ``m``: the step's width (a Python int: graphs capture one runner per width)."""
     k = x.shape[1]
     a, t, first, rt, rt_pad, on = _lora_args(lora, x)
-    launch("norm_quant", _norm_quant_kernel, (ROWS,), x, weight if weight is not None else x,
+    launch("norm_quant", _norm_quant_kernel, (m,), x, weight if weight is not None else x,
            q if q is not None else x, s if s is not None else x, f if f is not None else x, a, t, m, k,
            x.stride(0), f.stride(0) if f is not None else 0, float(eps), first, rt,
            BLOCK=triton.next_power_of_2(k), NORM=weight is not None, QUANT=q is not None, STORE_F=f is not None,
-           LORA=on, RT_PAD=rt_pad)
+           LORA=on, RT_PAD=rt_pad, **NO_FMA)
 
 
 def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tensor | None = None):
@@ -142,7 +146,7 @@ def quantize_rows(x: torch.Tensor, q: torch.Tensor | None = None, s: torch.Tenso
     if m:
         _norm_quant_kernel[(m,)](x, x, q, s, x, x, x, m, k, x.stride(0), 0, 0.0, 0, 0,
                                  BLOCK=triton.next_power_of_2(k), NORM=False, QUANT=True, STORE_F=False, LORA=False,
-                                 RT_PAD=16)
+                                 RT_PAD=16, **NO_FMA)
     return q, s
 
 
@@ -577,12 +581,12 @@ def attention_split(launch, q, k_cache, v_cache, mask, scale, parts, *, m, nspli
            length, s_rows, h, float(scale), GROUP=group, D=d, R=r, SPLIT=ATTN_SPLIT, BLOCK_L=ATTN_BLOCK,
            NSPLIT_MAX=nsplit_max)
     a, t, first, rt, rt_pad, on = _lora_args(lora, pm)
-    launch("attention_combine", _attn_combine_kernel, (ROWS,), pm, pl, pacc,
+    launch("attention_combine", _attn_combine_kernel, (m,), pm, pl, pacc,
            sub_norm if sub_norm is not None else pm, q_out if q_out is not None else pm,
            s_out if s_out is not None else pm, f_out if f_out is not None else pm, a, t,
            f_out.stride(0) if f_out is not None else 0, m, nsplit, nsplit_max, float(eps), first, rt,
            H=h, H_PAD=triton.next_power_of_2(h), GROUP=group, D=d, R=r, NORM=sub_norm is not None,
-           STORE_F=f_out is not None, QUANT=q_out is not None, LORA=on, RT_PAD=rt_pad)
+           STORE_F=f_out is not None, QUANT=q_out is not None, LORA=on, RT_PAD=rt_pad, **NO_FMA)
 
 
 def attention_scratch(kv_heads: int, heads: int, head_dim: int, rows: int, device) -> tuple[torch.Tensor, ...]:
@@ -609,11 +613,11 @@ def _embed_kernel(tok_ptr, emb_ptr, me_ptr, out_ptr, M, K, FIRST, BLOCK: tl.cons
 
 
 def embed_rows(launch, tokens, table, out, *, m, mask_embedding=None, first_mask_row=None):
-    """``out[ROWS, K]`` = rows ``tokens[:m]`` of ``table[V, K]`` as float32 (padding rows zero); rows from
+    """``out[:m, K]`` = rows ``tokens[:m]`` of ``table[V, K]`` as float32 (rows ≥ m left as they are); rows from
     ``first_mask_row`` on take ``mask_embedding[K]`` instead."""
     k = table.shape[1]
     first = m if first_mask_row is None else first_mask_row
-    launch("embed", _embed_kernel, (ROWS,), tokens, table, mask_embedding if mask_embedding is not None else table,
+    launch("embed", _embed_kernel, (m,), tokens, table, mask_embedding if mask_embedding is not None else table,
            out, m, k, first, BLOCK=triton.next_power_of_2(k))
 
 
@@ -689,7 +693,7 @@ def head_argmax(launch, hidden, weight, parts, tokens, probs, seconds, *, m):
     pmax, parg, p2v, p2i, psum = parts
     launch("head_partial", _head_partial_kernel, (nvb,), hidden, weight, pmax, parg, p2v, p2i, psum, m, v, k, nvb,
            BLOCK_V=HEAD_BLOCK, BK=64, IEEE=weight.dtype == torch.float32 or weight.device.type == "cpu")
-    launch("head_combine", _head_combine_kernel, (ROWS,), pmax, parg, p2v, p2i, psum, tokens, probs, seconds, m, nvb,
+    launch("head_combine", _head_combine_kernel, (m,), pmax, parg, p2v, p2i, psum, tokens, probs, seconds, m, nvb,
            NVB_PAD=triton.next_power_of_2(nvb))
 
 

@@ -60,8 +60,8 @@ def test_norm_quant_bits(m, k, norm, rng):
     h = rms_norm(x[:m], w, 1e-5) if norm else x[:m]
     rq, rs = quantize_activations(h)
     assert torch.equal(f[:m], h) and torch.equal(q[:m], rq) and torch.equal(s[:m], rs)
-    # rows >= m are written as zeros, so the next projection reads no garbage there
-    assert torch.equal(q[m:], torch.zeros_like(q[m:])) and torch.equal(f[m:], torch.zeros_like(f[m:]))
+    # rows >= m are not touched (one program per live row; every reader masks the padding rows)
+    assert (q[m:] == 99).all() and torch.isnan(f[m:]).all() and torch.isnan(s[m:]).all()
 
 
 def _project(epilogue, q, s, packed, scales, k, group, m, splits, **kw):
@@ -231,7 +231,7 @@ def test_embed_rows(rng):
     tokens[:5] = torch.tensor([1, 49, 0, 7, 7])
     out = torch.full((ROWS, 40), POISON)
     layers.embed_rows(launch, tokens, table, out, m=5)
-    assert torch.equal(out[:5], table[tokens[:5]].float()) and not out[5:].any()
+    assert torch.equal(out[:5], table[tokens[:5]].float()) and torch.isnan(out[5:]).all()
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 15, 16, 37])
