@@ -15,8 +15,11 @@ Test: .ci/run (CI compiles every kernel for sm_80 and sm_90)
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -93,7 +96,7 @@ def layer_specs():
             yield (f"norm_quant K={k} norm={norm} quant={quant} lora={lora}", ly._norm_quant_kernel,
                    *_spec(ly._norm_quant_kernel, types, const), 4)
     ptrs = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", lb_ptr="*fp32", lt_ptr="*fp32",
-                cnt_ptr="*i32", out_ptr="*fp32")
+                cnt_ptr="*i32", out_ptr="*fp32", qn_ptr="*fp32", kn_ptr="*fp32", eps="fp32")
     ints = {n: i32 for n in ("M", "N", "K", "KW", "NG", "GROUP_K", "stride_sn", "stride_o", "SPLIT_K", "HALF_OR_I",
                              "HQ", "HKV", "S_ROWS", "HD", "FIRST", "RT", "stride_x")}
     # every epilogue with and without LoRA; the KV cache's dtype only matters to the qkv epilogue
@@ -101,18 +104,19 @@ def layer_specs():
         for epi, act, block_n in ((0, 0, 64), (1, 0, 64), (2, 0, 64), (2, 1, 64), (3, 0, 64), (3, 0, 32)):
             if kv == "fp32" and epi != 3:
                 continue
-            for lora in (False, True):
+            # the q / k norms (Qwen3) only in the qkv epilogue, without LoRA (as with it: the same code)
+            for lora, qk in ((False, False), (True, False)) + (((False, True),) if epi == 3 and kv == "bf16" else ()):
                 types = dict(ptrs, **ints, xq_ptr="*i8", xs_ptr="*fp32", w_ptr="*i32", s_ptr="*fp32", acc_ptr="*i32",
                              kc_ptr=f"*{kv}", vc_ptr=f"*{kv}", scaling=f32)
-                const = dict(BLOCK_N=block_n, EPI=epi, ACT=act, TWO=epi >= 2, LORA=lora, RT_PAD=16)
-                yield (f"w2a8_fused EPI={epi} ACT={act} BLOCK_N={block_n} kv={kv} lora={lora}", ly._w2a8_fused_kernel,
-                       *_spec(ly._w2a8_fused_kernel, types, const), 4)
+                const = dict(BLOCK_N=block_n, EPI=epi, ACT=act, TWO=epi >= 2, LORA=lora, RT_PAD=16, QK_NORM=qk)
+                yield (f"w2a8_fused EPI={epi} ACT={act} BLOCK_N={block_n} kv={kv} lora={lora} qk_norm={qk}",
+                       ly._w2a8_fused_kernel, *_spec(ly._w2a8_fused_kernel, types, const), 4)
                 for wt in ("bf16", "fp32") if epi == 0 else ("bf16",):
                     types = dict(ptrs, **ints, x_ptr="*fp32", w_ptr=f"*{wt}", bias_ptr="*fp32", part_ptr="*fp32",
                                  kc_ptr=f"*{kv}", vc_ptr=f"*{kv}", scaling=f32)
                     const = dict(BLOCK_N=block_n, EPI=epi, ACT=act, TWO=epi >= 2, HAS_BIAS=epi != 3, IEEE=wt == "fp32",
-                                 LORA=lora, RT_PAD=16)
-                    yield (f"dense_fused EPI={epi} w={wt} BLOCK_N={block_n} kv={kv} lora={lora}",
+                                 LORA=lora, RT_PAD=16, QK_NORM=qk)
+                    yield (f"dense_fused EPI={epi} w={wt} BLOCK_N={block_n} kv={kv} lora={lora} qk_norm={qk}",
                            ly._dense_fused_kernel, *_spec(ly._dense_fused_kernel, types, const), 4)
         for heads, kvh, d in ((20, 5, 128), (9, 3, 64)) if kv == "bf16" else ((9, 3, 64),):
             group = heads // kvh
@@ -139,28 +143,52 @@ def layer_specs():
                      psum_ptr="*fp32", M=i32, V=i32, K=i32, NVB=i32)
         const = dict(BLOCK_V=ly.HEAD_BLOCK, BK=64, IEEE=wt == "fp32")
         yield f"head_partial K={k} {wt}", ly._head_partial_kernel, *_spec(ly._head_partial_kernel, types, const), 4
+        types = dict(h_ptr="*fp32", w_ptr=f"*{wt}", out_ptr="*fp32", M=i32, V=i32, K=i32, stride_o=i32)
+        yield f"head_logits K={k} {wt}", ly._head_logits_kernel, *_spec(ly._head_logits_kernel, types, const), 4
         types = dict(pmax_ptr="*fp32", parg_ptr="*i32", p2v_ptr="*fp32", p2i_ptr="*i32", psum_ptr="*fp32",
                      tok_ptr="*i64", prob_ptr="*fp32", second_ptr="*i64", M=i32, NVB=i32)
         const = dict(NVB_PAD=triton.next_power_of_2(triton.cdiv(vocab, ly.HEAD_BLOCK)))
         yield f"head_combine V={vocab}", ly._head_combine_kernel, *_spec(ly._head_combine_kernel, types, const), 4
 
 
-def compile_all(ccs: list[int], verbose: bool = False) -> int:
-    """Compile every spec for every compute capability; return the number of failures."""
+_SPECS: list = []
+
+
+def _compile_one(job: tuple[int, int]) -> tuple[str, str | None, int]:
+    """Compile spec ``job[1]`` for compute capability ``job[0]``: (label, error or None, shared bytes)."""
+    cc, i = job
+    label, fn, sig, const, num_warps = _SPECS[i]
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=const)
+        compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": num_warps, **NO_FMA})
+        return label, None, compiled.metadata.shared
+    except Exception as exc:  # report every failing variant, then fail
+        return label, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 0
+
+
+def compile_all(ccs: list[int], verbose: bool = False, jobs: int = 0) -> int:
+    """Compile every spec for every compute capability (``jobs`` processes; 0: one per CPU); return the number
+    of failures. Two processes halve CI's step on two cores (each variant is an independent compile)."""
+    _SPECS[:] = [*kernel_specs(), *attention_specs(), *layer_specs()]
+    jobs = jobs or os.cpu_count() or 1
     failures = 0
     for cc in ccs:
-        target = GPUTarget("cuda", cc, 32)
         t0, count = time.time(), 0
-        for label, fn, sig, const, num_warps in [*kernel_specs(), *attention_specs(), *layer_specs()]:
-            try:
-                src = ASTSource(fn=fn, signature=sig, constexprs=const)
-                compiled = triton.compile(src, target=target, options={"num_warps": num_warps, **NO_FMA})
+        work = [(cc, i) for i in range(len(_SPECS))]
+        if jobs > 1:  # fork: the children inherit the spec list (kernels are not picklable)
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+                results = list(pool.map(_compile_one, work))
+        else:
+            results = [_compile_one(job) for job in work]
+        for label, err, shared in results:
+            if err is None:
                 count += 1
                 if verbose:
-                    print(f"  sm_{cc} ok   {label}: {compiled.metadata.shared} B smem")
-            except Exception as exc:  # report every failing variant, then fail
+                    print(f"  sm_{cc} ok   {label}: {shared} B smem")
+            else:
                 failures += 1
-                print(f"  sm_{cc} FAIL {label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                print(f"  sm_{cc} FAIL {label}: {err}")
         print(f"sm_{cc}: compiled {count} Triton kernel variants in {time.time() - t0:.1f}s")
     return failures
 
@@ -169,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cc", type=int, nargs="+", default=[80, 90], help="compute capabilities (default: 80 90)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every variant")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="compile processes (default: one per CPU)")
     args = p.parse_args(argv)
-    failures = compile_all(args.cc, args.verbose)
+    failures = compile_all(args.cc, args.verbose, args.jobs)
     if failures:
         print(f"{failures} Triton kernel variant(s) failed to compile", file=sys.stderr)
     return 1 if failures else 0

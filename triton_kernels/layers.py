@@ -214,10 +214,30 @@ def _lora_up(y, rows, r_mask, M, t_ptr, b_ptr, FIRST, RT, RT_PAD: tl.constexpr, 
 
 
 @triton.jit
-def _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
-              kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI: tl.constexpr, ACT: tl.constexpr):
+def _head_norm(y_a, y_b, a_mask, w_ptr, offs_b, HALF, HD, eps):
+    """RMSNorm over one head (its halves ``y_a`` / ``y_b``, masked lanes 0): ``model.layers.rms_norm``'s rule —
+    the mean of squares summed in float64, rounded to float32 — for Qwen3's q / k norms."""
+    da = tl.where(a_mask[None, :], y_a, 0.0).to(tl.float64)
+    db = tl.where(a_mask[None, :], y_b, 0.0).to(tl.float64)
+    var = ((tl.sum(da * da, axis=1) + tl.sum(db * db, axis=1)) / HD).to(tl.float32)
+    inv = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+    w_a = tl.load(w_ptr + offs_b, mask=a_mask, other=0.0).to(tl.float32)
+    w_b = tl.load(w_ptr + HALF + offs_b, mask=a_mask, other=0.0).to(tl.float32)
+    return w_a[None, :] * (y_a * inv[:, None]), w_b[None, :] * (y_b * inv[:, None])
+
+
+@triton.jit
+def _epilogue(y_a, y_b, unit, offs_b, rows_a, rows_b, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr,
+              sin_ptr, kc_ptr, vc_ptr, qn_ptr, kn_ptr, eps, lb_ptr, lt_ptr, FIRST, RT, scaling, HALF_OR_I, HQ, HKV,
+              S_ROWS, HD, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, LORA: tl.constexpr,
+              RT_PAD: tl.constexpr, QK_NORM: tl.constexpr):
     """A projection's float32 rows ``y_a`` (and ``y_b``: the up rows of a gate, a head's second half) → their
-    destination: store, residual add, gated activation, or RoPE + q store / KV write (``EPILOGUES``)."""
+    destination: store, residual add, gated activation, or (q / k norm +) RoPE + q store / KV write
+    (``EPILOGUES``); with ``LORA`` the gated LoRA's up-projection is added to the mask rows first."""
+    if LORA:  # the gated LoRA's up-projection, mask rows only
+        y_a = _lora_up(y_a, rows_a, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
+        if TWO:
+            y_b = _lora_up(y_b, rows_b, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
     offs_m = tl.arange(0, 16)
     m_mask = offs_m[:, None] < M
     if EPI == 0:  # in the output's dtype (bf16 rounded to nearest even on every path, the interpreter's too)
@@ -235,6 +255,11 @@ def _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_
         tl.store(out_ptr + offs_m[:, None] * stride_o + rows_a[None, :], act * y_b, mask=m_mask & a_mask[None, :])
     else:
         mm = offs_m < M
+        if QK_NORM:  # Qwen3: a q or k head's RMSNorm before its rotation
+            if unit < HQ:
+                y_a, y_b = _head_norm(y_a, y_b, a_mask, qn_ptr, offs_b, HALF_OR_I, HD, eps)
+            elif unit < HQ + HKV:
+                y_a, y_b = _head_norm(y_a, y_b, a_mask, kn_ptr, offs_b, HALF_OR_I, HD, eps)
         if unit < HQ + HKV:  # q or k head: rotate-half RoPE at each row's position
             pos = tl.load(pos_ptr + offs_m, mask=mm, other=0)
             c = tl.load(cos_ptr + pos[:, None] * HD + offs_b[None, :], mask=mm[:, None] & a_mask[None, :], other=0.0)
@@ -277,10 +302,10 @@ def _unit_rows(unit, N, HALF_OR_I, HD, BLOCK_N: tl.constexpr, EPI: tl.constexpr)
 @triton.jit
 def _w2a8_fused_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, acc_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-    lb_ptr, lt_ptr, M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD,
-    FIRST, RT, scaling,
+    qn_ptr, kn_ptr, eps, lb_ptr, lt_ptr, M, N, K, KW, NG, GROUP_K, stride_sn, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV,
+    S_ROWS, HD, FIRST, RT, scaling,
     BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, LORA: tl.constexpr,
-    RT_PAD: tl.constexpr,
+    RT_PAD: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     unit = tl.program_id(0)
     split = tl.program_id(1)
@@ -312,12 +337,9 @@ def _w2a8_fused_kernel(
         y_b = y_a
         if TWO:
             y_b = _scaled(acc_ptr, s_ptr, xs_ptr, rows_b, b_mask, M, N, NG, stride_sn)
-        if LORA:  # the gated LoRA's up-projection, mask rows only
-            y_a = _lora_up(y_a, rows_a, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
-            if TWO:
-                y_b = _lora_up(y_b, rows_b, b_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
-        _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
-                  kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
+        _epilogue(y_a, y_b, unit, offs_b, rows_a, rows_b, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr,
+                  sin_ptr, kc_ptr, vc_ptr, qn_ptr, kn_ptr, eps, lb_ptr, lt_ptr, FIRST, RT, scaling, HALF_OR_I, HQ,
+                  HKV, S_ROWS, HD, EPI, ACT, TWO, LORA, RT_PAD, QK_NORM)
         # leave the partials and the counter zeroed for the next launch (no memset launch)
         _clear(acc_ptr, rows_a, a_mask, M, N, NG)
         if TWO:
@@ -326,7 +348,7 @@ def _w2a8_fused_kernel(
 
 
 def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *, m, epilogue, out, splits,
-               block_n=64, activation="relu2", inter=0, qkv=None, lora=None):
+               block_n=64, activation="relu2", inter=0, qkv=None, lora=None, qk_norm=None):
     """One W2A8 projection of the int8 rows ``x_q[ROWS, k]`` (scales ``x_s[ROWS]``) against T2 ``weight[N, KW]``
     with its epilogue (module docstring), in ``splits`` K-slices. ``acc int32[ROWS, N, n_groups]`` and
     ``counter int32[units]`` are zero on entry and left zero. ``epilogue``:
@@ -334,7 +356,8 @@ def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *,
     * ``"store"`` / ``"residual"``: ``out[:m, :N]`` = y / += y;
     * ``"glu"``: ``out[:m, :inter]`` = act(y[:, :inter]) · y[:, inter:] (``N == 2 * inter``);
     * ``"qkv"``: ``qkv = (positions, slots, cos, sin, k_cache, v_cache, q_heads, kv_heads, head_dim)``; q
-      heads (RoPE'd) into ``out[:m, :q_heads * head_dim]``, k (RoPE'd) and v into the caches at ``slots``.
+      heads (RoPE'd) into ``out[:m, :q_heads * head_dim]``, k (RoPE'd) and v into the caches at ``slots``;
+      ``qk_norm = (q_weight [head_dim], k_weight [head_dim], eps)``: each q and k head RMS-normed before RoPE.
 
     ``lora = (B [N, RT], t [ROWS, RT_PAD], first_row, scaling)``: the gated LoRA's up-projection added to rows
     ``[first_row, m)`` before the epilogue (``t`` from :func:`norm_quant` / :func:`attention_split`).
@@ -350,23 +373,32 @@ def w2a8_fused(launch, x_q, x_s, weight, scales, k, group_size, acc, counter, *,
     n_splits = -(-k // split_k)
     dummy = x_s
     lb, lt, first, rt, rt_pad, lscale, on = _lora_up_args(lora, dummy)
+    qn, kn, eps, norm_on = _qk_norm_args(qk_norm, dummy)
     if epi == 3:
         positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
         units, half = hq + 2 * hkv, hd // 2
         grid = (units, n_splits)
         # a program per head: its two halves (tl.dot needs tiles of at least 16 columns: a smaller half is masked)
         launch("w2a8_qkv", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, positions, slots,
-               cos, sin, kc, vc, lb, lt, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k, half, hq, hkv,
-               kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), EPI=3, ACT=0, TWO=True, LORA=on,
-               RT_PAD=rt_pad)
+               cos, sin, kc, vc, qn, kn, eps, lb, lt, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k,
+               half, hq, hkv, kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), EPI=3, ACT=0, TWO=True,
+               LORA=on, RT_PAD=rt_pad, QK_NORM=norm_on)
         return
     half_or_i = inter if epi == 2 else 0
     span = inter if epi == 2 else n
     grid = (triton.cdiv(span, block_n), n_splits)
     launch(f"w2a8_{epilogue}", _w2a8_fused_kernel, grid, x_q, x_s, weight, scales, acc, counter, out, dummy, dummy,
-           dummy, dummy, dummy, dummy, lb, lt, m, n, k, kw, ng, group_size, stride_sn, out.stride(0), split_k,
-           half_or_i, 0, 0, 0, 1, first, rt, lscale, BLOCK_N=block_n, EPI=epi, ACT=ACTIVATIONS[activation],
-           TWO=epi == 2, LORA=on, RT_PAD=rt_pad)
+           dummy, dummy, dummy, dummy, dummy, dummy, 0.0, lb, lt, m, n, k, kw, ng, group_size, stride_sn,
+           out.stride(0), split_k, half_or_i, 0, 0, 0, 1, first, rt, lscale, BLOCK_N=block_n, EPI=epi,
+           ACT=ACTIVATIONS[activation], TWO=epi == 2, LORA=on, RT_PAD=rt_pad, QK_NORM=False)
+
+
+def _qk_norm_args(qk_norm, dummy):
+    """(q weight, k weight, eps, on) of an optional ``qk_norm = (q_weight, k_weight, eps)``."""
+    if qk_norm is None:
+        return dummy, dummy, 0.0, False
+    qn, kn, eps = qk_norm
+    return qn, kn, float(eps), True
 
 
 def _lora_up_args(lora, dummy):
@@ -403,9 +435,10 @@ def _fdot(xk, wk, acc, IEEE: tl.constexpr):
 @triton.jit
 def _dense_fused_kernel(
     x_ptr, w_ptr, bias_ptr, part_ptr, cnt_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr,
-    lb_ptr, lt_ptr, M, N, K, stride_x, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD, FIRST, RT, scaling,
+    qn_ptr, kn_ptr, eps, lb_ptr, lt_ptr, M, N, K, stride_x, stride_o, SPLIT_K, HALF_OR_I, HQ, HKV, S_ROWS, HD, FIRST,
+    RT, scaling,
     BLOCK_N: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr, LORA: tl.constexpr, RT_PAD: tl.constexpr,
+    IEEE: tl.constexpr, LORA: tl.constexpr, RT_PAD: tl.constexpr, QK_NORM: tl.constexpr,
 ):
     unit = tl.program_id(0)
     split = tl.program_id(1)
@@ -448,17 +481,14 @@ def _dense_fused_kernel(
                 y_b += tl.load(bias_ptr + rows_b, mask=a_mask, other=0.0).to(tl.float32)[None, :]
         if not TWO:
             y_b = y_a
-        if LORA:  # the gated LoRA's up-projection, mask rows only
-            y_a = _lora_up(y_a, rows_a, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
-            if TWO:
-                y_b = _lora_up(y_b, rows_b, a_mask, M, lt_ptr, lb_ptr, FIRST, RT, RT_PAD, scaling)
-        _epilogue(y_a, y_b, unit, offs_b, rows_a, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
-                  kc_ptr, vc_ptr, HALF_OR_I, HQ, HKV, S_ROWS, HD, EPI, ACT)
+        _epilogue(y_a, y_b, unit, offs_b, rows_a, rows_b, a_mask, M, out_ptr, stride_o, pos_ptr, slot_ptr, cos_ptr,
+                  sin_ptr, kc_ptr, vc_ptr, qn_ptr, kn_ptr, eps, lb_ptr, lt_ptr, FIRST, RT, scaling, HALF_OR_I, HQ,
+                  HKV, S_ROWS, HD, EPI, ACT, TWO, LORA, RT_PAD, QK_NORM)
         tl.store(cnt_ptr + unit, 0)
 
 
 def dense_fused(launch, x, weight, bias, parts, counter, *, m, epilogue, out, splits, block_n=64,
-                activation="relu2", inter=0, qkv=None, lora=None):
+                activation="relu2", inter=0, qkv=None, lora=None, qk_norm=None):
     """:func:`w2a8_fused` for a dense ``weight[N, K]`` (bf16 / fp16 / fp32) on float32 rows ``x[ROWS, ≥K]``, with an
     optional ``bias[N]``. ``parts``: float32 scratch of at least ``splits × ROWS × N`` (no zeroing needed);
     ``counter`` as for :func:`w2a8_fused`. Split-K partials are summed in split order by the tile's last program, so
@@ -469,18 +499,19 @@ def dense_fused(launch, x, weight, bias, parts, counter, *, m, epilogue, out, sp
     n_splits = -(-k // split_k)
     ieee = weight.dtype == torch.float32 or weight.device.type == "cpu"
     lb, lt, first, rt, rt_pad, lscale, on = _lora_up_args(lora, x)
-    flags = dict(EPI=epi, HAS_BIAS=bias is not None, IEEE=ieee, LORA=on, RT_PAD=rt_pad)
+    qn, kn, eps, norm_on = _qk_norm_args(qk_norm if epi == 3 else None, x)
+    flags = dict(EPI=epi, HAS_BIAS=bias is not None, IEEE=ieee, LORA=on, RT_PAD=rt_pad, QK_NORM=norm_on)
     b = bias if bias is not None else x
     if epi == 3:
         positions, slots, cos, sin, kc, vc, hq, hkv, hd = qkv
         half = hd // 2
         launch("dense_qkv", _dense_fused_kernel, (hq + 2 * hkv, n_splits), x, weight, b, parts, counter, out, positions,
-               slots, cos, sin, kc, vc, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k, half, hq, hkv,
-               kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), ACT=0, TWO=True, **flags)
+               slots, cos, sin, kc, vc, qn, kn, eps, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k, half, hq,
+               hkv, kc.shape[1], hd, first, rt, lscale, BLOCK_N=max(16, half), ACT=0, TWO=True, **flags)
         return
     span = inter if epi == 2 else n
     launch(f"dense_{epilogue}", _dense_fused_kernel, (triton.cdiv(span, block_n), n_splits), x, weight, b, parts,
-           counter, out, x, x, x, x, x, x, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k,
+           counter, out, x, x, x, x, x, x, qn, kn, eps, lb, lt, m, n, k, x.stride(0), out.stride(0), split_k,
            inter if epi == 2 else 0, 0, 0, 0, 1, first, rt, lscale, BLOCK_N=block_n, ACT=ACTIVATIONS[activation],
            TWO=epi == 2, **flags)
 
@@ -622,9 +653,9 @@ def embed_rows(launch, tokens, table, out, *, m, mask_embedding=None, first_mask
 
 
 @triton.jit
-def _head_partial_kernel(h_ptr, w_ptr, pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psum_ptr, M, V, K, NVB,
-                         BLOCK_V: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    vb = tl.program_id(0)
+def _head_tile(h_ptr, w_ptr, vb, V, K, BLOCK_V: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """Logits of the 16 rows ``h[16, K]`` over the vocabulary block ``vb`` (BLOCK_V columns, -inf past V): the
+    same products in the same order for every row at every width."""
     offs_m = tl.arange(0, 16)
     offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < V
@@ -643,7 +674,15 @@ def _head_partial_kernel(h_ptr, w_ptr, pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psu
             logits = tl.dot(hk, tl.trans(wk.to(tl.float32)), logits, input_precision="ieee")
         else:
             logits = tl.dot(hk.to(wk.dtype), tl.trans(wk), logits)
-    logits = tl.where(v_mask[None, :], logits, float("-inf"))
+    return tl.where(v_mask[None, :], logits, float("-inf")), offs_v, v_mask
+
+
+@triton.jit
+def _head_partial_kernel(h_ptr, w_ptr, pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psum_ptr, M, V, K, NVB,
+                         BLOCK_V: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    vb = tl.program_id(0)
+    offs_m = tl.arange(0, 16)
+    logits, offs_v, v_mask = _head_tile(h_ptr, w_ptr, vb, V, K, BLOCK_V, BK, IEEE)
     mx = tl.max(logits, axis=1)
     idx = tl.where(logits == mx[:, None], offs_v[None, :], 2147483647)
     arg = tl.min(idx, axis=1)  # the first index of the block's max
@@ -658,6 +697,16 @@ def _head_partial_kernel(h_ptr, w_ptr, pmax_ptr, parg_ptr, p2v_ptr, p2i_ptr, psu
     tl.store(p2v_ptr + o, mx2, mask=live)
     tl.store(p2i_ptr + o, arg2, mask=live)
     tl.store(psum_ptr + o, ssum, mask=live)
+
+
+@triton.jit
+def _head_logits_kernel(h_ptr, w_ptr, out_ptr, M, V, K, stride_o, BLOCK_V: tl.constexpr, BK: tl.constexpr,
+                        IEEE: tl.constexpr):
+    vb = tl.program_id(0)
+    offs_m = tl.arange(0, 16)
+    logits, offs_v, v_mask = _head_tile(h_ptr, w_ptr, vb, V, K, BLOCK_V, BK, IEEE)
+    tl.store(out_ptr + offs_m[:, None] * stride_o + offs_v[None, :], logits,
+             mask=(offs_m[:, None] < M) & v_mask[None, :])
 
 
 @triton.jit
@@ -697,6 +746,14 @@ def head_argmax(launch, hidden, weight, parts, tokens, probs, seconds, *, m):
            NVB_PAD=triton.next_power_of_2(nvb))
 
 
+def head_logits(launch, hidden, weight, out, *, m):
+    """The LM head's float32 logits of rows ``hidden[:m]`` into ``out[:m, V]`` (rows ≥ m left as they are): the
+    products :func:`head_argmax` ranks, for steps that sample or keep their logits. One launch."""
+    v, k = weight.shape
+    launch("head_logits", _head_logits_kernel, (triton.cdiv(v, HEAD_BLOCK),), hidden, weight, out, m, v, k,
+           out.stride(0), BLOCK_V=HEAD_BLOCK, BK=64, IEEE=weight.dtype == torch.float32 or weight.device.type == "cpu")
+
+
 def head_scratch(vocab: int, device) -> tuple[torch.Tensor, ...]:
     nvb = triton.cdiv(vocab, HEAD_BLOCK)
     f = dict(dtype=torch.float32, device=device)
@@ -706,5 +763,5 @@ def head_scratch(vocab: int, device) -> tuple[torch.Tensor, ...]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_SPLIT", "EPILOGUES", "dense_fused", "HEAD_BLOCK", "ROWS", "attention_scratch", "attention_split",
-           "embed_rows", "head_argmax", "head_scratch", "norm_quant", "quantize_rows", "w2a8_fused",
+           "embed_rows", "head_argmax", "head_logits", "head_scratch", "norm_quant", "quantize_rows", "w2a8_fused",
            "w2a8_units"]

@@ -137,22 +137,37 @@ class MaskBlockDrafter(Drafter):
                                               for x in (anchor, lo, hi))
         return got
 
-    def _draft_tree(self, runner) -> None:
-        """A tree step: p AR rows, then a block of D − 1 mask rows after each of them. The loop wrote the
-        rows' positions and KV slots (``onepass.tree_layout``); AR rows attend causally, a block's rows the
-        history up to the row they follow plus their own block (bidirectional, as in a draft step)."""
+    def layout(self, runner) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The step's ``(attention mask [W, L], KV slots or None (= positions), mask rows)``: what both this
+        drafter's per-op body and the fused GPU step (``runtime.gpu_step``) run the step's rows with.
+
+        * draft / fused: pending rows causal, the D − 1 mask rows (the last rows) see everything up to the last
+          position (:meth:`block_mask`); with ``alt`` (the top2 schedule) row p — g_1's runner-up at g_1's
+          position, its KV in the scratch slot the loop wrote to ``runner.slots`` — sees the committed rows up
+          to t's (≤ n) and itself only;
+        * tree: p AR rows, then a block of D − 1 mask rows after each of them (``onepass.tree_layout``; the
+          loop wrote the rows' positions and KV slots): AR rows attend causally, a block's rows the history up
+          to the row they follow plus their own block."""
         st = runner.state
         p, d = st.pending, st.block
-        anchor, lo, hi = self._tree_reach(p, d, runner.positions.device)
+        if st.role == "tree":
+            anchor, lo, hi = self._tree_reach(p, d, runner.positions.device)
+            n = runner.positions[:1]
+            kv = runner.kv_index[None, :]
+            return (kv <= n + anchor) | ((kv >= n + lo) & (kv <= n + hi)), runner.slots, p * (d - 1)
+        mask = self.block_mask(runner)
+        if not st.alt:
+            return mask, None, d - 1
         n = runner.positions[:1]
-        kv = runner.kv_index[None, :]
-        mask = (kv <= n + anchor) | ((kv >= n + lo) & (kv <= n + hi))
-        dec = self.decoder
-        step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=p * (d - 1), mask_block=self.block,
-                          slots=runner.slots)
-        tok, prob = _choose(runner, dec.logits(dec.hidden_states(step, runner.kv)), runner.positions, p)
-        runner.out_token.copy_(tok)
-        runner.out_prob.copy_(prob)
+        alt = (runner.kv_index <= n) | (runner.kv_index == runner.slots[p : p + 1])
+        return torch.cat([mask[:p], alt[None, :], mask[p + 1 :]]), runner.slots, d - 1
+
+    @staticmethod
+    def first_output_row(runner) -> int:
+        """The first row whose choice a step reads: every row in a one-pass (fused, tree) step, which verifies
+        its pending rows too; the last pending row and the mask rows in a two-pass draft step."""
+        st = runner.state
+        return st.pending - 1 if st.role == "draft" else 0
 
     @staticmethod
     def block_mask(runner) -> torch.Tensor:
@@ -163,37 +178,27 @@ class MaskBlockDrafter(Drafter):
         reach = torch.where(torch.arange(pos.shape[0], device=pos.device) < runner.state.pending, pos, pos[-1])
         return runner.kv_index[None, :] <= reach[:, None]
 
-    def draft(self, runner) -> None:
+    def take(self, runner, logits: torch.Tensor) -> None:
+        """Choose the step's output rows from ``logits`` (rows from :meth:`first_output_row` on) into the runner's
+        outputs; a fused step also records its first mask row's runner-up (the top2 schedule verifies it beside
+        the next step's g_1; one row's top-2 over the vocabulary, ~0.3 % of a SmolLM2 step on the CPU)."""
         st = runner.state
-        if st.role == "tree":
-            self._draft_tree(runner)
-            return
-        p, d = st.pending, st.block
-        pos = runner.positions
-        mask = self.block_mask(runner)
-        slots = None
-        if st.alt:
-            # the top2 schedule's runner-up row (row p, at g_1's position n + 1, KV in the scratch slot the
-            # loop wrote to runner.slots): it sees the committed rows up to t's (≤ n) and itself only
-            n = pos[:1]
-            alt = (runner.kv_index <= n) | (runner.kv_index == runner.slots[p : p + 1])
-            mask = torch.cat([mask[:p], alt[None, :], mask[p + 1 :]])
-            slots = runner.slots
-        dec = self.decoder
-        step = StepInputs(runner.tokens, pos, mask, mask_rows=d - 1, mask_block=self.block, slots=slots)
-        hidden = dec.hidden_states(step, runner.kv)
-        # LM head only over the rows that draft (the last pending row and the mask rows): the other
-        # pending rows' logits are never read in a draft step, and the LM head is the largest matrix
-        # of the step. A one-pass (fused) step verifies its pending rows too: every row's argmax.
-        lo = 0 if st.role == "fused" else p - 1
-        logits = dec.logits(hidden[lo:])
-        tok, prob = _choose(runner, logits, pos[lo:], p if lo == 0 else 0)
+        lo = self.first_output_row(runner)
+        tok, prob = _choose(runner, logits, runner.positions[lo:], st.pending if lo == 0 else 0)
         runner.out_token[lo:].copy_(tok)
         runner.out_prob[lo:].copy_(prob)
         if st.role == "fused":
-            # the first mask row's runner-up: the top2 schedule verifies it beside the next step's g_1
-            # (one row's top-2 over the vocabulary, ~0.3 % of a SmolLM2 step on the CPU)
-            runner.out_second.copy_(logits[p + st.alt - lo].topk(2).indices[1:])
+            runner.out_second.copy_(logits[st.pending + st.alt - lo].topk(2).indices[1:])
+
+    def draft(self, runner) -> None:
+        mask, slots, mask_rows = self.layout(runner)
+        dec = self.decoder
+        step = StepInputs(runner.tokens, runner.positions, mask, mask_rows=mask_rows, mask_block=self.block,
+                          slots=slots)
+        hidden = dec.hidden_states(step, runner.kv)
+        # LM head only over the rows whose choice is read (the other pending rows' logits never are in a
+        # two-pass draft step, and the LM head is the largest matrix of the step)
+        self.take(runner, dec.logits(hidden[self.first_output_row(runner):]))
 
 
 class HeadsDrafter(Drafter):

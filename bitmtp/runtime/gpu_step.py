@@ -5,8 +5,10 @@ the final norm and the LM head with argmax / probability / runner-up, as the fus
 Opt-in (``BITMTP_GPU_STEP=fused``) until a GPU run has verified it (``bench/gpu_check.sh``): then the
 graph pool's decode and verify steps of width ≤ 16 run :meth:`GpuStepPlan.step` (inside a CUDA graph on a
 GPU; through Triton's interpreter on CPU tensors with ``TRITON_INTERPRET=1``, for tests). Steps it does not
-cover (mask rows, sampling, wider steps, kept logits) and models it does not cover (dense projections, biases,
-q/k norms, other activations) run the per-op path; :func:`plan_for` says why in ``decoder.gpu_step_reason``.
+cover (wider steps, the heads drafter's, the top2 runner-up row) and models it does not cover (MLP-output norms,
+other activations, head sizes that are not powers of two) run the per-op path, with the reason in
+``decoder.gpu_step_reason``. Sampled steps and steps that keep their logits run the layers fused and end in the
+head's logits (one launch), then choose with the sampler's torch ops.
 
 Every launch goes through one counting :class:`Launcher`; the only launch outside it is the step's attention
 mask (built by the caller's mask function, one torch op): ``tests/runtime/test_gpu_step.py`` counts every op a
@@ -106,10 +108,13 @@ class GpuStepPlan:
             raise Unsupported(f"head_dim {a.head_dim} (the fused attention takes powers of two >= 16)")
         self.layers = []
         for i, layer in enumerate(decoder.layers):
-            for slot in (Norm.Q, Norm.K, Norm.MLP_OUT):
-                if layer.norm(slot) is not None:
-                    raise Unsupported(f"layer {i}: a {slot.value} norm")
+            if layer.norm(Norm.MLP_OUT) is not None:
+                raise Unsupported(f"layer {i}: a {Norm.MLP_OUT.value} norm")
+            qn, kn = layer.norm(Norm.Q), layer.norm(Norm.K)
+            if (qn is None) != (kn is None):
+                raise Unsupported(f"layer {i}: a {(Norm.Q if kn is None else Norm.K).value} norm without the other")
             self.layers.append({
+                "qk_norm": None if qn is None else (qn, kn, a.rms_norm_eps),
                 "qkv": _projection(layer.attn.qkv_proj, f"layer {i} qkv"),
                 "o": _projection(layer.attn.o_proj, f"layer {i} o"),
                 "gate_up": _projection(layer.mlp.gate_up_proj, f"layer {i} gate_up"),
@@ -166,6 +171,13 @@ class GpuStepPlan:
         self.nsplit_max = -(-kv.rows // kernels.ATTN_SPLIT)
         self.head_parts = kernels.head_scratch(self.head.shape[0], dev)
         self.scale = a.head_dim ** -0.5
+        self._logits: torch.Tensor | None = None
+
+    def logits_rows(self, m: int) -> torch.Tensor:
+        """A float32 ``[m, V]`` view of the plan's logits buffer (made on first use: 16 rows of the vocabulary)."""
+        if self._logits is None:
+            self._logits = torch.zeros(self.kernels.ROWS, self.head.shape[0], dtype=torch.float32, device=self.device)
+        return self._logits[:m]
 
     def _xq(self, k: int) -> torch.Tensor:
         return self.xq[:, :k] if k == self.xq.shape[1] else self.xq.view(-1)[: self.xq.shape[0] * k].view(-1, k)
@@ -197,12 +209,14 @@ class GpuStepPlan:
                                      self.counter, m=m, splits=splits, **kw)
 
     def step(self, launch: Launcher, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor, out_token: torch.Tensor, out_prob: torch.Tensor, *, m: int, mask_rows: int = 0,
-             block: Any = None) -> None:
+             mask: torch.Tensor, out_token: torch.Tensor | None, out_prob: torch.Tensor | None, *, m: int,
+             mask_rows: int = 0, block: Any = None, logits: torch.Tensor | None = None) -> None:
         """One step over ``m ≤ 16`` rows: ``tokens / positions / slots`` (int64, ≥ m long), ``mask [m, L]`` (bool);
         writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob`` (and
-        every row's runner-up into :attr:`seconds`). The last ``mask_rows`` rows are mask rows of the mask-block
-        adapter ``block`` (a ``bitmtp.model.adapters.MaskBlock``): its mask embedding and gated LoRA."""
+        every row's runner-up into :attr:`seconds`) — or, given ``logits`` (float32 ``[≥ m, V]``), the rows'
+        logits there for the caller to choose from (a sampler, kept logits). The last ``mask_rows`` rows are mask
+        rows of the mask-block adapter ``block`` (a ``bitmtp.model.adapters.MaskBlock``): its mask embedding and
+        gated LoRA."""
         kn, a = self.kernels, self.args
         first = m - mask_rows
         if mask_rows:
@@ -218,7 +232,7 @@ class GpuStepPlan:
             self._input(launch, self.x, ly["attn_in"], ly["qkv"][0], h, m, down)
             self._project(launch, ly["qkv"], sp["qkv"], h, m, epilogue="qkv", out=self.q, lora=up,
                           qkv=(positions, slots, self.cos, self.sin, self.kv.k[i], self.kv.v[i], a.num_heads,
-                               a.num_kv_heads, a.head_dim))
+                               a.num_kv_heads, a.head_dim), qk_norm=ly["qk_norm"])
             dense_o = ly["o"][0] == "dense"
             down, up = self._lora(block, i, "o", first)
             kn.attention_split(launch, self.q.view(-1, a.num_heads, a.head_dim), self.kv.k[i], self.kv.v[i], mask_u8,
@@ -241,7 +255,10 @@ class GpuStepPlan:
                 self._input(launch, self.act, ly["mlp_sub"], ly["down"][0], inter, m, down)
                 self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, lora=up)
         kn.norm_quant(launch, self.x, self.norm, self.eps, m=m, f=self.hn)
-        kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
+        if logits is not None:
+            kn.head_logits(launch, self.hn, self.head, logits, m=m)
+        else:
+            kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
 
     def _check_block(self, block: Any) -> None:
         """The LoRA ranks must fit the plan's ``t`` buffer (made for the largest group rank seen)."""

@@ -84,30 +84,19 @@ class StepRunner:
 
     @torch.no_grad()
     def _body(self) -> None:
+        plan = self._gpu_step()
+        if plan is not None:  # the whole step in the fused GPU kernels (bitmtp.runtime.gpu_step)
+            self._fused_body(plan)
+            self.decoder._took(GPU_STEP, "")
+            return
         if self.drafter is not None:
-            plan = self._gpu_step()
-            block = getattr(self.drafter, "block", None)
-            if (plan is not None and self.drafter.kind == "mask-block" and self.state.role in ("draft", "fused")
-                    and not self.state.alt):
-                # a mask-block draft or one-pass step in the fused GPU kernels: the mask rows take the adapter's
-                # mask embedding and its gated LoRA inside them
-                st = self.state
-                plan.step(self.launcher, self.tokens, self.positions, self.positions, self.drafter.block_mask(self),
-                          self.out_token, self.out_prob, m=st.width, mask_rows=st.block - 1, block=block)
-                if st.role == "fused":
-                    self.out_second.copy_(plan.seconds[st.pending : st.pending + 1])
-                self.decoder._took(GPU_STEP, "")
-                return
             self.drafter.draft(self)
             return
         mask = self.mask_fn(self.state, self.positions, self.kv_index)
-        plan = self._gpu_step()
-        if plan is not None:  # the whole step in the fused GPU kernels (bitmtp.runtime.gpu_step)
-            plan.step(self.launcher, self.tokens, self.positions, self.positions, mask, self.out_token, self.out_prob,
-                      m=self.state.width)
-            self.decoder._took(GPU_STEP, "")
-            return
-        logits = self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv)
+        self._take(self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv))
+
+    def _take(self, logits: torch.Tensor) -> None:
+        """A decode / verify / prefill step's choice from its rows' logits: argmax or the sampler."""
         if self.sampler is None:
             tok, prob = argmax_prob(logits)
         else:
@@ -117,15 +106,54 @@ class StepRunner:
             tok, prob = self.sampler.select(logits, self.positions, self.tokens, ar_rows, self.fresh_from)
         self.out_token.copy_(tok)
         self.out_prob.copy_(prob)
-        if self.logits is not None:
+        if self.logits is not None and logits.data_ptr() != self.logits.data_ptr():
             self.logits.copy_(logits)
 
+    def _fused_body(self, plan: GpuStepPlan) -> None:
+        """The step through ``plan``: a mask-block drafter's rows take its layout (mask rows, the tree's and the
+        top2 runner-up's KV slots); argmax steps choose inside the head's kernels, sampled steps and steps that
+        keep logits from the head's logits (the layers stay fused either way)."""
+        st, m = self.state, self.state.width
+        mask_rows, block, slots = 0, None, self.positions
+        if self.drafter is not None:
+            mask, drafter_slots, mask_rows = self.drafter.layout(self)
+            block = self.drafter.block
+            slots = self.positions if drafter_slots is None else drafter_slots
+        else:
+            mask = self.mask_fn(st, self.positions, self.kv_index)
+        logits = None
+        if self.sampler is not None or self.logits is not None:
+            logits = self.logits if self.logits is not None else plan.logits_rows(m)
+        plan.step(self.launcher, self.tokens, self.positions, slots, mask, self.out_token, self.out_prob, m=m,
+                  mask_rows=mask_rows, block=block, logits=logits)
+        if logits is None:
+            if st.role == "fused":  # the first mask row's runner-up, from the head's kernels
+                self.out_second.copy_(plan.seconds[st.pending + st.alt : st.pending + st.alt + 1])
+        elif self.drafter is not None:
+            self.drafter.take(self, logits[self.drafter.first_output_row(self) : m])
+        else:
+            self._take(logits[:m])
+
     def _gpu_step(self) -> GpuStepPlan | None:
-        """The fused GPU step's plan when it covers this runner's steps (argmax rows of width ≤ 16 without
-        kept logits), else None."""
-        if self.sampler is not None or self.logits is not None or self.state.width > ROWS:
+        """The fused GPU step's plan when it covers this runner's steps, else None (the reason, when the step is
+        what is not covered, in ``decoder.gpu_step_reason``)."""
+        plan = plan_for(self.decoder, self.kv)
+        if plan is None:
             return None
-        return plan_for(self.decoder, self.kv)
+        st, kind = self.state, getattr(self.drafter, "kind", "")
+        why = ""
+        if st.width > ROWS:
+            why = f"a {st.width}-row step (the fused kernels take up to {ROWS})"
+        elif self.drafter is not None and kind != "mask-block":
+            why = f"the {kind} drafter's step"
+        elif st.alt:
+            # the runner-up row's KV sits in a scratch slot: the CPU attention sums it in the lane of its own
+            # position (onepass.runner_up_slot), the fused split-KV attention in another block order
+            why = "the top2 schedule's runner-up row (its bits equal AR's only in the per-op attention)"
+        if why:
+            self.decoder.gpu_step_reason = why + " runs per op"
+            return None
+        return plan
 
     def run(self) -> None:
         if not self.capture:

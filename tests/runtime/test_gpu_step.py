@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import bitmtp
 from bitmtp.decoding.drafters import OracleDrafter
+from bitmtp.decoding.onepass import tree_layout
 from bitmtp.runtime import gpu_step
 from bitmtp.runtime.states import ReplayState
 from tests.support.hf_models import tiny_model
@@ -106,9 +107,11 @@ def test_a_dense_model_without_sub_norms_takes_8_launches_a_layer(fused):
 
 
 @interpreted
-@pytest.mark.parametrize("family,quantize", [("bitnet", "ternary"), ("llama", "ternary"), ("llama", None)])
+@pytest.mark.parametrize("family,quantize", [("bitnet", "ternary"), ("llama", "ternary"), ("llama", None),
+                                             ("qwen3", "ternary"), ("qwen3", None)])
 def test_tokens_equal_the_per_op_path(family, quantize, monkeypatch):
-    """Ternary projections (W2A8 kernels) and dense ones (float kernels, SmolLM2's kind)."""
+    """Ternary projections (W2A8 kernels) and dense ones (float kernels, SmolLM2's kind); Qwen3's q / k norms
+    inside the qkv epilogue."""
     model = bitmtp.load(tiny_model(family, seed=3), capacity=300, quantize=quantize)
     ref = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
     monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
@@ -141,12 +144,63 @@ def test_off_unless_asked_for(bitnet, monkeypatch):
 
 @interpreted
 def test_uncovered_models_and_steps_run_per_op_with_a_reason(fused):
-    qwen = bitmtp.load(tiny_model("qwen3", seed=1), capacity=64, quantize="ternary")
-    bitmtp.generate(qwen, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
-    assert qwen.decoder.path_counts["gpu-step"] == 0 and "q norm" in qwen.decoder.gpu_step_reason
+    odd = bitmtp.load(tiny_model("qwen3", seed=1, head_dim=24), capacity=64, quantize="ternary")
+    bitmtp.generate(odd, input_ids=PROMPT, max_new_tokens=2, policy="ar", eos_token_id=[])
+    assert odd.decoder.path_counts["gpu-step"] == 0 and "head_dim 24" in odd.decoder.gpu_step_reason
     bitnet = bitmtp.load(tiny_model("bitnet", seed=2), capacity=64, quantize="ternary")
-    bitmtp.generate(bitnet, input_ids=PROMPT, max_new_tokens=3, temperature=0.8, seed=1, eos_token_id=[])
-    assert bitnet.decoder.path_counts["gpu-step"] == 0  # sampled rows: the per-op path's sampler
+    eng = bitnet.engine
+    eng.reset()
+    eng._prefill(PROMPT)
+    before = bitnet.decoder.path_counts["gpu-step"]
+    eng.pool.get(ReplayState(17, eng.kv.segment_for(len(PROMPT) + 17), "verify")).run()
+    assert bitnet.decoder.path_counts["gpu-step"] == before and "17-row" in bitnet.decoder.gpu_step_reason
+
+
+@interpreted
+def test_sampled_steps_and_kept_logits_run_the_fused_layers(bitnet, monkeypatch):
+    """Sampled rows take the fused layers and the head's logits, then the sampler: the same text for a seed as
+    the per-op path (temperature, top-p, a repetition penalty)."""
+    kw = dict(input_ids=PROMPT, max_new_tokens=NEW, temperature=0.9, top_p=0.95, repetition_penalty=1.2, seed=5,
+              eos_token_id=[])
+    monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
+    ref = bitmtp.generate(bitnet, **kw)
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    before = bitnet.decoder.path_counts["gpu-step"]
+    out = bitmtp.generate(bitnet, **kw)
+    assert out.token_ids == ref.token_ids
+    assert bitnet.decoder.path_counts["gpu-step"] - before == NEW
+
+
+@interpreted
+@pytest.mark.parametrize("family,quantize", [("bitnet", "ternary"), ("qwen3", "ternary"), ("llama", None)])
+def test_kept_logits_equal_the_per_op_logits(family, quantize, monkeypatch):
+    """A verify step that keeps its logits: the fused step's float32 logits equal the per-op path's within 1e-4
+    of their range (every norm, Qwen3's q / k norms included, in place) and each row's token is their argmax."""
+    from bitmtp.runtime.graphs import GraphPool
+
+    model = bitmtp.load(tiny_model(family, seed=3), capacity=64, quantize=quantize)
+    got = {}
+    for env in (None, gpu_step.ENABLED):
+        if env is None:
+            monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
+        else:
+            monkeypatch.setenv(gpu_step.ENV_VAR, env)
+        eng = model.engine
+        eng.reset()
+        eng._prefill(PROMPT)
+        pool = GraphPool(model.decoder, eng.kv, keep_logits=True)
+        r = pool.get(ReplayState(3, eng.kv.segment_for(len(PROMPT) + 3), "verify"))
+        r.tokens.copy_(torch.tensor([4, 17, 30]))
+        r.positions.copy_(torch.arange(len(PROMPT), len(PROMPT) + 3))
+        r.logits.fill_(float("nan"))
+        r.out_token.fill_(-1)
+        before = model.decoder.path_counts["gpu-step"]
+        r.run()
+        assert model.decoder.path_counts["gpu-step"] == before + (env is not None)
+        got[env] = (r.logits.clone(), r.out_token.clone())
+    (l0, t0), (l1, t1) = got[None], got[gpu_step.ENABLED]
+    assert not l1.isnan().any() and (l0 - l1).abs().max() <= 1e-4 * l0.abs().max()
+    assert torch.equal(t1, l1.argmax(-1)) and torch.equal(t0, t1)
 
 
 @pytest.mark.cuda
@@ -216,24 +270,54 @@ def test_mask_block_draft_and_one_pass_steps(family, quantize, monkeypatch):
         eng._prefill(PROMPT)
         eng.pool.runners = {}
         eng.pool.set_drafter(model.drafter)
-        for role, pending, block in (("draft", 1, 4), ("fused", 3, 4)):
-            width = pending + block - 1
-            r = eng.pool.get(ReplayState(width, eng.kv.segment_for(len(PROMPT) + width), role, block))
+        n = len(PROMPT)
+        for role, pending, block in (("draft", 1, 4), ("fused", 3, 4), ("tree", 2, 3)):
+            width = pending * block if role == "tree" else pending + block - 1
+            r = eng.pool.get(ReplayState(width, eng.kv.segment_for(n + width), role, block))
             r.tokens.copy_(torch.randint(3, 90, (width,), generator=torch.Generator().manual_seed(1)))
-            r.positions.copy_(torch.arange(len(PROMPT), len(PROMPT) + width))
+            if role == "tree":  # AR rows, then a block after each (mask rows at shared positions: scratch slots)
+                pos, slot, *_ = tree_layout(pending, block)
+                r.positions.copy_(n + torch.tensor(pos))
+                r.slots.copy_(n + torch.tensor(slot))
+            else:
+                r.positions.copy_(torch.arange(n, n + width))
             r.out_token.fill_(-1)
             before = model.decoder.path_counts["gpu-step"]
             r.run()
             assert model.decoder.path_counts["gpu-step"] == before + (env is not None)
             got[(env, role)] = (r.out_token.clone(), r.out_prob.clone(), r.out_second.clone())
-    for role, lo in (("draft", 0), ("fused", 0)):
+    for role in ("draft", "fused", "tree"):
         (t0, p0, s0), (t1, p1, s1) = got[(None, role)], got[(gpu_step.ENABLED, role)]
-        assert torch.equal(t0[lo:], t1[lo:]) and (p0 - p1).abs().max() <= 1e-5
+        assert torch.equal(t0, t1) and (p0 - p1).abs().max() <= 1e-5 and (t1 >= 0).all()
         if role == "fused":
             assert torch.equal(s0, s1)
-    if family != "bitnet":  # the generation check once (the interpreter takes ~1 s a step)
+    if family != "bitnet":  # the generation checks once (the interpreter takes ~1 s a step)
         return
     ar = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
-    out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule="one-pass",
+    for schedule in ("one-pass", "tree"):
+        out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule=schedule,
+                              block_size=4 if schedule == "one-pass" else 3, eos_token_id=[])
+        assert out.token_ids == ar.token_ids, schedule
+
+
+@interpreted
+def test_the_top2_runner_up_row_runs_per_op(monkeypatch):
+    """The top2 schedule's runner-up row keeps its KV in a scratch slot that only the per-op attention sums in
+    its own position's order: that step runs per op (with the reason) and the output still equals AR's."""
+    from tests.support.adapters import INIT_RANGE, random_adapter
+
+    model = bitmtp.load(tiny_model("bitnet", seed=3, initializer_range=INIT_RANGE), capacity=300, quantize="ternary")
+    model.load_adapter(random_adapter(model.args, "mask-block", seed=4))
+    ar = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    eng = model.engine
+    eng.reset()
+    eng._prefill(PROMPT)
+    eng.pool.set_drafter(model.drafter)
+    r = eng.pool.get(ReplayState(6, eng.kv.segment_for(len(PROMPT) + 32), "fused", 4, alt=1))
+    before = model.decoder.path_counts["gpu-step"]
+    r.run()
+    assert model.decoder.path_counts["gpu-step"] == before and "top2" in model.decoder.gpu_step_reason
+    out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule="top2",
                           block_size=4, eos_token_id=[])
     assert out.token_ids == ar.token_ids

@@ -131,7 +131,10 @@ def test_glu(m, activation, rng):
 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
-def test_qkv_rope_and_kv_write(m, rng):
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_and_kv_write(m, qk_norm, rng):
+    """RoPE on q and k, the q rows stored, k and v written at their slots; with ``qk_norm`` (Qwen3) each q and k
+    head RMS-normed first (``rms_norm``'s rule: float64 mean of squares)."""
     hq, hkv, hd, k, rows = 4, 2, 16, 192, 48
     n = (hq + 2 * hkv) * hd
     packed = pack_t2(random_ternary(n, k, rng))
@@ -144,10 +147,16 @@ def test_qkv_rope_and_kv_write(m, rng):
     slots[:m] = torch.randperm(rows, generator=rng)[:m]  # a tree step's scratch slots differ from positions
     kc = torch.full((hkv, rows, hd), POISON)
     vc = torch.full((hkv, rows, hd), POISON)
+    qn = torch.rand(hd, generator=rng) + 0.5
+    kn = torch.rand(hd, generator=rng) + 0.5
     out = _project("qkv", q, s, packed, scales, k, k, m, 2, out=torch.full((ROWS, hq * hd), POISON), heads=hq + 2 * hkv,
-                   qkv=(positions, slots, cos, sin, kc, vc, hq, hkv, hd))
+                   qkv=(positions, slots, cos, sin, kc, vc, hq, hkv, hd), qk_norm=(qn, kn, 1e-6) if qk_norm else None)
     y = _linear64(q, s, packed, scales, k, k, m).float()
     qr, kr, vr = y.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
+    if qk_norm:
+        qr = rms_norm(qr.reshape(m, hq, hd), qn, 1e-6).reshape(m, -1)
+        kr = rms_norm(kr.reshape(m, hkv, hd), kn, 1e-6).reshape(m, -1)
+        y = torch.cat([qr, kr, vr], dim=-1)
     c, sn = cos[positions[:m]], sin[positions[:m]]
     tol = dict(rtol=1e-5, atol=1e-5 * y.abs().max().item())
     assert torch.allclose(out[:m].reshape(m, hq, hd), apply_rope(qr.reshape(m, hq, hd), c, sn), **tol)
@@ -223,6 +232,26 @@ def test_head_argmax_probability_and_runner_up(dtype, m, rng):
     if m > 1:
         assert tok[1] == 7 and second[1] == 900
     assert (tok[m:] == -1).all() and torch.isnan(prob[m:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_head_logits(dtype, m, rng):
+    """The head's float32 logits (what sampled steps choose from) against a float64 reference (the row rounded
+    to the weight's dtype first): 1e-5 relative; rows ≥ m keep their poison; the argmax equals head_argmax's."""
+    vocab, k = 1000, 96
+    weight = torch.randn(vocab, k, generator=rng).to(dtype)
+    hidden = torch.zeros(ROWS, k)
+    hidden[:m] = torch.randn(m, k, generator=rng)
+    out = torch.full((ROWS, vocab), POISON)
+    layers.head_logits(launch, hidden, weight, out, m=m)
+    want = hidden[:m].to(dtype).double() @ weight.double().T
+    assert (out[:m].double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    assert torch.isnan(out[m:]).all()
+    tok = torch.full((ROWS,), -1, dtype=torch.long)
+    layers.head_argmax(launch, hidden, weight, layers.head_scratch(vocab, "cpu"), tok, torch.zeros(ROWS),
+                       torch.zeros(ROWS, dtype=torch.long), m=m)
+    assert torch.equal(tok[:m], out[:m].argmax(-1))
 
 
 def test_embed_rows(rng):
