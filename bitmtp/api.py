@@ -33,6 +33,7 @@ from bitmtp.model.adapters import build_adapter
 from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.loaders import from_safetensors_dir, from_transformers
+from bitmtp.runtime.batch import BatchEngine
 from bitmtp.runtime.decode import DecodeStats, GenerationResult
 from bitmtp.runtime.engine import Engine, Generation
 
@@ -174,6 +175,8 @@ class BitMTPModel:
     gguf_tokenizer_fields: dict[str, Any] | None = None
     #: the offload plan of a ``runtime="vulkan"`` model (``bitmtp.runtime.vulkan.planner.OffloadPlan``)
     plan: Any = None
+    #: batch engines by max_batch (:meth:`batcher`): a session gets its own
+    _batchers: dict[int, BatchEngine] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def args(self) -> ModelArgs:
@@ -194,6 +197,21 @@ class BitMTPModel:
             raise BitMTPError("session: a runtime='vulkan' model keeps one KV store on its Vulkan device; calls "
                               "on it serialize. Load the model again for an independent copy")
         return dataclasses.replace(self, engine=self.engine.sibling())
+
+    def batcher(self, max_batch: int = 8) -> BatchEngine:
+        """The engine that decodes up to ``max_batch`` sequences of this model together (one forward pass a
+        step for all of them; ``bitmtp.runtime.batch``), made on first use with its own KV store: rows for
+        ``max_batch`` sequences of the model's capacity (on the CPU only rows written take memory). What
+        :func:`generate` with ``prompts=[...]`` and ``bitmtp serve`` decode on."""
+        if self.plan is not None or self.engine.runtime != "torch":
+            raise BitMTPError("batch: batched decoding runs on the torch runtime; this model runs on "
+                              f"runtime={self.engine.runtime!r} (its prompts decode one at a time)")
+        eng = self._batchers.get(max_batch)
+        if eng is None:
+            eng = self._batchers[max_batch] = BatchEngine(
+                self.decoder, capacity=self.engine.capacity, max_batch=max_batch,
+                prefill_chunk=self.engine.prefill_chunk, kv_dtype=self.engine.kv.k[0].dtype)
+        return eng
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
         """``(policy, block_size)`` to decode with when the caller left them open (None): ``"auto"`` —
@@ -823,15 +841,18 @@ def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int |
 
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
-             input_ids: Any = None, max_new_tokens: int = 128, policy: str | Policy = "auto",
+             input_ids: Any = None, prompts: Sequence[Any] | None = None, max_batch: int = 8,
+             batcher: bool | BatchEngine = False,
+             max_new_tokens: int = 128, policy: str | Policy = "auto",
              block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
              drafter: Drafter | str | None = None, schedule: str | None = None,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              seed: int | None = None, stop: str | Sequence[str] | None = None,
-             logprobs: bool = False, special_tokens_in_content: bool = False) -> GenerateOutput | TextStream:
-    """Multi-token generation, greedy or sampled.
+             logprobs: bool = False,
+             special_tokens_in_content: bool = False) -> GenerateOutput | TextStream | list[GenerateOutput]:
+    """Multi-token generation, greedy or sampled, of one prompt or a batch.
 
     Args:
         model: from :func:`load`, with an adapter unless ``policy="ar"``.
@@ -844,7 +865,20 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             tokens they spell, as bitmtp did before (for messages that write turns on purpose); default False.
         input_ids: token ids of the prompt: a 1-D sequence, tensor or numpy array, or a ``[1, T]`` tensor
             or array (what a tokenizer's ``return_tensors`` gives); a batch of several rows is refused
-            (call once per row).
+            (give them as ``prompts``).
+        prompts: several prompts decoded together (each a string, a chat message list or a list of token ids);
+            returns one :class:`GenerateOutput` per prompt, in order, each exactly what the prompt gives alone
+            (greedy, or sampled with the same ``seed``). With ``policy="auto"`` or ``"ar"`` up to ``max_batch``
+            sequences decode in one forward pass a step (``bitmtp.runtime.batch``; ``auto`` does not draft
+            inside a batch yet, which it also would not on two CPU cores at batch 8); more wait for a place (in
+            waves). Other policies decode the prompts one at a time. Every prompt is checked first: one
+            :class:`BitMTPError` lists the bad ones by index. ``stream=True`` is refused (one stream per call).
+        max_batch: most prompts decoded together (1..16; ``prompts`` and ``batcher=True``).
+        batcher: decode this prompt as one sequence of a shared batch engine — True: ``model.batcher(max_batch)``,
+            or a :class:`~bitmtp.runtime.batch.BatchEngine` of this model — so that calls from other threads on
+            it decode in the same forward passes (what ``bitmtp serve`` does with concurrent requests); the
+            output is the one the call gives alone. Policies ``"auto"`` (decoded as AR, its exact output) and
+            ``"ar"``; streams too.
         max_new_tokens: most tokens to generate.
         policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
             exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when
@@ -906,8 +940,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     """
     if not isinstance(model, BitMTPModel):
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
-    if (prompt is None) == (input_ids is None):
-        raise BitMTPError("prompt/input_ids: give exactly one of them")
+    if (prompt is not None) + (input_ids is not None) + (prompts is not None) != 1:
+        raise BitMTPError("prompt/input_ids/prompts: give exactly one of them (prompts: a list of several)")
     _check_max_new_tokens(max_new_tokens)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -918,6 +952,14 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
     drafter, notes = resolve_drafter(model, pol, drafter)
     pol, d = resolve_decoding(model, pol, block_size, drafter=drafter)
+    if prompts is not None:
+        if stream:
+            raise BitMTPError("stream: a call with several prompts returns their outputs together; stream one "
+                              "prompt per call (or serve them: bitmtp serve batches concurrent requests)")
+        return _generate_batch(model, _batch_ids(model, prompts, special_tokens_in_content), max_batch,
+                               dict(max_new_tokens=max_new_tokens, eos=model.eos_ids(eos_token_id), policy=pol,
+                                    block_size=d, drafter=drafter, notes=notes, sampling=sampling,
+                                    logprobs=logprobs), stops)
     ids = model.check_ids(model.encode(prompt, special_tokens_in_content=special_tokens_in_content)
                           if prompt is not None else input_ids)
     eos = model.eos_ids(eos_token_id)
@@ -926,8 +968,12 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     # a runtime that cannot sample so says it now, not mid-stream (set_sampling itself runs inside the
     # generation, which owns the pool: another thread's generation may be running right now)
     model.engine.pool.check_sampling(sampling)
-    chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
-                                 drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
+    if batcher is not False and batcher is not None:
+        chunks = _batcher_of(model, batcher, max_batch, pol).submit(
+            ids, max_new_tokens=max_new_tokens, eos=eos, sampling=sampling, logprobs=logprobs)
+    else:
+        chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
+                                     drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
@@ -939,6 +985,87 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         return text_stream.result
     res = Engine.run(chunks)
     return _output(model, res)
+
+
+def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, pol: Policy) -> BatchEngine:
+    """The batch engine ``generate(..., batcher=...)`` decodes on: checked against the model and the policy."""
+    if pol.drafts and pol.name != "auto":
+        raise BitMTPError(f"batcher: a batch decodes policy 'ar' or 'auto' (as AR, its exact output); policy "
+                          f"{pol.name!r} drafts, so decode it without batcher")
+    if batcher is True:
+        return model.batcher(max_batch)
+    if not isinstance(batcher, BatchEngine):
+        raise BitMTPError(f"batcher: expected True/False or a BatchEngine (model.batcher()), got {_describe(batcher)}")
+    if batcher.decoder is not model.decoder:
+        raise BitMTPError("batcher: this batch engine belongs to another model; use model.batcher()")
+    return batcher
+
+
+def _batch_ids(model: BitMTPModel, prompts: Any, special_tokens_in_content: bool) -> list[list[int]]:
+    """Every prompt's token ids, all checked first: one BitMTPError names each bad prompt by its index."""
+    if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Sequence) or not len(prompts):
+        raise BitMTPError(f"prompts: expected a non-empty list of prompts (strings, message lists or token id "
+                          f"lists), got {_describe(prompts)}")
+    out, bad = [], []
+    cap = model.engine.capacity
+    for i, p in enumerate(prompts):
+        try:
+            text = isinstance(p, str) or (isinstance(p, Sequence) and len(p) and isinstance(p[0], Mapping))
+            ids = model.check_ids(model.encode(p, special_tokens_in_content=special_tokens_in_content)
+                                  if text else p)
+            if not ids:
+                bad.append(f"{i}: empty")
+            elif len(ids) > cap:
+                bad.append(f"{i}: {len(ids)} tokens exceed the capacity of {cap}")
+            out.append(ids)
+        except BitMTPError as exc:
+            bad.append(f"{i}: {exc}")
+    if bad:
+        raise BitMTPError(f"prompts: {len(bad)} of {len(prompts)} cannot be decoded — " + "; ".join(bad))
+    return out
+
+
+def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, kw: dict[str, Any],
+                    stops: tuple[str, ...]) -> list[GenerateOutput]:
+    """``generate(prompts=...)``: AR-exact policies on the batch engine, the others one prompt at a time."""
+    pol = kw["policy"]
+    batched = (not pol.drafts or pol.name == "auto") and model.plan is None and model.engine.runtime == "torch"
+    if not batched:  # one at a time: each call exactly as generate() alone
+        outs = []
+        for ids in batch:
+            res = Engine.run(model.engine.decode(ids, **kw)) if not stops else None
+            if stops:
+                text_stream = TextStream(model, model.engine.decode(ids, **kw), stops)
+                for _ in text_stream:
+                    pass
+                outs.append(text_stream.result)
+            else:
+                outs.append(_output(model, res))
+            outs[-1].stats.notes.append(f"batch: policy {pol.name!r} decodes one prompt at a time (batched steps "
+                                        "run policy 'ar' and 'auto')")
+        return outs
+    eng = model.batcher(max_batch)
+    # auto's output is AR's exactly (greedy, or sampled with the same seed): a batch decodes it as AR
+    gens = [eng.submit(ids, max_new_tokens=kw["max_new_tokens"], eos=kw["eos"], sampling=kw["sampling"],
+                       logprobs=kw["logprobs"]) for ids in batch]
+    iters: list[Any] = [TextStream(model, g, stops) if stops else g for g in gens]
+    results: list[GenerateOutput | None] = [None] * len(batch)
+    active = list(range(len(batch)))
+    try:
+        while active:  # round robin: a sequence whose chunk is queued answers at once, else steps the batch
+            for i in list(active):
+                try:
+                    next(iters[i])
+                except StopIteration as stop:
+                    results[i] = iters[i].result if stops else _output(model, stop.value)
+                    active.remove(i)
+    finally:
+        for it in iters:
+            it.close()
+    for out in results:
+        out.stats.notes.append(f"batch: decoded with up to {eng.max_batch} sequences a step"
+                               + (" (auto does not draft in a batch: AR steps)" if pol.name == "auto" else ""))
+    return results
 
 
 def _check_stop(stop: Any, model: BitMTPModel) -> tuple[str, ...]:

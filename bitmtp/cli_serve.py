@@ -77,9 +77,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     model = _load(args)
     name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
     app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size,
-                     body_timeout=args.body_timeout, stream_interval=args.stream_interval)
-    print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({args.sessions} "
-          f"KV store(s), queue {args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
+                     body_timeout=args.body_timeout, stream_interval=args.stream_interval, max_batch=args.max_batch)
+    how = (f"up to {args.max_batch} requests decoded together" if args.max_batch
+           else f"{args.sessions} KV store(s), one request each")
+    print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({how}, queue "
+          f"{args.queue_size}); Ctrl-C stops", file=sys.stderr, flush=True)
     serve_forever(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -96,7 +98,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
                    "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
                   queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout,
-                  stream_interval=args.stream_interval)
+                  stream_interval=args.stream_interval, max_batch=args.max_batch)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -243,8 +245,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models)",
         description="Serve a model over an OpenAI-compatible HTTP API (FastAPI + uvicorn: pip install "
                     "'bitmtp[serve]'): GET /v1/models, POST /v1/completions and /v1/chat/completions (stream: true "
-                    "for server-sent events), GET /health. Requests decode with bitmtp.generate (policy auto) on "
-                    "--sessions KV stores of their own; --queue-size more wait, and one more gets 429. Fields a "
+                    "for server-sent events), GET /health, GET /metrics (Prometheus). Up to --max-batch requests "
+                    "decode together, one forward pass a step (continuous batching: each gets the output it gets "
+                    "alone; a request arriving while nothing decodes runs alone, policy auto); --queue-size more "
+                    "wait, and one more gets 429. Fields a "
                     "request leaves out take bitmtp.generate's defaults (temperature 0: greedy). --replicas N "
                     "serves from N Ray Serve replicas instead (pip install 'bitmtp[ray]'), Ray routing.")
     _model_options(serve)
@@ -253,8 +257,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                            "every interface)")
     checked(serve.add_argument("--port", type=int, default=8000, help="port (default 8000)"),
             between(0, 65535))
+    checked(serve.add_argument("--max-batch", type=int, default=8, metavar="N",  # serve.app.DEFAULT_MAX_BATCH
+                               help="requests decoded together in one batched step (per replica; 1..16, default "
+                                    "8); 0: each request decodes alone (policy auto) on one of --sessions KV "
+                                    "stores"), between(0, 16))
     checked(serve.add_argument("--sessions", type=int, default=1, metavar="N",
-                               help="requests decoding at once, each on its own KV store (per replica; default 1)"),
+                               help="with --max-batch 0: requests decoding at once, each on its own KV store (per "
+                                    "replica; default 1)"),
             at_least(1))
     checked(serve.add_argument("--queue-size", type=int, default=16, metavar="N",
                                help="requests that may wait for a KV store; one more gets HTTP 429 (default 16)"),

@@ -301,6 +301,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "pass",
            ("tests/train/test_answer_only.py", "-k", "run_trains"),
            "train --answer-only computes the masks but every block counts"),
+    # -- batching: many sequences in one step ---------------------------------------------------------
+    Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch.py", "ALIGN = 256", "ALIGN = 48",
+           ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),
+           "sequences' KV ranges start off the attention's chunk grid: rows lose their solo bits"),
+    Mutant("batch-rows-see-other-sequences", "bitmtp/runtime/batch.py",
+           "mask = (kv >= base[:, None]) & (kv <= slots[:, None])", "mask = kv <= slots[:, None]",
+           ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),
+           "a batch row attends to the KV rows of the sequences stored before its own"),
+    Mutant("batch-cancel-keeps-rows", "bitmtp/runtime/batch.py",
+           "            self.alloc.free(seq.base, seq.rows)", "            pass",
+           ("tests/runtime/test_batch.py", "-k", "join_and_leave"),
+           "a finished or cancelled sequence never gives its KV rows back"),
 )
 
 

@@ -1,4 +1,5 @@
-"""The server's KV stores: a fixed set of ``model.session()`` views and a bounded wait for one.
+"""The server's places: a fixed set of ``model.session()`` views (or of places in the batch engine) and a
+bounded wait for one.
 
 A request decodes on a session it holds alone, so two requests never share a KV store. At most
 ``len(sessions) + queue_size`` requests are admitted at once (decoding or waiting, first come first
@@ -23,14 +24,16 @@ class SessionPool:
     """``sessions`` independent KV stores over one model's weights, and a queue of at most ``queue_size``
     waiting requests."""
 
-    def __init__(self, model: Any, sessions: int, queue_size: int):
+    def __init__(self, model: Any, sessions: int, queue_size: int, *, batch: bool = False):
         if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
             raise BitMTPError(f"sessions: must be an integer >= 1, got {sessions!r}")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
             raise BitMTPError(f"queue_size: must be an integer >= 0, got {queue_size!r}")
         # sessions, not the model itself: a caller that still holds the model (a test comparing with
-        # bitmtp.generate, the chat CLI) never waits for the server's KV stores, nor they for it
-        self.sessions = [model.session() for _ in range(sessions)]
+        # bitmtp.generate, the chat CLI) never waits for the server's KV stores, nor they for it. With
+        # ``batch`` the places are places in the model's batch engine (one shared KV store, rows per request):
+        # the model itself, once per place
+        self.sessions = [model] * sessions if batch else [model.session() for _ in range(sessions)]
         self.queue_size = queue_size
         self._free: asyncio.Queue = asyncio.Queue()
         for s in self.sessions:
@@ -50,8 +53,9 @@ class SessionPool:
     async def acquire(self) -> Any:
         """A free session: at once, after the requests queued before this one, or :class:`QueueFull`."""
         if self.admitted >= len(self.sessions) + self.queue_size:
-            raise QueueFull(f"queue: all {len(self.sessions)} KV stores are busy and {self.queue_size} requests "
-                            "wait already; retry later (or serve with more --sessions / a longer --queue-size)")
+            raise QueueFull(f"queue: all {len(self.sessions)} places are busy and {self.queue_size} requests "
+                            "wait already; retry later (or serve with a larger --max-batch / more --sessions / a "
+                            "longer --queue-size)")
         self.admitted += 1
         try:
             return await self._free.get()

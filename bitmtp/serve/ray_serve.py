@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bitmtp.errors import BitMTPError
-from bitmtp.serve.app import BODY_TIMEOUT, STREAM_INTERVAL
+from bitmtp.serve.app import BODY_TIMEOUT, DEFAULT_MAX_BATCH, STREAM_INTERVAL
 
 
 def require_ray() -> None:
@@ -46,16 +46,18 @@ def _replica_id() -> str:
 def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = None, sessions: int = 1,
             queue_size: int = 16, load_kwargs: dict[str, Any] | None = None,
             ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp",
-            body_timeout: float | None = BODY_TIMEOUT, stream_interval: float = STREAM_INTERVAL) -> Any:
-    """A Ray Serve application serving ``model`` from ``replicas`` replicas.
+            body_timeout: float | None = BODY_TIMEOUT, stream_interval: float = STREAM_INTERVAL,
+            max_batch: int = DEFAULT_MAX_BATCH) -> Any:
+    """A Ray Serve application serving ``model`` from ``replicas`` replicas; each replica batches the requests
+    it decodes (``max_batch``).
 
     Args:
         model: a model path (``.gguf`` file or checkpoint folder) every replica loads with
             :func:`bitmtp.load` (plus ``load_kwargs``, e.g. ``{"capacity": 4096}``).
         replicas: Ray Serve replicas (each a process with its own copy of the model).
         model_name: the name clients give as ``model`` (default: the file's stem).
-        sessions, queue_size: per replica, as :func:`bitmtp.serve.create_app`'s; Ray sends a replica at
-            most ``sessions + queue_size`` requests at once and queues the rest itself.
+        max_batch, sessions, queue_size: per replica, as :func:`bitmtp.serve.create_app`'s; Ray sends a replica
+            at most ``(max_batch or sessions) + queue_size`` requests at once and queues the rest itself.
         ray_actor_options: Ray resources per replica (default ``{"num_cpus": 1}``).
         deployment_name: the deployment's name in Ray Serve.
         body_timeout: as :func:`bitmtp.serve.create_app`'s (seconds a request body may take to arrive).
@@ -69,7 +71,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise BitMTPError(f"replicas: must be an integer >= 1, got {replicas!r}")
-    for name, value, lo in (("sessions", sessions, 1), ("queue_size", queue_size, 0)):
+    for name, value, lo in (("sessions", sessions, 1), ("queue_size", queue_size, 0), ("max_batch", max_batch, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise BitMTPError(f"{name}: must be an integer >= {lo}, got {value!r}")
     path = Path(model)
@@ -88,9 +90,9 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             return bitmtp.load(source, **kwargs)
 
         return create_app(load, model_name=name, sessions=sessions, queue_size=queue_size, replica_id=_replica_id,
-                          body_timeout=body_timeout, stream_interval=stream_interval)
+                          body_timeout=body_timeout, stream_interval=stream_interval, max_batch=max_batch)
 
     deployment = serve.deployment(serve.ingress(build)(), name=deployment_name, num_replicas=replicas,
-                                  max_ongoing_requests=sessions + queue_size,
+                                  max_ongoing_requests=(max_batch or sessions) + queue_size,
                                   ray_actor_options=ray_actor_options or {"num_cpus": 1})
     return deployment.bind()

@@ -23,10 +23,10 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def server(smollm2):
-    """A server with 2 KV stores and room for 8 waiting requests, on a background thread."""
+    """A server decoding up to 4 requests together, with room for 8 waiting, on a background thread."""
     from bitmtp.serve import create_app, run_in_thread
 
-    srv = run_in_thread(create_app(smollm2, model_name=MODEL_NAME, sessions=2, queue_size=8))
+    srv = run_in_thread(create_app(smollm2, model_name=MODEL_NAME, max_batch=4, queue_size=8))
     yield srv
     srv.stop()
 

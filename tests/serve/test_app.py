@@ -51,7 +51,8 @@ def test_models_and_health(server):
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
     health = httpx.get(server.url + "/health")
-    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["sessions"] == 2
+    assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["sessions"] == 4
+    assert health.json()["max_batch"] == 4
     assert health.headers["x-bitmtp-replica"] == health.json()["replica"]
 
 
@@ -213,13 +214,17 @@ def _wait_idle(url: str) -> dict:
     raise AssertionError(f"the server never went idle: {health}")
 
 
-def test_queue_full_is_429_and_a_dropped_stream_frees_its_kv_store(smollm2):
+@pytest.mark.parametrize("max_batch", [0, 1])
+def test_queue_full_is_429_and_a_dropped_stream_frees_its_kv_store(smollm2, max_batch):
+    """One place (one session, or a batch of one), no queue: a second request is a 429; a client that leaves
+    mid-stream stops its generation and frees its KV store."""
     from bitmtp.serve import create_app, run_in_thread
 
-    app = create_app(smollm2, model_name=MODEL, sessions=1, queue_size=0)
+    app = create_app(smollm2, model_name=MODEL, sessions=1, queue_size=0, max_batch=max_batch)
     prompt = "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
     with run_in_thread(app) as srv:
-        engine = app.state.bitmtp.pool.sessions[0].engine
+        st = app.state.bitmtp
+        engine = (st.solo if max_batch else st.pool.sessions[0]).engine  # alone: the first request runs solo
         n_prompt = len(smollm2.encode(prompt))
         room = 200  # tokens asked for: read to the end, the answer has them all
         full = httpx.post(srv.url + "/v1/completions", timeout=300, json={"prompt": prompt, "max_tokens": room})

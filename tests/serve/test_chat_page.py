@@ -66,7 +66,7 @@ def server():
         from bitmtp.serve import create_app, run_in_thread
 
         model = bitmtp.load(smollm2_path(), capacity=512)
-        srv = run_in_thread(create_app(model, model_name=MODEL_NAME, sessions=1, queue_size=0))
+        srv = run_in_thread(create_app(model, model_name=MODEL_NAME, max_batch=1, queue_size=0))
     finally:
         if old is None:
             os.environ.pop("HF_HUB_OFFLINE", None)

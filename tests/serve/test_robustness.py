@@ -305,13 +305,15 @@ def _raw_request(body: bytes, path: str = "/v1/completions") -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def test_six_non_streamed_clients_that_leave_free_the_server(smollm2):
-    """Two decode, four wait for a KV store; all six hang up: each stops within a step or two of its
-    client leaving (the server's own step counter), not at max_tokens, and the server is idle again."""
+@pytest.mark.parametrize("places", [dict(sessions=2, max_batch=0), dict(max_batch=2)], ids=["sessions", "batch"])
+def test_six_non_streamed_clients_that_leave_free_the_server(smollm2, places):
+    """Two decode (on two KV stores, or one alone and one in the batch), four wait for a place; all six hang
+    up: each stops within a step or two of its client leaving (the server's own step counter), not at
+    max_tokens, and the server is idle again."""
     from bitmtp.serve import create_app, run_in_thread
 
     max_tokens = 400
-    with run_in_thread(create_app(smollm2, model_name=MODEL, sessions=2, queue_size=8)) as srv:
+    with run_in_thread(create_app(smollm2, model_name=MODEL, queue_size=8, **places)) as srv:
         start = _health(srv.url)
         request = _raw_request(json.dumps({"prompt": COUNT, "max_tokens": max_tokens}).encode())
         clients = [socket.create_connection((srv.host, srv.port)) for _ in range(6)]

