@@ -97,14 +97,16 @@ def _free_port() -> int:
 
 
 class LlamaServer:
-    """llama.cpp's llama-server on the GGUF, one slot, ``THREADS`` threads, on a free local port."""
+    """llama.cpp's llama-server on the GGUF, ``slots`` parallel slots (continuous batching when several; ``ctx``
+    tokens of context each), ``THREADS`` threads, on a free local port."""
 
-    def __init__(self, binary: Path, model: Path):
+    def __init__(self, binary: Path, model: Path, slots: int = 1, ctx: int = 2048):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model), "-t", str(THREADS), "-tb", str(THREADS), "--port", str(self.port),
-             "--host", "127.0.0.1", "-np", "1", "-c", "2048", "--no-webui"],
+             "--host", "127.0.0.1", "-np", str(slots), "-c", str(ctx * slots), "--no-webui"]
+            + (["-cb"] if slots > 1 else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, httpx, timeout: float = 120) -> None:

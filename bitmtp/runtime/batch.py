@@ -1,21 +1,20 @@
 """Many sequences in one step: a batched AR decode loop over one KV store (continuous batching).
 
 A :class:`BatchEngine` decodes up to ``max_batch`` sequences together. Each step runs ONE forward pass over
-one row per decoding sequence — its pending token at its own position — reads every row's choice in one
-transfer and commits per sequence; sequences join and leave between steps. A new sequence's prompt is
-prefilled in chunks of the solo engine's width (forward passes of their own, so its rows have the solo bits),
-so running sequences keep decoding while a long prompt comes in.
+one row per decoding sequence — its pending token at its own position — and the prompt rows it takes (at most
+:data:`PREFILL_ROWS`: several short prompts in one step, a long one over several, so running sequences keep
+decoding while it comes in); the LM head runs only over the rows whose choice is read. One read of every row's
+choice, a commit per sequence; sequences join and leave between steps.
 
 **KV rows.** One store; each sequence owns a contiguous range of rows from admission to its end (finish, error
 or cancel), reserved for prompt + max_new_tokens (:class:`RowAllocator`). Ranges start at multiples of
 :data:`ALIGN` rows, a multiple of both the CPU attention's softmax chunk (``ops.linear.ATTENTION_CHUNK``: a KV
 row's weight is summed by its absolute index) and the fused GPU attention's split: a row at position p of a
-sequence based at b has exactly the summation structure it has at p in a solo store, so every row of a batch
-has the bits of the same row decoded alone (batch invariance: greedy outputs equal solo outputs, a seed gives
-the same text). Each row attends through its mask to its own range only.
-
-**Prefill.** Prompt chunks go before the step's decode row set, oldest first, up to one chunk's rows a step (at
-least one chunk): several short prompts join in one step, a long one comes in one chunk a step.
+sequence based at b has exactly the summation structure it has at p in a solo store; every other part of a
+step computes each row alone (integer-exact W2A8, row-wise norms and float kernels: a row's bits do not depend on
+the other rows of the pass, ``tests/runtime/test_batch.py`` holds it for steps of prompt and decode rows), so
+every row of a batch has the bits of the same row decoded alone (batch invariance: greedy outputs equal solo
+outputs, a seed gives the same text). Each row attends through its mask to its own range only.
 
 **Who steps.** There is no scheduler thread: a consumer that needs its sequence's next chunk takes the
 engine's lock and, if nothing is queued for it yet, runs one step for every sequence (leader/follower). So
@@ -51,8 +50,11 @@ from bitmtp.runtime.kv import KVStore
 #: a sequence's KV range starts at a multiple of this many rows (module docstring: batch invariance needs a
 #: multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
 ALIGN = 256
-#: the most sequences one forward pass takes (a row each: the width-invariant kernels' widest step)
+#: the most sequences one forward pass decodes (a row each: the width-invariant kernels' widest step)
 MAX_BATCH = 16
+#: prompt rows one step takes at most, beside its decode rows: on 2 CPU cores prefill runs ~2.3 ms a token
+#: (SmolLM2), so 64 rows hold the running sequences' next token back ~150 ms while prompts come in
+PREFILL_ROWS = 64
 
 
 class RowAllocator:
@@ -127,18 +129,19 @@ class BatchEngine:
         max_batch: most sequences decoded at once (1..16); more wait for a free place.
         kv_rows: rows of the shared store (default ``max_batch`` × the rows one sequence may need); a sequence
             reserves prompt + max_new_tokens rows at admission and waits while they are not free.
-        prefill_chunk: prompt rows per prefill step (the solo engine's, so prompt rows have its bits).
+        prefill_rows: prompt rows a step takes at most (:data:`PREFILL_ROWS`).
         kv_dtype: the store's element type (the solo engine's).
     """
 
     def __init__(self, decoder: Any, *, capacity: int, max_batch: int = 8, kv_rows: int | None = None,
-                 prefill_chunk: int = 64, kv_dtype: torch.dtype | None = None):
+                 prefill_rows: int = PREFILL_ROWS, kv_dtype: torch.dtype | None = None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH:
             raise BitMTPError(f"max_batch: must be an integer in 1..{MAX_BATCH} (one row per sequence in a step of "
                               f"at most {MAX_BATCH} rows), got {max_batch!r}")
         a = decoder.args
         self.decoder, self.capacity, self.max_batch = decoder, int(capacity), max_batch
-        self.prefill_chunk = int(prefill_chunk)
+        #: prompt rows a step takes at most (several prompts' rows in one step; a long prompt over several)
+        self.prefill_rows = int(prefill_rows)
         per_seq = RowAllocator.blocks_for(self.capacity + 1) * ALIGN
         rows = per_seq * max_batch if kv_rows is None else int(kv_rows)
         if rows < per_seq:
@@ -210,9 +213,11 @@ class BatchEngine:
             self.alloc.free(seq.base, seq.rows)
 
     # ---------------------------------------------------------------------------------------------- steps
-    def _forward(self, tokens: list[int], positions: list[int], bases: list[int]) -> torch.Tensor:
+    def _forward(self, tokens: list[int], positions: list[int], bases: list[int],
+                 heads: list[int] | None = None) -> torch.Tensor:
         """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
-        base + position and attends to its own sequence's rows [base, base + position]; returns the logits."""
+        base + position and attends to its own sequence's rows [base, base + position]; returns the logits of
+        rows ``heads`` (default all: the LM head runs only over the rows whose choice is read)."""
         dev = self.decoder.device
         tok = torch.tensor(tokens, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
@@ -223,7 +228,12 @@ class BatchEngine:
         mask = (kv >= base[:, None]) & (kv <= slots[:, None])
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
-            return self.decoder(StepInputs(tok, pos, mask, slots=slots), self.kv)
+            hidden = self.decoder.hidden_states(StepInputs(tok, pos, mask, slots=slots), self.kv)
+            if heads is not None:
+                if not heads:  # prompt rows only, none a prompt's last: nothing to choose
+                    return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
+                hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
+            return self.decoder.logits(hidden)
 
     def _choose(self, seq: _Seq, logits: torch.Tensor, position: int, token: int,
                 ar_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,51 +244,69 @@ class BatchEngine:
         return seq.sampler.select(logits, torch.tensor([position], device=dev),
                                   torch.tensor([token], device=dev), ar_rows, 1)
 
-    def _prefill_chunk(self, seq: _Seq) -> None:
-        """The next prompt chunk of ``seq``; after the last one, its first token."""
-        lo = seq.n
-        chunk = seq.ids[lo : lo + self.prefill_chunk]
-        logits = self._forward(chunk, list(range(lo, lo + len(chunk))), [seq.base] * len(chunk))
-        seq.n += len(chunk)
-        if seq.n < len(seq.ids):
-            return
-        # prefill rows are not AR rows over this step's tokens (their history is the prompt, counted already)
-        tok, prob = self._choose(seq, logits[-1:], seq.n - 1, chunk[-1], 0)
-        self.syncs += 1
-        (t,), (p,) = tok.tolist(), prob.tolist()
-        seq.t_prefilled = time.perf_counter()
-        seq.report["prefill_seconds"] = seq.t_prefilled - seq.t_start
-        seq.stats.syncs += 1
-        self._commit(seq, t, p)
+    def _plan(self, filling: list[_Seq]) -> list[tuple[_Seq, int]]:
+        """The prompt rows this step takes: (sequence, rows) oldest first, :attr:`prefill_rows` at most (a whole
+        prompt's last rows are never split off alone: any split gives the same bits, rows are independent)."""
+        budget, plan = self.prefill_rows, []
+        for seq in filling:
+            if budget <= 0:
+                break
+            rows = min(budget, len(seq.ids) - seq.n)
+            plan.append((seq, rows))
+            budget -= rows
+        return plan
 
-    def _decode_step(self, seqs: list[_Seq]) -> None:
-        """One forward over one row per decoding sequence, one read, a commit per sequence."""
-        logits = self._forward([s.pending for s in seqs], [s.n for s in seqs], [s.base for s in seqs])
-        greedy = [i for i, s in enumerate(seqs) if s.sampler is None]
-        toks = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
-        probs = torch.empty(len(seqs), dtype=torch.float32, device=logits.device)
-        if greedy:
-            at = torch.tensor(greedy, device=logits.device) if len(greedy) < len(seqs) else None
-            t, p = argmax_prob(logits if at is None else logits[at])
-            if at is None:
-                toks, probs = t, p
+    def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq]) -> None:
+        """ONE forward pass: the planned prompt rows, then one row per decoding sequence; one read; a commit per
+        sequence (a prompt whose last row ran commits its first token)."""
+        tokens, positions, bases, heads, choosers = [], [], [], [], []
+        for seq, rows in fill:
+            tokens += seq.ids[seq.n : seq.n + rows]
+            positions += range(seq.n, seq.n + rows)
+            bases += [seq.base] * rows
+            if seq.n + rows == len(seq.ids):  # its last prompt row: the first token (prefill rows are not AR
+                heads.append(len(tokens) - 1)  # rows over this step's tokens: their history is the prompt)
+                choosers.append((seq, len(seq.ids) - 1, seq.ids[-1], 0))
+        for seq in decoding:
+            tokens.append(seq.pending)
+            positions.append(seq.n)
+            bases.append(seq.base)
+            heads.append(len(tokens) - 1)
+            choosers.append((seq, seq.n, seq.pending, 1))
+        logits = self._forward(tokens, positions, bases, heads)
+        for seq, rows in fill:
+            seq.n += rows
+        dev = logits.device
+        greedy = [i for i, c in enumerate(choosers) if c[0].sampler is None]
+        toks = torch.empty(len(choosers), dtype=torch.long, device=dev)
+        probs = torch.empty(len(choosers), dtype=torch.float32, device=dev)
+        if greedy:  # one argmax over the greedy rows (row-independent: the bits of each row alone)
+            if len(greedy) == len(choosers):
+                toks, probs = argmax_prob(logits)
             else:
-                toks[at], probs[at] = t, p
-        for i, s in enumerate(seqs):
-            if s.sampler is not None:
-                t, p = self._choose(s, logits[i : i + 1], s.n, s.pending, 1)
+                at = torch.tensor(greedy, device=dev)
+                toks[at], probs[at] = argmax_prob(logits[at])
+        for i, (seq, position, token, ar_rows) in enumerate(choosers):
+            if seq.sampler is not None:
+                t, p = self._choose(seq, logits[i : i + 1], position, token, ar_rows)
                 toks[i : i + 1], probs[i : i + 1] = t, p
         self.syncs += 1
         tl, pl = toks.tolist(), probs.tolist()
-        self.steps += 1
-        self.last_width = len(seqs)
-        for s, t, p in zip(seqs, tl, pl, strict=True):
-            s.n += 1
-            s.stats.committed.append(1)
-            s.stats.verified.append(False)
-            s.stats.widths[len(seqs)] += 1
-            s.stats.syncs += 1
-            self._commit(s, t, p)
+        if decoding:
+            self.steps += 1
+            self.last_width = len(decoding)
+        now = time.perf_counter()
+        for (seq, _, _, ar_rows), t, p in zip(choosers, tl, pl, strict=True):
+            seq.stats.syncs += 1
+            if ar_rows == 0:  # the prompt's first token
+                seq.t_prefilled = now
+                seq.report["prefill_seconds"] = now - seq.t_start
+            else:
+                seq.n += 1
+                seq.stats.committed.append(1)
+                seq.stats.verified.append(False)
+                seq.stats.widths[len(decoding)] += 1
+            self._commit(seq, t, p)
 
     def _commit(self, seq: _Seq, token: int, prob: float) -> None:
         taken = seq.out.add([token], [prob])
@@ -300,32 +328,20 @@ class BatchEngine:
         self._retire(seq)
 
     def step(self) -> None:
-        """One scheduling step (the caller holds the lock): retire cancelled sequences, admit waiting ones,
-        prefill one chunk of the oldest sequence still prefilling, and decode one token for every sequence
-        that is decoding — one forward pass for all of them."""
+        """One scheduling step (the caller holds the lock): retire cancelled sequences, admit waiting ones, and
+        run ONE forward pass over the prompt rows this step takes (:meth:`_plan`) and one row per decoding
+        sequence."""
         for seq in [s for s in self._running if s.cancelled]:
             self._retire(seq)
         self._admit()
-        filling = [s for s in self._running if s.n < len(s.ids)]
+        fill = self._plan([s for s in self._running if s.n < len(s.ids)])
         decoding = [s for s in self._running if s.n >= len(s.ids) and s.out.tokens]
-        seq = None
+        if not fill and not decoding:
+            return
         try:
-            # prompt chunks, oldest first, up to one chunk's rows a step (at least one chunk): several short
-            # prompts join in one step, a long one comes in a chunk a step while the others keep decoding
-            budget = self.prefill_chunk
-            for seq in filling:
-                rows = min(self.prefill_chunk, len(seq.ids) - seq.n)
-                if rows > budget and budget < self.prefill_chunk:
-                    break
-                self._prefill_chunk(seq)
-                budget -= rows
-                if budget <= 0:
-                    break
-            seq = None
-            if decoding:
-                self._decode_step(decoding)
+            self._run_step(fill, decoding)
         except BaseException as exc:  # a failed step fails the sequences in it; the others go on
-            for s in ([seq] if seq is not None else decoding):
+            for s in [f[0] for f in fill] + decoding:
                 s.error = exc
                 self._retire(s)
             raise

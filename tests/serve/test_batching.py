@@ -1,0 +1,178 @@
+"""``bitmtp serve`` batching concurrent requests (continuous batching) against the real SmolLM2.
+
+Rules: concurrent requests decode in shared steps (fewer steps than tokens) and each answer equals what the
+request gets from ``bitmtp.generate`` alone — with its own sampling parameters, seed, stop strings and
+max_tokens; clients that leave free their KV rows; ``/metrics`` is Prometheus text with the documented names.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+import pytest
+
+import bitmtp
+from tests.support.smollm2 import PROMPTS
+
+MODEL = "smollm2"
+
+
+def _chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def batching(smollm2):
+    """A server that batches every request (no solo request), 4 at a time, 16 waiting."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    app = create_app(smollm2, model_name=MODEL, max_batch=4, queue_size=16, solo_when_idle=False)
+    with run_in_thread(app) as srv:
+        yield srv, app.state.bitmtp
+
+
+def _idle(state, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while state.batch.running or state.batch.waiting or state.batch.rows_in_use:
+        assert time.monotonic() < deadline, (state.batch.running, state.batch.waiting, state.batch.rows_in_use)
+        time.sleep(0.05)
+
+
+def test_concurrent_requests_share_steps_and_get_their_solo_answers(smollm2, batching):
+    srv, state = batching
+    requests = [
+        dict(messages=_chat(PROMPTS[0]), max_tokens=20),
+        dict(messages=_chat(PROMPTS[1]), max_tokens=9, temperature=0.8, top_p=0.9, seed=7),
+        dict(messages=_chat("Count from 1 to 20."), max_tokens=40, stop=["7,", "7\n"]),
+        dict(messages=_chat(PROMPTS[2]), max_tokens=16, temperature=1.0, seed=3, presence_penalty=0.5),
+        dict(messages=_chat(PROMPTS[3]), max_tokens=12, stream=True),
+        dict(messages=_chat(PROMPTS[4]), max_tokens=25, logprobs=True),
+    ]
+    answers: dict[int, str] = {}
+    errors: list[BaseException] = []
+    steps0 = state.batch.steps
+
+    def client(i: int) -> None:
+        try:
+            body = {"model": MODEL, **requests[i]}
+            if body.get("stream"):
+                text = ""
+                with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            import json
+
+                            chunk = json.loads(line[6:])
+                            if chunk["choices"]:
+                                text += chunk["choices"][0]["delta"].get("content") or ""
+                answers[i] = text
+            else:
+                r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300)
+                assert r.status_code == 200, r.text
+                answers[i] = r.json()["choices"][0]["message"]["content"]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, req in enumerate(requests):
+        kw = dict(max_new_tokens=req["max_tokens"], temperature=req.get("temperature", 0.0),
+                  top_p=req.get("top_p", 1.0), seed=req.get("seed"), stop=req.get("stop"),
+                  presence_penalty=req.get("presence_penalty", 0.0))
+        assert answers[i] == bitmtp.generate(smollm2, req["messages"], **kw).text, i
+    tokens = state.batch.tokens_out
+    assert state.batch.steps - steps0 < sum(r["max_tokens"] for r in requests) - 10  # rows shared steps
+    assert tokens > 0
+    _idle(state)
+
+
+def test_clients_that_leave_free_their_rows(batching):
+    """A burst of streamed and whole-answer clients, some hanging up at random: no 5xx, every completed answer
+    whole, and the batch's KV rows in use go back to zero (three bursts: nothing leaks)."""
+    srv, state = batching
+    rng = random.Random(0)
+    statuses: list[int] = []
+
+    def client(i: int, leave: bool) -> None:
+        body = {"model": MODEL, "messages": _chat(PROMPTS[i % len(PROMPTS)]), "max_tokens": 24,
+                "stream": i % 2 == 0}
+        try:
+            with httpx.Client(timeout=120) as c, c.stream("POST", srv.url + "/v1/chat/completions", json=body) as r:
+                statuses.append(r.status_code)
+                for n, _ in enumerate(r.iter_lines()):
+                    if leave and n >= 2:
+                        return  # hangs up mid-answer
+        except httpx.HTTPError:
+            pass
+
+    for _ in range(3):
+        threads = [threading.Thread(target=client, args=(i, rng.random() < 0.4)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _idle(state)
+    assert statuses and all(s in (200, 429) for s in statuses), statuses
+    assert state.batch.rows_in_use == 0
+
+
+def test_metrics_are_prometheus_text_with_the_documented_names(batching):
+    from bitmtp.serve.app import METRICS
+
+    srv, state = batching
+    httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": _chat("Hi"), "max_tokens": 3},
+               timeout=120).raise_for_status()
+    r = httpx.get(srv.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    values = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split()
+            values[name] = float(value)
+    assert set(values) == {name for name, _, _ in METRICS}
+    for name, kind, _ in METRICS:
+        assert f"# TYPE {name} {kind}" in r.text
+    assert values["bitmtp_batch_max"] == 4 and values["bitmtp_tokens_generated_total"] >= 3
+    assert values["bitmtp_requests_batched_total"] >= 1 and values["bitmtp_requests_solo_total"] == 0
+    assert values["bitmtp_kv_rows_in_use"] == 0 and values["bitmtp_requests_running"] == 0
+    from tests.support.paths import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "serving.md").read_text()
+    assert all(f"`{name}`" in doc for name, _, _ in METRICS)  # every metric is documented
+
+
+def test_a_lone_request_runs_alone_with_auto(smollm2):
+    """With solo_when_idle (the default) a request arriving while nothing decodes runs alone — policy auto, so
+    its tokens can come from drafts (origins other than AR)."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    app = create_app(smollm2, model_name=MODEL, max_batch=4)
+    with run_in_thread(app) as srv:
+        prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat"
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                       json={"model": MODEL, "messages": _chat(prompt), "max_tokens": 24,
+                             "bitmtp": {"origins": True}})
+        assert r.status_code == 200, r.text
+        st = app.state.bitmtp
+        assert st.solo_requests == 1 and st.batched_requests == 0
+        origins = {o["origin"] for o in r.json()["bitmtp"]["origins"]}
+        assert origins - {"ar"}, origins  # drafts confirmed: auto ran
+
+
+def test_bad_batch_options(smollm2):
+    from bitmtp.errors import BitMTPError
+    from bitmtp.serve import create_app
+
+    with pytest.raises(BitMTPError, match=r"^max_batch: at most 16 requests"):
+        create_app(smollm2, max_batch=17)
+    with pytest.raises(BitMTPError, match=r"^max_batch: must be an integer >= 0, got -1"):
+        create_app(smollm2, max_batch=-1)
+    with pytest.raises(BitMTPError, match=r"^solo_when_idle: must be True or False"):
+        create_app(smollm2, solo_when_idle="no")
