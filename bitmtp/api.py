@@ -209,7 +209,8 @@ class BitMTPModel:
         eng = self._batchers.get(max_batch)
         if eng is None:
             eng = self._batchers[max_batch] = BatchEngine(
-                self.decoder, capacity=self.engine.capacity, max_batch=max_batch, kv_dtype=self.engine.kv.k[0].dtype)
+                self.decoder, capacity=self.engine.capacity, max_batch=max_batch, kv_dtype=self.engine.kv.k[0].dtype,
+                solo_chunk=self.engine.prefill_chunk)
         return eng
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:

@@ -41,10 +41,12 @@ import torch
 
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
-from bitmtp.model.decoder import StepInputs
+from bitmtp.model.decoder import GPU_STEP, StepInputs
 from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.threads import step_threads
 from bitmtp.runtime.decode import DecodeStats, GenerationResult, _Output
+from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
+from bitmtp.runtime.gpu_step import Launcher, plan_for
 from bitmtp.runtime.kv import KVStore
 
 #: a sequence's KV range starts at a multiple of this many rows (module docstring: batch invariance needs a
@@ -130,11 +132,13 @@ class BatchEngine:
         kv_rows: rows of the shared store (default ``max_batch`` × the rows one sequence may need); a sequence
             reserves prompt + max_new_tokens rows at admission and waits while they are not free.
         prefill_rows: prompt rows a step takes at most (:data:`PREFILL_ROWS`).
+        solo_chunk: the solo engine's prefill width: with the fused GPU step on, prompts are prefilled in its
+            chunks (that step's bits depend on how rows are grouped into launches).
         kv_dtype: the store's element type (the solo engine's).
     """
 
     def __init__(self, decoder: Any, *, capacity: int, max_batch: int = 8, kv_rows: int | None = None,
-                 prefill_rows: int = PREFILL_ROWS, kv_dtype: torch.dtype | None = None):
+                 prefill_rows: int = PREFILL_ROWS, solo_chunk: int = 64, kv_dtype: torch.dtype | None = None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH:
             raise BitMTPError(f"max_batch: must be an integer in 1..{MAX_BATCH} (one row per sequence in a step of "
                               f"at most {MAX_BATCH} rows), got {max_batch!r}")
@@ -142,6 +146,7 @@ class BatchEngine:
         self.decoder, self.capacity, self.max_batch = decoder, int(capacity), max_batch
         #: prompt rows a step takes at most (several prompts' rows in one step; a long prompt over several)
         self.prefill_rows = int(prefill_rows)
+        self.solo_chunk = int(solo_chunk)
         per_seq = RowAllocator.blocks_for(self.capacity + 1) * ALIGN
         rows = per_seq * max_batch if kv_rows is None else int(kv_rows)
         if rows < per_seq:
@@ -162,6 +167,8 @@ class BatchEngine:
         #: rows of the latest decode step, and the sequences decoded in steps so far (for /metrics)
         self.last_width = 0
         self.tokens_out = 0
+        #: counts the fused GPU step's launches (``runtime.gpu_step``) when a step takes it
+        self.launcher = Launcher()
 
     # ------------------------------------------------------------------------------------------ admission
     def submit(self, ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
@@ -235,6 +242,40 @@ class BatchEngine:
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
             return self.decoder.logits(hidden)
 
+    def _gpu_step(self, fill: list, decoding: list[_Seq]) -> Any:
+        """The fused GPU step's plan for a step of decode rows only, or of one solo prefill chunk, of ≤ 16 rows
+        (what a solo step of that width takes), when it is on (``runtime.gpu_step``: opt-in, CUDA or the Triton
+        interpreter); else None."""
+        rows = sum(r for _, r in fill) + len(decoding)
+        if rows > GPU_ROWS or (fill and (decoding or len(fill) > 1)):
+            return None
+        return plan_for(self.decoder, self.kv)
+
+    def _fused(self, plan: Any, tokens: list[int], positions: list[int], bases: list[int], heads: list[int],
+               sampled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step through the fused GPU kernels: the argmax tokens, probabilities and (only when some row
+        samples) logits of rows ``heads``. The rows attend to their own KV ranges (the mask); the split-KV
+        attention splits at absolute multiples of 256 rows, which :data:`ALIGN` keeps, so a row has its solo
+        bits."""
+        dev = self.decoder.device
+        m = len(tokens)
+        tok = torch.tensor(tokens, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        base = torch.tensor(bases, dtype=torch.long, device=dev)
+        slots = base + pos
+        seg = self.kv.segment_for(max(b + p for b, p in zip(bases, positions, strict=True)) + 1)
+        kv = self.kv_index[None, :seg]
+        mask = (kv >= base[:, None]) & (kv <= slots[:, None])
+        out_tok = torch.empty(GPU_ROWS, dtype=torch.long, device=dev)
+        out_prob = torch.empty(GPU_ROWS, dtype=torch.float32, device=dev)
+        logits = plan.logits_rows(m) if sampled else None
+        self.forwards += 1
+        with torch.no_grad():
+            plan.step(self.launcher, tok, pos, slots, mask, out_tok, out_prob, m=m, logits=logits)
+        self.decoder._took(GPU_STEP, "")
+        at = torch.tensor(heads, dtype=torch.long, device=dev)
+        return out_tok[at], out_prob[at], logits[at] if logits is not None else out_prob[:0]
+
     def _choose(self, seq: _Seq, logits: torch.Tensor, position: int, token: int,
                 ar_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A row's token and probability: argmax, or its sequence's sampler (as the solo runner calls it)."""
@@ -273,13 +314,24 @@ class BatchEngine:
             bases.append(seq.base)
             heads.append(len(tokens) - 1)
             choosers.append((seq, seq.n, seq.pending, 1))
-        logits = self._forward(tokens, positions, bases, heads)
+        greedy = [i for i, c in enumerate(choosers) if c[0].sampler is None]
+        plan = self._gpu_step(fill, decoding)
+        if plan is not None:  # the fused GPU step: argmax rows chosen in its head kernels, as a solo step's
+            toks, probs, logits = self._fused(plan, tokens, positions, bases, heads,
+                                              sampled=len(greedy) < len(choosers))
+            greedy = []
+        else:
+            # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
+            solo_like = bool(fill) and plan_for(self.decoder, self.kv) is not None
+            logits = self._forward(tokens, positions, bases, None if solo_like else heads)
+            if solo_like:
+                logits = logits[heads]
         for seq, rows in fill:
             seq.n += rows
         dev = logits.device
-        greedy = [i for i, c in enumerate(choosers) if c[0].sampler is None]
-        toks = torch.empty(len(choosers), dtype=torch.long, device=dev)
-        probs = torch.empty(len(choosers), dtype=torch.float32, device=dev)
+        if plan is None:
+            toks = torch.empty(len(choosers), dtype=torch.long, device=dev)
+            probs = torch.empty(len(choosers), dtype=torch.float32, device=dev)
         if greedy:  # one argmax over the greedy rows (row-independent: the bits of each row alone)
             if len(greedy) == len(choosers):
                 toks, probs = argmax_prob(logits)
@@ -334,17 +386,40 @@ class BatchEngine:
         for seq in [s for s in self._running if s.cancelled]:
             self._retire(seq)
         self._admit()
-        fill = self._plan([s for s in self._running if s.n < len(s.ids)])
+        filling = [s for s in self._running if s.n < len(s.ids)]
         decoding = [s for s in self._running if s.n >= len(s.ids) and s.out.tokens]
+        fill = self._plan(filling)
         if not fill and not decoding:
             return
-        try:
-            self._run_step(fill, decoding)
-        except BaseException as exc:  # a failed step fails the sequences in it; the others go on
-            for s in [f[0] for f in fill] + decoding:
-                s.error = exc
-                self._retire(s)
-            raise
+        if plan_for(self.decoder, self.kv) is not None:
+            # the fused GPU step is on: its rows' bits are its own, so prompts are prefilled as a solo engine
+            # does — whole solo chunks, each a pass of its own (fused up to 16 rows, per op above) — and the
+            # decode rows take the fused step by themselves
+            parts = [([c], []) for c in self._solo_chunks(filling)] + ([([], decoding)] if decoding else [])
+        else:
+            parts = [(fill, decoding)]
+        for f, d in parts:
+            try:
+                self._run_step(f, d)
+            except BaseException as exc:  # a failed step fails the sequences in it; the others go on
+                for s in [x[0] for x in f] + d:
+                    s.error = exc
+                    self._retire(s)
+                raise
+
+    def _solo_chunks(self, filling: list[_Seq]) -> list[tuple[_Seq, int]]:
+        """Whole solo prefill chunks (``solo_chunk`` rows at the solo engine's offsets), oldest first, up to
+        :attr:`prefill_rows` rows a step (at least one chunk)."""
+        budget, plan = self.prefill_rows, []
+        for seq in filling:
+            rows = min(self.solo_chunk - seq.n % self.solo_chunk, len(seq.ids) - seq.n)
+            if plan and rows > budget:
+                break
+            plan.append((seq, rows))
+            budget -= rows
+            if budget <= 0:
+                break
+        return plan
 
     def _wait_for(self, seq: _Seq) -> None:
         """Step until ``seq`` has a chunk queued or is done (the leader/follower loop)."""

@@ -213,8 +213,9 @@ class GpuStepPlan:
              mask_rows: int = 0, block: Any = None, logits: torch.Tensor | None = None) -> None:
         """One step over ``m ≤ 16`` rows: ``tokens / positions / slots`` (int64, ≥ m long), ``mask [m, L]`` (bool);
         writes the rows' K/V into the store and their argmax / probability into ``out_token / out_prob`` (and
-        every row's runner-up into :attr:`seconds`) — or, given ``logits`` (float32 ``[≥ m, V]``), the rows'
-        logits there for the caller to choose from (a sampler, kept logits). The last ``mask_rows`` rows are mask
+        every row's runner-up into :attr:`seconds`) when ``out_token`` is given, and, given ``logits`` (float32
+        ``[≥ m, V]``), the rows' logits there for the caller to choose from (a sampler, kept logits). The last
+        ``mask_rows`` rows are mask
         rows of the mask-block adapter ``block`` (a ``bitmtp.model.adapters.MaskBlock``): its mask embedding and
         gated LoRA."""
         kn, a = self.kernels, self.args
@@ -255,10 +256,10 @@ class GpuStepPlan:
                 self._input(launch, self.act, ly["mlp_sub"], ly["down"][0], inter, m, down)
                 self._project(launch, ly["down"], sp["down"], inter, m, epilogue="residual", out=self.x, lora=up)
         kn.norm_quant(launch, self.x, self.norm, self.eps, m=m, f=self.hn)
-        if logits is not None:
-            kn.head_logits(launch, self.hn, self.head, logits, m=m)
-        else:
+        if out_token is not None:
             kn.head_argmax(launch, self.hn, self.head, self.head_parts, out_token, out_prob, self.seconds, m=m)
+        if logits is not None:  # a batch of greedy and sampled rows asks for both
+            kn.head_logits(launch, self.hn, self.head, logits, m=m)
 
     def _check_block(self, block: Any) -> None:
         """The LoRA ranks must fit the plan's ``t`` buffer (made for the largest group rank seen)."""

@@ -124,8 +124,8 @@ class StepRunner:
         logits = None
         if self.sampler is not None or self.logits is not None:
             logits = self.logits if self.logits is not None else plan.logits_rows(m)
-        plan.step(self.launcher, self.tokens, self.positions, slots, mask, self.out_token, self.out_prob, m=m,
-                  mask_rows=mask_rows, block=block, logits=logits)
+        plan.step(self.launcher, self.tokens, self.positions, slots, mask, self.out_token if logits is None else None,
+                  self.out_prob, m=m, mask_rows=mask_rows, block=block, logits=logits)
         if logits is None:
             if st.role == "fused":  # the first mask row's runner-up, from the head's kernels
                 self.out_second.copy_(plan.seconds[st.pending + st.alt : st.pending + st.alt + 1])

@@ -321,3 +321,35 @@ def test_the_top2_runner_up_row_runs_per_op(monkeypatch):
     out = bitmtp.generate(model, input_ids=PROMPT, max_new_tokens=NEW, policy="speculative", schedule="top2",
                           block_size=4, eos_token_id=[])
     assert out.token_ids == ar.token_ids
+
+
+@interpreted
+def test_a_batch_in_the_fused_step_equals_its_solo_outputs(bitnet, monkeypatch):
+    """With the fused step on, a batch's decode steps run it (up to 16 rows of 16-row kernels: rows have their
+    solo bits, KV ranges on the 256-row split grid) and prompts prefill in the solo engine's chunks: every
+    sequence — greedy or sampled — gets exactly its solo output, logprobs included."""
+    from bitmtp.runtime.batch import BatchEngine
+
+    monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
+    prompts = [PROMPT[:3], PROMPT * 10, PROMPT]  # 70 tokens: a 64-row chunk (per op) and a 6-row one (fused)
+    kws = [dict(), dict(temperature=0.9, seed=4), dict()]
+    solo = [bitmtp.generate(bitnet, input_ids=p, max_new_tokens=4, policy="ar", eos_token_id=[], logprobs=True,
+                            **kw) for p, kw in zip(prompts, kws, strict=True)]
+    eng = BatchEngine(bitnet.decoder, capacity=300, max_batch=4)
+    from bitmtp.decoding.sampling import SamplingParams
+
+    gens = [eng.submit(p, max_new_tokens=4, logprobs=True, sampling=SamplingParams(**kw) if kw else None)
+            for p, kw in zip(prompts, kws, strict=True)]
+    before = bitnet.decoder.path_counts["gpu-step"]
+    results = []
+    for g in gens:
+        while True:
+            try:
+                next(g)
+            except StopIteration as stop:
+                results.append(stop.value)
+                break
+    for res, s in zip(results, solo, strict=True):
+        assert res.tokens == s.token_ids and res.logprobs == s.logprobs
+    assert bitnet.decoder.path_counts["gpu-step"] > before and eng.launcher.total > 0
+    assert eng.rows_in_use == 0
