@@ -220,11 +220,10 @@ class BatchEngine:
             self.alloc.free(seq.base, seq.rows)
 
     # ---------------------------------------------------------------------------------------------- steps
-    def _forward(self, tokens: list[int], positions: list[int], bases: list[int],
-                 heads: list[int] | None = None) -> torch.Tensor:
-        """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
-        base + position and attends to its own sequence's rows [base, base + position]; returns the logits of
-        rows ``heads`` (default all: the LM head runs only over the rows whose choice is read)."""
+    def _rows(self, tokens: list[int], positions: list[int],
+              bases: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step's device inputs: tokens, positions, KV slots (base + position) and the mask — each row sees
+        its own sequence's rows [base, base + position] of the store's smallest covering segment."""
         dev = self.decoder.device
         tok = torch.tensor(tokens, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
@@ -233,6 +232,15 @@ class BatchEngine:
         seg = self.kv.segment_for(max(b + p for b, p in zip(bases, positions, strict=True)) + 1)
         kv = self.kv_index[None, :seg]
         mask = (kv >= base[:, None]) & (kv <= slots[:, None])
+        return tok, pos, slots, mask
+
+    def _forward(self, tokens: list[int], positions: list[int], bases: list[int],
+                 heads: list[int] | None = None) -> torch.Tensor:
+        """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
+        base + position and attends to its own sequence's rows [base, base + position]; returns the logits of
+        rows ``heads`` (default all: the LM head runs only over the rows whose choice is read)."""
+        dev = self.decoder.device
+        tok, pos, slots, mask = self._rows(tokens, positions, bases)
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
             hidden = self.decoder.hidden_states(StepInputs(tok, pos, mask, slots=slots), self.kv)
@@ -259,13 +267,7 @@ class BatchEngine:
         bits."""
         dev = self.decoder.device
         m = len(tokens)
-        tok = torch.tensor(tokens, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        base = torch.tensor(bases, dtype=torch.long, device=dev)
-        slots = base + pos
-        seg = self.kv.segment_for(max(b + p for b, p in zip(bases, positions, strict=True)) + 1)
-        kv = self.kv_index[None, :seg]
-        mask = (kv >= base[:, None]) & (kv <= slots[:, None])
+        tok, pos, slots, mask = self._rows(tokens, positions, bases)
         out_tok = torch.empty(GPU_ROWS, dtype=torch.long, device=dev)
         out_prob = torch.empty(GPU_ROWS, dtype=torch.float32, device=dev)
         logits = plan.logits_rows(m) if sampled else None
