@@ -33,6 +33,14 @@ PROMPT = [5, 9, 12, 40, 3, 7, 8]
 NEW = 5
 
 
+def _switch(monkeypatch, env: str | None) -> None:
+    """The fused step off (None) or on (``gpu_step.ENABLED``) for what follows."""
+    if env is None:
+        monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(gpu_step.ENV_VAR, env)
+
+
 @pytest.fixture
 def fused(monkeypatch):
     monkeypatch.setenv(gpu_step.ENV_VAR, gpu_step.ENABLED)
@@ -181,10 +189,7 @@ def test_kept_logits_equal_the_per_op_logits(family, quantize, monkeypatch):
     model = bitmtp.load(tiny_model(family, seed=3), capacity=64, quantize=quantize)
     got = {}
     for env in (None, gpu_step.ENABLED):
-        if env is None:
-            monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
-        else:
-            monkeypatch.setenv(gpu_step.ENV_VAR, env)
+        _switch(monkeypatch, env)
         eng = model.engine
         eng.reset()
         eng._prefill(PROMPT)
@@ -262,10 +267,7 @@ def test_mask_block_draft_and_one_pass_steps(family, quantize, monkeypatch):
     eng = model.engine
     got = {}
     for env in (None, gpu_step.ENABLED):
-        if env is None:
-            monkeypatch.delenv(gpu_step.ENV_VAR, raising=False)
-        else:
-            monkeypatch.setenv(gpu_step.ENV_VAR, env)
+        _switch(monkeypatch, env)
         eng.reset()
         eng._prefill(PROMPT)
         eng.pool.runners = {}
