@@ -877,8 +877,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         batcher: decode this prompt as one sequence of a shared batch engine — True: ``model.batcher(max_batch)``,
             or a :class:`~bitmtp.runtime.batch.BatchEngine` of this model — so that calls from other threads on
             it decode in the same forward passes (what ``bitmtp serve`` does with concurrent requests); the
-            output is the one the call gives alone. Policies ``"auto"`` (decoded as AR, its exact output) and
-            ``"ar"``; streams too.
+            output is the one the call gives alone. Policies ``"auto"`` (AR's exact output; prompt-lookup guess rows
+            where they pay) and ``"ar"``; streams too.
         max_new_tokens: most tokens to generate.
         policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
             exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when
@@ -970,7 +970,8 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     model.engine.pool.check_sampling(sampling)
     if batcher is not False and batcher is not None:
         chunks = _batcher_of(model, batcher, max_batch, pol).submit(
-            ids, max_new_tokens=max_new_tokens, eos=eos, sampling=sampling, logprobs=logprobs)
+            ids, max_new_tokens=max_new_tokens, eos=eos, sampling=sampling, logprobs=logprobs,
+            draft=pol.name == "auto")
     else:
         chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
                                      drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
@@ -990,7 +991,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
 def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, pol: Policy) -> BatchEngine:
     """The batch engine ``generate(..., batcher=...)`` decodes on: checked against the model and the policy."""
     if pol.drafts and pol.name != "auto":
-        raise BitMTPError(f"batcher: a batch decodes policy 'ar' or 'auto' (as AR, its exact output); policy "
+        raise BitMTPError(f"batcher: a batch decodes policy 'ar' or 'auto' (AR's exact output); policy "
                           f"{pol.name!r} drafts, so decode it without batcher")
     if batcher is True:
         return model.batcher(max_batch)
@@ -1045,9 +1046,9 @@ def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, 
                                         "run policy 'ar' and 'auto')")
         return outs
     eng = model.batcher(max_batch)
-    # auto's output is AR's exactly (greedy, or sampled with the same seed): a batch decodes it as AR
+    # auto's output is AR's exactly (greedy, or sampled with the same seed): in a batch it drafts by lookup only
     gens = [eng.submit(ids, max_new_tokens=kw["max_new_tokens"], eos=kw["eos"], sampling=kw["sampling"],
-                       logprobs=kw["logprobs"]) for ids in batch]
+                       logprobs=kw["logprobs"], draft=pol.name == "auto") for ids in batch]
     iters: list[Any] = [TextStream(model, g, stops) if stops else g for g in gens]
     results: list[GenerateOutput | None] = [None] * len(batch)
     active = list(range(len(batch)))
@@ -1064,7 +1065,7 @@ def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, 
             it.close()
     for out in results:
         out.stats.notes.append(f"batch: decoded with up to {eng.max_batch} sequences a step"
-                               + (" (auto does not draft in a batch: AR steps)" if pol.name == "auto" else ""))
+                               + (" (auto: prompt-lookup guesses where a row pays)" if pol.name == "auto" else ""))
     return results
 
 

@@ -313,6 +313,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "            self.alloc.free(seq.base, seq.rows)", "            pass",
            ("tests/runtime/test_batch.py", "-k", "join_and_leave"),
            "a finished or cancelled sequence never gives its KV rows back"),
+    Mutant("batch-accepts-every-guess", "bitmtp/runtime/batch.py",
+           "a = speculative_accept([outs[0], *guesses], outs) if guesses else 1",
+           "a = len(outs)",
+           ("tests/runtime/test_batch.py", "-k", "auto_adds and greedy"),
+           "a batched sequence commits all its lookup guesses, verified or not"),
 )
 
 

@@ -22,10 +22,13 @@ engine's lock and, if nothing is queued for it yet, runs one step for every sequ
 thread asks first steps for all of them. Dropping or closing a :class:`BatchGeneration` frees its rows at the
 next step.
 
-**Policies.** Steps are AR: ``policy="ar"`` and ``"auto"`` (whose output is exactly AR's, greedy or sampled
-with the same seed) decode batched; draft rows inside a batched step are not built yet (the batching issue's
-"MTP budgeted by batch"), so ``auto`` in a batch never drafts. Other policies run one sequence at a time
-(``bitmtp.api.generate``).
+**Policies.** ``policy="ar"`` and ``"auto"`` decode batched, both exactly AR's output (greedy, or sampled with
+the same seed). ``auto`` adds guess rows to a step — prompt-lookup continuations of a sequence, verified in the
+same pass, the accepted ones committed with the token after them (the one-pass rule,
+``decoding.accept.speculative_accept``) — best expected accepted tokens first, while a row's expected accepted
+tokens exceed what one more row costs the step (``_StepCost``, fitted to the steps this engine ran): freely
+where a row is nearly free (a GPU), sparingly on 2 CPU cores. The adapter's mask drafts are not in batched
+steps yet. Other policies run one sequence at a time (``bitmtp.api.generate``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from typing import Any
 
 import torch
 
+from bitmtp.decoding import origins as origin
+from bitmtp.decoding.accept import speculative_accept
+from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import GPU_STEP, StepInputs
@@ -89,8 +95,54 @@ class RowAllocator:
         self._used[first : first + self.blocks_for(rows)] = bytes(self.blocks_for(rows))
 
     @property
+    def tokens_per_commit(self) -> float:
+        """Tokens a decoding sequence commits a step, on average (1: AR steps only)."""
+        return self.decode_tokens / self.decode_commits if self.decode_commits else 1.0
+
+    @property
     def rows_in_use(self) -> int:
         return sum(self._used) * ALIGN
+
+
+@dataclass(eq=False)
+class _Group:
+    """A sequence's rows in a step: from row ``first``, its ``tokens`` at ``positions``; ``ar_rows``: 0 for a
+    prompt's last row (its first token), else 1 + its guesses (rows AR-causal over the step's tokens)."""
+
+    seq: _Seq
+    first: int
+    tokens: list[int]
+    positions: list[int]
+    ar_rows: int
+    head: int = 0  # its first row among the rows whose logits were computed
+
+
+class _StepCost:
+    """What one more row costs a decode step, relative to the step: ``t(w) ≈ a + b·w`` fitted to the steps this
+    engine ran (least squares, older steps fading), so ``marginal(w) = b / (a + b·w)``. Until two widths were
+    seen, the prior: a width-8 step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24)."""
+
+    PRIOR = 0.24
+
+    def __init__(self) -> None:
+        self.n = self.sw = self.st = self.sww = self.swt = 0.0
+        self.widths: set[int] = set()
+
+    def observe(self, width: int, seconds: float) -> None:
+        decay = 0.98
+        self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
+        self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
+        self.widths.add(width)
+
+    def marginal(self, width: int) -> float:
+        if len(self.widths) >= 2:
+            den = self.n * self.sww - self.sw * self.sw
+            if den > 0:
+                b = (self.n * self.swt - self.sw * self.st) / den
+                a = (self.st - b * self.sw) / self.n
+                if a > 0:
+                    return max(b, 0.0) / (a + max(b, 0.0) * width)
+        return self.PRIOR / (1 + self.PRIOR * width)
 
 
 @dataclass(eq=False)
@@ -102,6 +154,9 @@ class _Seq:
     eos: set[int]
     params: SamplingParams | None  # sampled (with its seed), or None: greedy
     logprobs: bool
+    draft: bool = False  # auto: prompt-lookup guess rows when they pay (BatchEngine._drafts)
+    lookup: LookupIndex | None = None
+    p_lookup: float = 0.5  # its guesses' running acceptance
     base: int = -1  # first KV row of its range (-1: waiting for admission)
     rows: int = 0  # rows reserved
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
@@ -169,13 +224,20 @@ class BatchEngine:
         self.tokens_out = 0
         #: counts the fused GPU step's launches (``runtime.gpu_step``) when a step takes it
         self.launcher = Launcher()
+        self._cost = _StepCost()
+        #: a sequence's decode commits and the tokens they committed (> 1 a commit: accepted guesses)
+        self.decode_commits = 0
+        self.decode_tokens = 0
+        #: prompt-lookup guesses' running acceptance over every sequence (a new sequence's prior)
+        self.p_lookup = 0.5
 
     # ------------------------------------------------------------------------------------------ admission
     def submit(self, ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
-               sampling: SamplingParams | None = None, logprobs: bool = False) -> BatchGeneration:
+               sampling: SamplingParams | None = None, logprobs: bool = False, draft: bool = False) -> BatchGeneration:
         """Queue a sequence; returns its :class:`BatchGeneration` (chunks of committed tokens, then the
-        :class:`~bitmtp.runtime.decode.GenerationResult`). Validated here: a prompt that is empty or over the
-        capacity raises :class:`BitMTPError` before anything is queued."""
+        :class:`~bitmtp.runtime.decode.GenerationResult`). ``draft``: ``auto`` — prompt-lookup guesses verified
+        in its rows where they pay (the output is AR's either way). Validated here: a prompt that is empty or over
+        the capacity raises :class:`BitMTPError` before anything is queued."""
         ids = list(ids)
         if not ids:
             raise BitMTPError("input_ids: the prompt is empty")
@@ -184,7 +246,11 @@ class BatchEngine:
         if max_new_tokens < 1:
             raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
         params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
-        seq = _Seq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs))
+        seq = _Seq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs), bool(draft))
+        if seq.draft:
+            seq.lookup = LookupIndex(ids, ngram_max=5)
+            seq.p_lookup = self.p_lookup
+            seq.stats = DecodeStats("auto", 1, schedule="one-pass")
         seq.report["stats"] = seq.stats
         seq.t_start = time.perf_counter()
         with self._lock:
@@ -250,12 +316,12 @@ class BatchEngine:
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
             return self.decoder.logits(hidden)
 
-    def _gpu_step(self, fill: list, decoding: list[_Seq]) -> Any:
+    def _gpu_step(self, fill: list, decode_rows: int) -> Any:
         """The fused GPU step's plan for a step of decode rows only, or of one solo prefill chunk, of ≤ 16 rows
         (what a solo step of that width takes), when it is on (``runtime.gpu_step``: opt-in, CUDA or the Triton
         interpreter); else None."""
-        rows = sum(r for _, r in fill) + len(decoding)
-        if rows > GPU_ROWS or (fill and (decoding or len(fill) > 1)):
+        rows = sum(r for _, r in fill) + decode_rows
+        if rows > GPU_ROWS or (fill and (decode_rows or len(fill) > 1)):
             return None
         return plan_for(self.decoder, self.kv)
 
@@ -278,15 +344,6 @@ class BatchEngine:
         at = torch.tensor(heads, dtype=torch.long, device=dev)
         return out_tok[at], out_prob[at], logits[at] if logits is not None else out_prob[:0]
 
-    def _choose(self, seq: _Seq, logits: torch.Tensor, position: int, token: int,
-                ar_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A row's token and probability: argmax, or its sequence's sampler (as the solo runner calls it)."""
-        if seq.sampler is None:
-            return argmax_prob(logits)
-        dev = logits.device
-        return seq.sampler.select(logits, torch.tensor([position], device=dev),
-                                  torch.tensor([token], device=dev), ar_rows, 1)
-
     def _plan(self, filling: list[_Seq]) -> list[tuple[_Seq, int]]:
         """The prompt rows this step takes: (sequence, rows) oldest first, :attr:`prefill_rows` at most (a whole
         prompt's last rows are never split off alone: any split gives the same bits, rows are independent)."""
@@ -300,73 +357,119 @@ class BatchEngine:
         return plan
 
     def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq]) -> None:
-        """ONE forward pass: the planned prompt rows, then one row per decoding sequence; one read; a commit per
-        sequence (a prompt whose last row ran commits its first token)."""
-        tokens, positions, bases, heads, choosers = [], [], [], [], []
+        """ONE forward pass: the planned prompt rows, then each decoding sequence's rows (its pending token and
+        the guesses :meth:`_drafts` gives it); one read; a commit per sequence (a prompt whose last row ran
+        commits its first token; a sequence with guesses commits the accepted ones and the token after them)."""
+        tokens, positions, bases, groups = [], [], [], []
         for seq, rows in fill:
             tokens += seq.ids[seq.n : seq.n + rows]
             positions += range(seq.n, seq.n + rows)
             bases += [seq.base] * rows
             if seq.n + rows == len(seq.ids):  # its last prompt row: the first token (prefill rows are not AR
-                heads.append(len(tokens) - 1)  # rows over this step's tokens: their history is the prompt)
-                choosers.append((seq, len(seq.ids) - 1, seq.ids[-1], 0))
+                groups.append(_Group(seq, len(tokens) - 1, [seq.ids[-1]], [len(seq.ids) - 1], 0))  # rows)
+        drafts = self._drafts(decoding, len(tokens)) if decoding else {}
         for seq in decoding:
-            tokens.append(seq.pending)
-            positions.append(seq.n)
-            bases.append(seq.base)
-            heads.append(len(tokens) - 1)
-            choosers.append((seq, seq.n, seq.pending, 1))
-        greedy = [i for i, c in enumerate(choosers) if c[0].sampler is None]
-        plan = self._gpu_step(fill, decoding)
+            guesses = drafts.get(id(seq), [])
+            rows = 1 + len(guesses)
+            groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows))
+            tokens += [seq.pending, *guesses]
+            positions += range(seq.n, seq.n + 1 + len(guesses))
+            bases += [seq.base] * (1 + len(guesses))
+        heads = [g.first + i for g in groups for i in range(len(g.tokens) if g.ar_rows else 1)]
+        greedy = all(g.seq.sampler is None for g in groups)
+        decode_rows = len(tokens) - sum(r for _, r in fill)
+        plan = self._gpu_step(fill, decode_rows)
+        t0 = time.perf_counter()
         if plan is not None:  # the fused GPU step: argmax rows chosen in its head kernels, as a solo step's
-            toks, probs, logits = self._fused(plan, tokens, positions, bases, heads,
-                                              sampled=len(greedy) < len(choosers))
-            greedy = []
+            toks, probs, logits = self._fused(plan, tokens, positions, bases, heads, sampled=not greedy)
         else:
             # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
             solo_like = bool(fill) and plan_for(self.decoder, self.kv) is not None
             logits = self._forward(tokens, positions, bases, None if solo_like else heads)
             if solo_like:
                 logits = logits[heads]
+            toks, probs = argmax_prob(logits)  # every row: row-independent, each row's bits alone
         for seq, rows in fill:
             seq.n += rows
-        dev = logits.device
-        if plan is None:
-            toks = torch.empty(len(choosers), dtype=torch.long, device=dev)
-            probs = torch.empty(len(choosers), dtype=torch.float32, device=dev)
-        if greedy:  # one argmax over the greedy rows (row-independent: the bits of each row alone)
-            if len(greedy) == len(choosers):
-                toks, probs = argmax_prob(logits)
-            else:
-                at = torch.tensor(greedy, device=dev)
-                toks[at], probs[at] = argmax_prob(logits[at])
-        for i, (seq, position, token, ar_rows) in enumerate(choosers):
-            if seq.sampler is not None:
-                t, p = self._choose(seq, logits[i : i + 1], position, token, ar_rows)
-                toks[i : i + 1], probs[i : i + 1] = t, p
+        at = 0
+        for g in groups:  # sampled sequences choose from their rows' logits (the solo runner's call)
+            r = len(g.tokens) if g.ar_rows else 1
+            if g.seq.sampler is not None:
+                dev = logits.device
+                t, p = g.seq.sampler.select(logits[at : at + r], torch.tensor(g.positions[:r], device=dev),
+                                            torch.tensor(g.tokens[:r], device=dev), g.ar_rows, 1)
+                toks[at : at + r], probs[at : at + r] = t, p
+            g.head = at
+            at += r
         self.syncs += 1
         tl, pl = toks.tolist(), probs.tolist()
         if decoding:
             self.steps += 1
-            self.last_width = len(decoding)
+            self.last_width = decode_rows
+            if not fill:
+                self._cost.observe(decode_rows, time.perf_counter() - t0)
         now = time.perf_counter()
-        for (seq, _, _, ar_rows), t, p in zip(choosers, tl, pl, strict=True):
+        for g in groups:
+            seq = g.seq
             seq.stats.syncs += 1
-            if ar_rows == 0:  # the prompt's first token
+            if not g.ar_rows:  # the prompt's first token
                 seq.t_prefilled = now
                 seq.report["prefill_seconds"] = now - seq.t_start
-            else:
-                seq.n += 1
-                seq.stats.committed.append(1)
-                seq.stats.verified.append(False)
-                seq.stats.widths[len(decoding)] += 1
-            self._commit(seq, t, p)
+                self._commit(seq, [tl[g.head]], [pl[g.head]])
+                continue
+            outs = tl[g.head : g.head + g.ar_rows]
+            guesses = g.tokens[1:]
+            a = speculative_accept([outs[0], *guesses], outs) if guesses else 1  # the rule, written once
+            seq.n += a
+            st = seq.stats
+            st.committed.append(a)
+            st.verified.append(bool(guesses))
+            st.widths[decode_rows] += 1
+            if guesses:
+                st.verifier_calls += 1
+                st.guesses += len(guesses)
+                st.accepted += a - 1
+                st.choices["lookup"] += 1
+                seq.p_lookup = 0.8 * seq.p_lookup + 0.2 * ((a - 1) / len(guesses))
+                self.p_lookup = 0.95 * self.p_lookup + 0.05 * ((a - 1) / len(guesses))
+            self.decode_commits += 1
+            self.decode_tokens += a
+            self._commit(seq, outs[:a], pl[g.head : g.head + a], [origin.LOOKUP] * (a - 1) + [origin.AR])
 
-    def _commit(self, seq: _Seq, token: int, prob: float) -> None:
-        taken = seq.out.add([token], [prob])
+    def _drafts(self, decoding: list[_Seq], prompt_rows: int) -> dict[int, list[int]]:
+        """Guess rows for the drafting sequences (``auto``): prompt-lookup continuations, most likely accepted
+        first, while a row's expected accepted tokens exceed what one more row costs this step in tokens
+        (:class:`_StepCost`: the step's expected tokens × the relative cost of one more row) — so a GPU, where a
+        row is nearly free, drafts freely and 2 CPU cores sparingly. At most 16 rows a step."""
+        width = prompt_rows + len(decoding)
+        expected = float(len(decoding))
+        offers = []  # (expected tokens of the row, sequence, its j-th guess)
+        for seq in decoding:
+            if not seq.draft:
+                continue
+            room = min(seq.rows - seq.n - 1, seq.max_new_tokens - len(seq.out.tokens) - 1, GPU_ROWS - 1)
+            guesses = seq.lookup.propose(room)[0] if room > 0 else []
+            p = seq.p_lookup
+            offers += [(p ** (j + 1), id(seq), guesses[: j + 1]) for j in range(len(guesses))]
+        offers.sort(key=lambda o: -o[0])
+        chosen: dict[int, list[int]] = {}
+        for gain, key, guesses in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall along it
+            if width >= GPU_ROWS or gain <= expected * self._cost.marginal(width):
+                break
+            if len(guesses) != len(chosen.get(key, [])) + 1:
+                continue
+            chosen[key] = guesses
+            width += 1
+            expected += gain
+        return chosen
+
+    def _commit(self, seq: _Seq, tokens: list[int], probs: list[float], origins: list[str] | None = None) -> None:
+        taken = seq.out.add(tokens, probs, origins)
         self.tokens_out += len(taken)
         seq.chunks.append(taken)
-        seq.pending = token
+        if seq.lookup is not None:
+            seq.lookup.extend(taken)
+        seq.pending = tokens[-1]
         if seq.out.reason is not None:
             self._finish(seq)
 
@@ -454,6 +557,11 @@ class BatchEngine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def tokens_per_commit(self) -> float:
+        """Tokens a decoding sequence commits a step, on average (1: AR steps only)."""
+        return self.decode_tokens / self.decode_commits if self.decode_commits else 1.0
 
     @property
     def rows_in_use(self) -> int:

@@ -348,8 +348,8 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         max_batch: requests decoded together (continuous batching, default 8; ``bitmtp.runtime.batch``): one
             forward pass a step for all of them, each request with its own sampling parameters, seed, stop
             strings and max_tokens, joining and leaving between steps; its output is the one it gets alone
-            (policy auto decoded as AR). 0: each request decodes alone (policy auto, drafting where it pays)
-            on one of ``sessions`` KV stores.
+            (policy auto: AR's output, lookup guesses where a row pays). 0: each request decodes alone (policy
+            auto, drafting where it pays) on one of ``sessions`` KV stores.
         solo_when_idle: with a batch, a request that arrives while nothing decodes runs alone with policy auto
             (drafting where it pays: ~1.0x AR on chat, 1.6x on code on 2 CPU cores) on a KV store of its own; the
             requests that arrive meanwhile batch beside it, sharing the cores (8 clients arriving at once: ~13 %
@@ -583,7 +583,8 @@ METRICS = (
     ("bitmtp_steps_total", "counter", "batched decode steps run (one forward pass each)"),
     ("bitmtp_forwards_total", "counter", "forward passes run by the batch (decode steps and prefill chunks)"),
     ("bitmtp_tokens_generated_total", "counter", "tokens committed by the batch (rate() gives tokens/s)"),
-    ("bitmtp_accepted_tokens_per_step", "gauge", "tokens committed per request per batched step (1: AR steps)"),
+    ("bitmtp_accepted_tokens_per_step", "gauge", "tokens committed per request per batched step (> 1: accepted "
+                                                 "lookup guesses)"),
     ("bitmtp_requests_solo_total", "counter", "requests decoded alone (they arrived while nothing decoded)"),
     ("bitmtp_requests_batched_total", "counter", "requests decoded in the batch"),
 )
@@ -602,7 +603,7 @@ def _metrics(state: _State) -> str:
         "bitmtp_steps_total": batch.steps if batch is not None else 0,
         "bitmtp_forwards_total": batch.forwards if batch is not None else 0,
         "bitmtp_tokens_generated_total": batch.tokens_out if batch is not None else 0,
-        "bitmtp_accepted_tokens_per_step": 1,
+        "bitmtp_accepted_tokens_per_step": batch.tokens_per_commit if batch is not None else 1,
         "bitmtp_requests_solo_total": state.solo_requests,
         "bitmtp_requests_batched_total": state.batched_requests,
     }

@@ -288,3 +288,42 @@ def test_smollm2_chat_batch_equals_solo_with_stop_strings():
         assert (o.text, o.token_ids, o.stop_reason) == (solo.text, solo.token_ids, solo.stop_reason)
     assert any(o.stop_reason == "stop" for o in outs)
     assert torch.is_tensor(model.batcher().kv.k[0])
+
+
+@pytest.mark.parametrize("params", ["greedy", "top-p"])
+def test_auto_adds_lookup_guess_rows_and_stays_exact(models, params, monkeypatch):
+    """``auto`` in a batch: prompt-lookup guesses become rows of the step where they pay; the accepted ones and
+    the token after them commit (origins "lookup" then "ar"), so the outputs stay AR's — greedy and sampled with
+    a seed. With every guess forced in (a free row), random prompts (mostly rejected guesses) stay exact too."""
+    from bitmtp.runtime import batch
+
+    model = models["bitnet"]
+    kw = dict(max_new_tokens=20, eos_token_id=[], logprobs=True, **({} if params == "greedy" else
+                                                                     dict(seed=9, **SAMPLED["top-p"])))
+    repetitive = [[5, 6, 7, 8, 9] * 12, [30, 31, 32] * 20 + [30], [40, 41] * 25]
+    for prompts, forced in ((repetitive, False), (_prompts(4, seed=13, longest=60), True)):
+        if forced:
+            monkeypatch.setattr(batch._StepCost, "marginal", lambda self, width: 0.0)
+        outs = bitmtp.generate(model, prompts=prompts, policy="auto", max_batch=4, **kw)
+        solo = [bitmtp.generate(model, input_ids=p, policy="ar", **kw) for p in prompts]
+        for o, s in zip(outs, solo, strict=True):
+            assert o.token_ids == s.token_ids and o.logprobs == pytest.approx(s.logprobs, abs=1e-6)
+        drafted = [o for o in outs if o.stats.guesses]
+        assert drafted, "no sequence drafted"
+        if not forced and params == "greedy":  # a tiny random model's samples rarely repeat the prompt
+            assert any(max(o.stats.committed) > 1 and "lookup" in o.origins for o in drafted)
+        for o in outs:
+            assert len(o.origins) == len(o.token_ids) and sum(o.stats.committed) + 1 == len(o.token_ids)
+    ar = bitmtp.generate(model, prompts=repetitive, policy="ar", **kw)
+    assert all(not o.stats.guesses and set(o.stats.committed) == {1} for o in ar)  # policy ar never drafts
+
+
+def test_the_step_cost_model_prefers_drafting_where_a_row_is_cheap():
+    from bitmtp.runtime.batch import _StepCost
+
+    cpu, gpu = _StepCost(), _StepCost()
+    assert cpu.marginal(8) == pytest.approx(0.24 / (1 + 0.24 * 8))  # the prior until two widths were seen
+    for w in (1, 4, 8, 1, 4, 8):
+        cpu.observe(w, 8e-3 * (1 + 0.22 * (w - 1)))  # ~2.5 width-1 steps at width 8
+        gpu.observe(w, 1e-3 + 1e-6 * w)  # a row is nearly free
+    assert cpu.marginal(8) > 0.05 and gpu.marginal(8) < 0.005
