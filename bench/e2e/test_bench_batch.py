@@ -32,7 +32,7 @@ from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import PROMPTS, smollm2_path
 
 THREADS = 2
-NEW = by_mode(96, 128)
+NEW = by_mode(64, 128)
 ROUNDS = by_mode(2, 3)
 BATCH = 8
 

@@ -74,12 +74,13 @@ def _gen(model, prompt, seed, policy="ar", drafter=None, schedule=None, block=No
 
 
 def _cases():
-    """Every verifying configuration × block × sampling program; lookup's one-pass D = 8 at t1 / top-p is ~25 s
-    each (wide rejected steps on a random model): in the slow set, its penalties case stays in CI."""
+    """Every verifying configuration × block × sampling program; lookup's and the oracle's one-pass D = 8 at t1 /
+    top-p take 6-25 s each (wide steps): in the slow set, their penalties cases stay in CI."""
     for config in CONFIGS[1:]:
         for block in (2, 4, 8):
             for params in PARAMS:
-                slow = config[1] == "lookup" and config[2] == "one-pass" and block == 8 and params != "penalties"
+                slow = (config[1] in ("lookup", "oracle") and config[2] == "one-pass" and block == 8
+                        and params != "penalties")
                 yield pytest.param(config, block, params, marks=[pytest.mark.slow] if slow else [],
                                    id="-".join(x or "default" for x in config) + f"-{block}-{params}")
 
