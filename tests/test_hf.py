@@ -129,7 +129,6 @@ def test_sampling_runs_through_bitmtp_reproducibly_and_losslessly(adapter_dir, p
         assert torch.equal(hf.generate(p, max_new_tokens=20, **SAMPLE), ar)  # the same seed: AR's sample
 
 
-@pytest.mark.slow  # ~15 s of many samples; CI keeps the reproducible, lossless sampling test above
 def test_patched_sampling_matches_transformers_in_distribution(adapter_dir):
     """1,500 two-token samples each, patched (speculative, D=4) and unpatched: the first and second tokens'
     distributions agree (and the test rejects a sampler at another temperature)."""
