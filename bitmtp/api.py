@@ -979,13 +979,18 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
         return TextStream(model, chunks, stops)
+    return _drain(model, chunks, stops)
+
+
+def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateOutput:
+    """A generation's chunks (a ``Generation`` or ``BatchGeneration``) read to the end: its output, cut at the
+    first stop string when there are some."""
     if stops:
         text_stream = TextStream(model, chunks, stops)
         for _ in text_stream:
             pass
         return text_stream.result
-    res = Engine.run(chunks)
-    return _output(model, res)
+    return _output(model, Engine.run(chunks))
 
 
 def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, pol: Policy) -> BatchEngine:
@@ -1014,9 +1019,7 @@ def _batch_ids(model: BitMTPModel, prompts: Any, special_tokens_in_content: bool
             text = isinstance(p, str) or (isinstance(p, Sequence) and len(p) and isinstance(p[0], Mapping))
             ids = model.check_ids(model.encode(p, special_tokens_in_content=special_tokens_in_content)
                                   if text else p)
-            if not ids:
-                bad.append(f"{i}: empty")
-            elif len(ids) > cap:
+            if len(ids) > cap:  # (an empty prompt is check_ids' BitMTPError)
                 bad.append(f"{i}: {len(ids)} tokens exceed the capacity of {cap}")
             out.append(ids)
         except BitMTPError as exc:
@@ -1034,14 +1037,7 @@ def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, 
     if not batched:  # one at a time: each call exactly as generate() alone
         outs = []
         for ids in batch:
-            res = Engine.run(model.engine.decode(ids, **kw)) if not stops else None
-            if stops:
-                text_stream = TextStream(model, model.engine.decode(ids, **kw), stops)
-                for _ in text_stream:
-                    pass
-                outs.append(text_stream.result)
-            else:
-                outs.append(_output(model, res))
+            outs.append(_drain(model, model.engine.decode(ids, **kw), stops))
             outs[-1].stats.notes.append(f"batch: policy {pol.name!r} decodes one prompt at a time (batched steps "
                                         "run policy 'ar' and 'auto')")
         return outs

@@ -316,15 +316,6 @@ class BatchEngine:
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
             return self.decoder.logits(hidden)
 
-    def _gpu_step(self, fill: list, decode_rows: int) -> Any:
-        """The fused GPU step's plan for a step of decode rows only, or of one solo prefill chunk, of ≤ 16 rows
-        (what a solo step of that width takes), when it is on (``runtime.gpu_step``: opt-in, CUDA or the Triton
-        interpreter); else None."""
-        rows = sum(r for _, r in fill) + decode_rows
-        if rows > GPU_ROWS or (fill and (decode_rows or len(fill) > 1)):
-            return None
-        return plan_for(self.decoder, self.kv)
-
     def _fused(self, plan: Any, tokens: list[int], positions: list[int], bases: list[int], heads: list[int],
                sampled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A step through the fused GPU kernels: the argmax tokens, probabilities and (only when some row
@@ -344,22 +335,28 @@ class BatchEngine:
         at = torch.tensor(heads, dtype=torch.long, device=dev)
         return out_tok[at], out_prob[at], logits[at] if logits is not None else out_prob[:0]
 
-    def _plan(self, filling: list[_Seq]) -> list[tuple[_Seq, int]]:
-        """The prompt rows this step takes: (sequence, rows) oldest first, :attr:`prefill_rows` at most (a whole
-        prompt's last rows are never split off alone: any split gives the same bits, rows are independent)."""
+    def _prompt_rows(self, filling: list[_Seq], chunk: int = 0) -> list[tuple[_Seq, int]]:
+        """The prompt rows this step takes: (sequence, rows), oldest first, :attr:`prefill_rows` at most — any
+        split of a prompt (rows are independent of what else is in the pass), or with ``chunk`` whole chunks at
+        the solo engine's offsets (at least one)."""
         budget, plan = self.prefill_rows, []
         for seq in filling:
             if budget <= 0:
                 break
-            rows = min(budget, len(seq.ids) - seq.n)
+            left = len(seq.ids) - seq.n
+            rows = min(chunk - seq.n % chunk, left) if chunk else min(budget, left)
+            if plan and rows > budget:
+                break
             plan.append((seq, rows))
             budget -= rows
         return plan
 
-    def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq]) -> None:
+    def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq], fused: Any = None) -> None:
         """ONE forward pass: the planned prompt rows, then each decoding sequence's rows (its pending token and
         the guesses :meth:`_drafts` gives it); one read; a commit per sequence (a prompt whose last row ran
-        commits its first token; a sequence with guesses commits the accepted ones and the token after them)."""
+        commits its first token; a sequence with guesses commits the accepted ones and the token after them).
+        ``fused``: the fused GPU step's plan when it is on (the step takes it where a solo step of its rows
+        would)."""
         tokens, positions, bases, groups = [], [], [], []
         for seq, rows in fill:
             tokens += seq.ids[seq.n : seq.n + rows]
@@ -373,18 +370,19 @@ class BatchEngine:
             rows = 1 + len(guesses)
             groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows))
             tokens += [seq.pending, *guesses]
-            positions += range(seq.n, seq.n + 1 + len(guesses))
-            bases += [seq.base] * (1 + len(guesses))
+            positions += range(seq.n, seq.n + rows)
+            bases += [seq.base] * rows
         heads = [g.first + i for g in groups for i in range(len(g.tokens) if g.ar_rows else 1)]
         greedy = all(g.seq.sampler is None for g in groups)
         decode_rows = len(tokens) - sum(r for _, r in fill)
-        plan = self._gpu_step(fill, decode_rows)
+        # the fused step takes a pass of decode rows only or one solo prefill chunk, of ≤ 16 rows (as solo)
+        takes = fused is not None and len(tokens) <= GPU_ROWS and not (fill and (decode_rows or len(fill) > 1))
         t0 = time.perf_counter()
-        if plan is not None:  # the fused GPU step: argmax rows chosen in its head kernels, as a solo step's
-            toks, probs, logits = self._fused(plan, tokens, positions, bases, heads, sampled=not greedy)
+        if takes:  # argmax rows chosen in its head kernels, as a solo step's
+            toks, probs, logits = self._fused(fused, tokens, positions, bases, heads, sampled=not greedy)
         else:
             # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
-            solo_like = bool(fill) and plan_for(self.decoder, self.kv) is not None
+            solo_like = bool(fill) and fused is not None
             logits = self._forward(tokens, positions, bases, None if solo_like else heads)
             if solo_like:
                 logits = logits[heads]
@@ -486,45 +484,32 @@ class BatchEngine:
 
     def step(self) -> None:
         """One scheduling step (the caller holds the lock): retire cancelled sequences, admit waiting ones, and
-        run ONE forward pass over the prompt rows this step takes (:meth:`_plan`) and one row per decoding
-        sequence."""
+        run ONE forward pass over the prompt rows this step takes (:meth:`_prompt_rows`) and the decoding
+        sequences' rows."""
         for seq in [s for s in self._running if s.cancelled]:
             self._retire(seq)
         self._admit()
         filling = [s for s in self._running if s.n < len(s.ids)]
         decoding = [s for s in self._running if s.n >= len(s.ids) and s.out.tokens]
-        fill = self._plan(filling)
-        if not fill and not decoding:
+        if not filling and not decoding:
             return
-        if plan_for(self.decoder, self.kv) is not None:
-            # the fused GPU step is on: its rows' bits are its own, so prompts are prefilled as a solo engine
-            # does — whole solo chunks, each a pass of its own (fused up to 16 rows, per op above) — and the
-            # decode rows take the fused step by themselves
-            parts = [([c], []) for c in self._solo_chunks(filling)] + ([([], decoding)] if decoding else [])
+        plan = plan_for(self.decoder, self.kv)  # the fused GPU step (opt-in), or None
+        if plan is not None:
+            # its rows' bits are its own, so prompts are prefilled as a solo engine does — whole solo chunks,
+            # each a pass of its own (fused up to 16 rows, per op above) — and the decode rows take it by
+            # themselves
+            parts = [([c], []) for c in self._prompt_rows(filling, self.solo_chunk)]
+            parts += [([], decoding)] if decoding else []
         else:
-            parts = [(fill, decoding)]
+            parts = [(self._prompt_rows(filling), decoding)]
         for f, d in parts:
             try:
-                self._run_step(f, d)
+                self._run_step(f, d, plan)
             except BaseException as exc:  # a failed step fails the sequences in it; the others go on
                 for s in [x[0] for x in f] + d:
                     s.error = exc
                     self._retire(s)
                 raise
-
-    def _solo_chunks(self, filling: list[_Seq]) -> list[tuple[_Seq, int]]:
-        """Whole solo prefill chunks (``solo_chunk`` rows at the solo engine's offsets), oldest first, up to
-        :attr:`prefill_rows` rows a step (at least one chunk)."""
-        budget, plan = self.prefill_rows, []
-        for seq in filling:
-            rows = min(self.solo_chunk - seq.n % self.solo_chunk, len(seq.ids) - seq.n)
-            if plan and rows > budget:
-                break
-            plan.append((seq, rows))
-            budget -= rows
-            if budget <= 0:
-                break
-        return plan
 
     def _wait_for(self, seq: _Seq) -> None:
         """Step until ``seq`` has a chunk queued or is done (the leader/follower loop)."""

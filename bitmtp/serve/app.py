@@ -538,8 +538,9 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
             state.batched_requests += 1
         try:
             state.executor.submit(_run, state, session, req, emit, cancelled, solo)
-        except BaseException:
-            state.solo_busy = state.solo_busy and not solo
+        except BaseException:  # the executor is shut down (server stopping): the solo store is free again
+            if solo:
+                state.solo_busy = False
             raise
         try:
             kind, payload = await _unless_gone(events.get(), gone)
