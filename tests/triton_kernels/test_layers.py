@@ -235,7 +235,7 @@ def test_head_argmax_probability_and_runner_up(dtype, m, rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 7, 16])
+@pytest.mark.parametrize("m", WIDTHS)
 def test_head_logits(dtype, m, rng):
     """The head's float32 logits (what sampled steps choose from) against a float64 reference (the row rounded
     to the weight's dtype first): 1e-5 relative; rows ≥ m keep their poison; the argmax equals head_argmax's."""
