@@ -2,8 +2,8 @@
 
 :func:`op_vs_copy` times ``select("w2a8_linear_q", device, backend)(…)`` (the registry lookup is
 made on every call, as ``bitmtp.ops.w2a8_linear`` makes it, so an override installed with
-``bitmtp.ops.registry.override`` is what gets timed) alternately with ``dst.copy_(src)`` over as many
-bytes as the packed weights, and reports the op's weight bandwidth as a fraction of the copy's.
+``bitmtp.ops.registry.override`` is what gets timed) alternately with a streaming read (or copy) of as many bytes as the
+packed weights (:class:`RotatingStream`), and reports the op's weight bandwidth as a fraction of the copy's.
 ``bench/kernels/test_bench_ops.py`` gates that fraction; ``tests/test_bench_gate.py`` slows the op
 through the registry and checks the gate catches it.
 """
@@ -49,16 +49,60 @@ class OpCall:
                                               out=self.out)
 
 
+class RotatingStream:
+    """The contender: streams one weight-sized slice of a ``rotate_bytes`` buffer per call, the next slice
+    each time, so it moves as many bytes a call as the op, from memory the last calls did not touch.
+
+    On the CPU with the native extension it *reads* the slice on the extension's own thread team
+    (``stream_read``, the probe of ``test_bench_cpu_kernels.py``); elsewhere it copies it with torch. Two
+    earlier contenders misled: copying the whole rotation buffer at once (~1 GB on the 480 MiB-L3 Intel host)
+    flushed the op's weights and TLB entries before every op call, and any torch copy on the CPU leaves
+    libgomp's workers spinning on the second core, which halved the next op call about half the time
+    (op 200 -> 447 us at 2560x6912; fraction 0.23-0.56 run to run, 1.05 against a one-thread copy)."""
+
+    def __init__(self, nbytes: int, rotate_bytes: int = 0, device: torch.device | str = "cpu"):
+        self.nbytes = nbytes
+        self.device = torch.device(device)
+        self.src = torch.ones(max(nbytes, rotate_bytes), dtype=torch.uint8, device=self.device)
+        self.slots = self.src.numel() // nbytes
+        self.i = 0
+        self.ext = _cpu_extension() if self.device.type == "cpu" else None
+        self.threads = torch.get_num_threads()
+        self.dst = None if self.ext is not None else torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes one call moves: read only (the probe) or read + write (a copy)."""
+        return self.nbytes if self.ext is not None else 2 * self.nbytes
+
+    def __call__(self) -> None:
+        self.i = (self.i + 1) % self.slots
+        if self.ext is not None:
+            self.ext.stream_read(self.src.data_ptr() + self.i * self.nbytes, self.nbytes, self.threads)
+        else:
+            self.dst.copy_(self.src[self.i * self.nbytes:(self.i + 1) * self.nbytes])
+
+
+def _cpu_extension():
+    """The native CPU extension, or None without it (the copy contender is used then)."""
+    try:
+        from bitmtp.ops.backends.cpu_backend import _load_extension
+
+        return _load_extension()
+    except Exception:  # noqa: BLE001 - any failure to load means: no extension, use the copy
+        return None
+
+
 def op_vs_copy(backend: str, n: int, k: int, m: int = 1, *, rounds: int = 5, inner: int = 3,
                rotate_bytes: int = 0) -> dict[str, float]:
-    """Figures of the op against a copy of the packed weights' size, measured alternately:
-    ``op_us``, ``op_GBps`` (packed weight bytes / op time), ``copy_GBps`` (read + write bytes / copy
-    time) and ``op_bw_fraction`` = op_GBps / copy_GBps."""
+    """Figures of the op against :class:`RotatingStream` over the packed weights' size, measured
+    alternately: ``op_us``, ``op_GBps`` (packed weight bytes / op time), ``stream_GBps`` (the contender's
+    bytes moved / its time: a read on the CPU with the extension, read + write for a copy) and
+    ``op_bw_fraction`` = op_GBps / stream_GBps."""
     call = OpCall(backend, n, k, m, rotate_bytes)
-    nbytes = max(call.weight_bytes, rotate_bytes)
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    ratio, t_op, t_copy = alternating_ratio(call, lambda: dst.copy_(src), rounds=rounds, inner=inner)
-    # fraction = (W / t_op) / (2 B / t_copy) = (W / 2B) / ratio
-    return {"op_us": t_op * 1e6, "op_GBps": call.weight_bytes / t_op / 1e9, "copy_GBps": 2 * nbytes / t_copy / 1e9,
-            "op_bw_fraction": call.weight_bytes / (2 * nbytes) / ratio}
+    stream = RotatingStream(call.weight_bytes, rotate_bytes)
+    ratio, t_op, t_stream = alternating_ratio(call, stream, rounds=rounds, inner=inner)
+    # fraction = (W / t_op) / (moved / t_stream) = (W / moved) / ratio
+    return {"op_us": t_op * 1e6, "op_GBps": call.weight_bytes / t_op / 1e9,
+            "stream_GBps": stream.moved_bytes / t_stream / 1e9,
+            "op_bw_fraction": call.weight_bytes / stream.moved_bytes / ratio}

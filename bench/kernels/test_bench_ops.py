@@ -1,8 +1,9 @@
 """The W2A8 op through the backend registry (what ``bitmtp.ops.w2a8_linear`` dispatches to, Python
-dispatch included) as a fraction of this machine's copy bandwidth, at BitNet-2B shapes, M = 1.
+dispatch included) as a fraction of this machine's read bandwidth, at BitNet-2B shapes, M = 1.
 
-``op_bw_fraction`` = (packed weight bytes / op time) / (copy bandwidth, read + write bytes counted),
-op and copy alternating (``bench.kernels.op_ratio``). Weights rotate through copies totalling
+``op_bw_fraction`` = (packed weight bytes / op time) / (the extension's streaming-read bandwidth over
+as many bytes), op and read alternating (``bench.kernels.op_ratio``: a torch copy as the contender left
+libgomp spinning against the op and halved it run to run). Weights rotate through copies totalling
 twice this machine's last-level cache, at least 128 MiB (``bench.machine.streaming_bytes``), so every call
 streams from memory. Gated: ``op_bw_fraction`` (higher
 is better) — the figure ``tests/test_bench_gate.py`` shows the gate failing on when a delay is
