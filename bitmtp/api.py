@@ -808,7 +808,7 @@ def resolve_drafter(model: BitMTPModel, policy: Policy, drafter: Any = None) -> 
     adapter = model.drafter
     if adapter is None:
         return lookup, [f"{policy.name}: no MTP adapter is attached; drafting by prompt lookup only"]
-    if not getattr(adapter, "fused_drafts", ""):
+    if not adapter.fused_drafts:
         return lookup, [f"{policy.name}: the {adapter.kind} adapter drafts in the two-pass schedule only; drafting by "
                         "prompt lookup only"]
     if not model.engine.pool.fused_steps:

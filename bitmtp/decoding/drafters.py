@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -64,6 +65,23 @@ def _choose(runner, logits: torch.Tensor, positions: torch.Tensor, ar_rows: int 
     if sampler is None:
         return _argmax_prob(logits)
     return sampler.select(logits, positions, runner.tokens if ar_rows else None, ar_rows, 1)
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """What the decode loops read of a drafter — :class:`Drafter` and :class:`CombinedDrafter` both — as
+    plain attributes (no ``getattr`` probing): ``kind`` (its name in messages and token origins),
+    ``host_guesses`` (guesses come from the host: lookup, oracle, the lookup half of a pair),
+    ``fused_drafts`` (``"masks"`` / ``"heads"``: drafts inside a one-pass step; ``""``: it does not),
+    ``max_block`` and :meth:`check_block`."""
+
+    kind: str
+    host_guesses: bool
+    fused_drafts: str
+    max_block: int
+
+    def check_block(self, block_size: int) -> None:
+        """BitMTPError when this drafter cannot draft ``block_size`` tokens."""
 
 
 class Drafter(abc.ABC):
@@ -330,10 +348,15 @@ class CombinedDrafter:
     the adapter's mask-row drafts otherwise. Only the one-pass schedule runs it."""
 
     kind = "lookup+adapter"
+    #: the capability attributes of :class:`Drafter`, as the pair has them: guesses from the host and
+    #: drafts in one pass both, taken apart by the one-pass loop (``runtime/decode.py``)
+    host_guesses = True
+    fused_drafts = ""
 
     def __init__(self, lookup: LookupDrafter, adapter: Drafter):
         self.lookup, self.adapter = lookup, adapter
         self.max_block = adapter.max_block
+        self.fused_drafts = adapter.fused_drafts
 
     def check_block(self, block_size: int) -> None:
         self.adapter.check_block(block_size)

@@ -252,6 +252,11 @@ class Policy:
     #: the drafter it uses when the caller names none: ``"adapter"`` (the loaded MTP adapter's) or
     #: another name of ``bitmtp.decoding.drafters.DRAFTER_NAMES``
     default_drafter: ClassVar[str] = "adapter"
+    #: whether its one-pass planner plans with the measured step costs (the decode loop loads them then:
+    #: ``bitmtp.runtime.calibration``)
+    uses_costs: ClassVar[bool] = False
+    #: whether it may verify a mask draft's runner-up beside it (the decode loop reads runner-ups then)
+    plans_runner_ups: ClassVar[bool] = False
 
     @property
     def decode_schedule(self) -> str:

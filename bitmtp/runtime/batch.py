@@ -559,6 +559,8 @@ class BatchGeneration:
     solo engine's ``Generation`` (``bitmtp.api.TextStream`` reads either). Reading it steps the whole batch
     when nothing is queued for it; :meth:`close` (or dropping it) gives its KV rows back."""
 
+    _closed = True  # until __init__ has run (what a finalizer of a half-made one reads)
+
     def __init__(self, engine: BatchEngine, seq: _Seq):
         self._engine, self._seq = engine, seq
         self._closed = False
@@ -594,7 +596,7 @@ class BatchGeneration:
                 self._engine.cancel(self._seq)
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and not self._seq.done:
+        if not self._closed and not self._seq.done:
             self._seq.cancelled = True  # the next step frees its rows (no lock taken in a finalizer)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bitmtp.decoding import origins as origin
-from bitmtp.decoding.drafters import CombinedDrafter
+from bitmtp.decoding.drafters import CombinedDrafter, DraftSource
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.onepass import (
     HEADS_DRAFT_COST,
@@ -246,7 +246,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         report["stats"] = stats  # the caller's own view (engine.last_stats is the latest generation's)
     syncs0 = engine.syncs
     costs = None
-    if one_pass and getattr(pol, "uses_costs", False):
+    if one_pass and pol.uses_costs:
         from bitmtp.runtime.calibration import LiveCosts, load_cost_table, prior_cost_table
 
         # measured once per machine/model/threads (cached; it overwrites KV rows), then corrected by the
@@ -320,9 +320,9 @@ def _count_positions(stats: DecodeStats, k: int, accepted: int, runner_up: bool)
         stats.position_accepted[j] += j < accepted
 
 
-def _check_drafter(engine, drafter, policy: Policy) -> None:
+def _check_drafter(engine, drafter: DraftSource, policy: Policy) -> None:
     """The drafter suits the policy's schedule (module docstring; ``bitmtp.decoding.drafters``)."""
-    kind = getattr(drafter, "kind", "")
+    kind = drafter.kind
     if policy.decode_schedule == "two-pass":
         if isinstance(drafter, CombinedDrafter):
             raise BitMTPError("drafter: 'lookup+adapter' drafts in the one-pass schedule only; use policy='auto' or "
@@ -332,8 +332,8 @@ def _check_drafter(engine, drafter, policy: Policy) -> None:
                               "drafts without verifying them; use policy='speculative' or 'auto' with lookup")
         return
     one = drafter.adapter if isinstance(drafter, CombinedDrafter) else drafter
-    fused = getattr(one, "fused_drafts", "")
-    if not (getattr(one, "host_guesses", False) or fused):
+    fused = one.fused_drafts
+    if not (one.host_guesses or fused):
         raise BitMTPError(f"schedule: the {kind} drafter does not run in the one-pass schedule (mask-block, heads, "
                           "lookup and oracle drafters do); use schedule='two-pass'")
     if fused and not engine.pool.fused_steps:
@@ -390,7 +390,7 @@ def _mtp_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], first: i
     # before the next draft samples d_1: no verify resolved unseen on the device
     defer_ok = sampler is None or not sampler.needs_history
     # a drafter that reads the committed text (lookup) gets it as an index kept up to date here
-    index = drafter.index(ids + [first]) if getattr(drafter, "kind", "") == "lookup" else None
+    index = drafter.index(ids + [first]) if drafter.kind == "lookup" else None
     pool.set_drafter(drafter)
     current = drafter  # the pool's drafter
     arange = engine.arange
@@ -537,7 +537,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     for one in (drafter.lookup, drafter.adapter) if isinstance(drafter, CombinedDrafter) else (drafter,):
         if one.kind == "lookup":
             lookup = one
-        elif getattr(one, "fused_drafts", ""):
+        elif one.fused_drafts:
             masks = one
         elif one.host_guesses:
             host = one
@@ -547,8 +547,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
     index = lookup.index(ids + [first]) if lookup is not None else LookupIndex(ids + [first], ngram_max=1)
     ctx = PassContext(index, engine.n, d, m_max, lookup=lookup, host=host, masks=masks, fused=fused,
                       tree=policy.decode_schedule == "tree",
-                      top2=policy.decode_schedule == "top2" or (getattr(policy, "plans_runner_ups", False)
-                                                                and fused == "masks" and sampler is None))
+                      top2=policy.decode_schedule == "top2"
+                      or (policy.plans_runner_ups and fused == "masks" and sampler is None))
     # tree and top2 steps: position / slot offsets from n, by (kind, k + 1, D)
     layouts: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     if fused == "heads":

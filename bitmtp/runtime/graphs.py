@@ -140,7 +140,8 @@ class StepRunner:
         plan = plan_for(self.decoder, self.kv)
         if plan is None:
             return None
-        st, kind = self.state, getattr(self.drafter, "kind", "")
+        st = self.state
+        kind = self.drafter.kind if self.drafter is not None else ""
         why = ""
         if st.width > ROWS:
             why = f"a {st.width}-row step (the fused kernels take up to {ROWS})"
