@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from bitmtp.decoding.drafters import DRAFTER_NAMES, CombinedDrafter, Drafter, LookupDrafter, drafter_for
+from bitmtp.decoding.drafters import (
+    DRAFTER_NAMES,
+    CombinedDrafter,
+    Drafter,
+    LookupDrafter,
+    MaskBlockDrafter,
+    drafter_for,
+)
 from bitmtp.decoding.policies import Policy, resolve_policy
 from bitmtp.decoding.sampling import SamplingParams
 from bitmtp.errors import BitMTPError, DeviceError, DTypeError, FormatError, ShapeError, TokenIdError
@@ -971,7 +978,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     if batcher is not False and batcher is not None:
         chunks = _batcher_of(model, batcher, max_batch, pol).submit(
             ids, max_new_tokens=max_new_tokens, eos=eos, sampling=sampling, logprobs=logprobs,
-            draft=pol.name == "auto")
+            draft=pol.name == "auto", masks=_batch_masks(drafter))
     else:
         chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
                                      drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
@@ -991,6 +998,14 @@ def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateO
             pass
         return text_stream.result
     return _output(model, Engine.run(chunks))
+
+
+def _batch_masks(drafter: Any) -> Any:
+    """The mask-block adapter module whose mask rows draft in batched steps: ``auto``'s lookup+adapter pair with a
+    mask-block adapter (``runtime.batch``); None otherwise (lookup only)."""
+    if isinstance(drafter, CombinedDrafter) and isinstance(drafter.adapter, MaskBlockDrafter):
+        return drafter.adapter.block
+    return None
 
 
 def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, pol: Policy) -> BatchEngine:
@@ -1042,9 +1057,11 @@ def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, 
                                         "run policy 'ar' and 'auto')")
         return outs
     eng = model.batcher(max_batch)
-    # auto's output is AR's exactly (greedy, or sampled with the same seed): in a batch it drafts by lookup only
+    # auto's output is AR's exactly (greedy, or sampled with the same seed): in a batch it drafts by lookup and
+    # the mask-block adapter's mask rows
     gens = [eng.submit(ids, max_new_tokens=kw["max_new_tokens"], eos=kw["eos"], sampling=kw["sampling"],
-                       logprobs=kw["logprobs"], draft=pol.name == "auto") for ids in batch]
+                       logprobs=kw["logprobs"], draft=pol.name == "auto", masks=_batch_masks(kw["drafter"]))
+            for ids in batch]
     iters: list[Any] = [TextStream(model, g, stops) if stops else g for g in gens]
     results: list[GenerateOutput | None] = [None] * len(batch)
     active = list(range(len(batch)))

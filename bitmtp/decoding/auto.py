@@ -73,7 +73,8 @@ def _rate(expect: float, cost: float) -> float:
     return expect / cost if 0.0 < cost < math.inf else 0.0
 
 
-def _mask_bucket(p: float) -> int:
+def mask_bucket(p: float) -> int:
+    """The bucket of a mask draft's probability that its acceptance is kept by: 0 below 0.5, 1 to 0.9, 2 above."""
     return 2 if p >= 0.9 else (1 if p >= 0.5 else 0)
 
 
@@ -111,7 +112,7 @@ class AutoPlanner(Planner):
     def _mask_alphas(self, source: str, probs: list[float]) -> list[float]:
         out = []
         for i, p in enumerate(probs, 1):
-            b = _mask_bucket(p)
+            b = mask_bucket(p)
             out.append(self.alpha((source, b, min(i, MAX_GUESSES)), MASK_PRIOR[b]))
         return out
 
@@ -160,7 +161,7 @@ class AutoPlanner(Planner):
             dc = ctx.draft_cost if ctx.fused == "heads" else None
             # heads drafts continue the chain at any accept length, so the drafts at hand say what the
             # chain is worth; mask drafts only after a full accept: the typical (middle) bucket, as tuned
-            bucket = _mask_bucket(ctx.mask_probs[0]) if ctx.fused == "heads" and ctx.mask_probs else 1
+            bucket = mask_bucket(ctx.mask_probs[0]) if ctx.fused == "heads" and ctx.mask_probs else 1
             for d in range(2, min(ctx.block, ctx.masks.max_block) + 1):
                 w = 1 + 2 * (d - 1)
                 if w > ctx.max_width or w >= len(costs):
@@ -197,7 +198,7 @@ class AutoPlanner(Planner):
         dc = ctx.draft_cost if ctx.fused == "heads" else None
         beta = None
         if ctx.top2 and ctx.mask_alt is not None and self._mask_probs:
-            self._alt_bucket = _mask_bucket(self._mask_probs[0])
+            self._alt_bucket = mask_bucket(self._mask_probs[0])
             beta = self.alpha(("runner-up", self._alt_bucket), RUNNER_UP_PRIOR)
         for source, guesses, alphas in options:
             for extra in ((0, masks - 1) if masks else (0,)):
@@ -243,7 +244,7 @@ class AutoPlanner(Planner):
             if plan.source == "lookup":
                 key = ("lookup", self._lookup_n, min(i, MAX_GUESSES))
             elif plan.source in ("masks", "heads"):
-                key = (plan.source, _mask_bucket(self._mask_probs[i - 1]), min(i, MAX_GUESSES))
+                key = (plan.source, mask_bucket(self._mask_probs[i - 1]), min(i, MAX_GUESSES))
             else:
                 return
             self._update(key, i <= accepted)

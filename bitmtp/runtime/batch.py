@@ -27,13 +27,17 @@ the same seed). ``auto`` adds guess rows to a step — prompt-lookup continuatio
 same pass, the accepted ones committed with the token after them (the one-pass rule,
 ``decoding.accept.speculative_accept``) — best expected accepted tokens first, while a row's expected accepted
 tokens exceed what one more row costs the step (``_StepCost``, fitted to the steps this engine ran): freely
-where a row is nearly free (a GPU), sparingly on 2 CPU cores. The adapter's mask drafts are not in batched
-steps yet. Other policies run one sequence at a time (``bitmtp.api.generate``).
+where a row is nearly free (a GPU), sparingly on 2 CPU cores. With a mask-block adapter, a sequence's step may
+also end in mask rows (all sequences' mask rows last in the pass, where the gated LoRA applies) that draft its
+next guesses, used after a full accept — the solo one-pass step's layout in its own KV range (``_drafts``); not
+under the fused GPU step, which drafts by lookup only. Other policies run one sequence at a time
+(``bitmtp.api.generate``).
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -44,6 +48,7 @@ import torch
 
 from bitmtp.decoding import origins as origin
 from bitmtp.decoding.accept import speculative_accept
+from bitmtp.decoding.auto import EXPLORE_EVERY, MASK_MARGIN, MASK_PRIOR, mask_bucket
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
@@ -63,6 +68,10 @@ MAX_BATCH = 16
 #: prompt rows one step takes at most, beside its decode rows: on 2 CPU cores prefill runs ~2.3 ms a token
 #: (SmolLM2), so 64 rows hold the running sequences' next token back ~150 ms while prompts come in
 PREFILL_ROWS = 64
+#: prior chance that a sequence's j-th mask draft is accepted with the drafts before it (j = 0..14): the
+#: middle probability bucket's prior (``decoding.auto.MASK_PRIOR``) compounded, so mask rows are bought on
+#: evidence
+MASK_POS_PRIOR = tuple(MASK_PRIOR[1] ** (j + 1) for j in range(MAX_BATCH - 1))
 
 
 class RowAllocator:
@@ -115,6 +124,9 @@ class _Group:
     positions: list[int]
     ar_rows: int
     head: int = 0  # its first row among the rows whose logits were computed
+    source: str = ""  # where its guesses came from: "lookup" or "masks" ("": none)
+    mask_rows: int = 0  # mask rows drafting its next guesses (at the end of the step's rows)
+    mask_head: int = 0  # the first of them among the rows whose logits were computed
 
 
 class _StepCost:
@@ -145,6 +157,16 @@ class _StepCost:
         return self.PRIOR / (1 + self.PRIOR * width)
 
 
+def _chain(alpha: list[float], probs: list[float]) -> list[float]:
+    """Each guess's chance to be accepted with every guess before it, for mask drafts of these probabilities
+    (``alpha``: acceptance by probability bucket, ``decoding.auto.mask_bucket``)."""
+    out, p = [], 1.0
+    for q in probs:
+        p *= alpha[mask_bucket(q)]
+        out.append(p)
+    return out
+
+
 @dataclass(eq=False)
 class _Seq:
     """One sequence of the batch: its prompt, KV range, sampler and output."""
@@ -157,6 +179,13 @@ class _Seq:
     draft: bool = False  # auto: prompt-lookup guess rows when they pay (BatchEngine._drafts)
     lookup: LookupIndex | None = None
     p_lookup: float = 0.5  # its guesses' running acceptance
+    block: Any = None  # auto with a mask-block adapter: the adapter module whose mask rows draft (_drafts)
+    mask_drafts: list[int] = field(default_factory=list)  # the last step's mask drafts (after a full accept)
+    mask_probs: list[float] = field(default_factory=list)
+    mask_alpha: list[float] = field(default_factory=lambda: list(MASK_PRIOR))  # acceptance by probability bucket
+    #: the chance its j-th mask draft is accepted with every draft before it (running, over the drafts made)
+    mask_pos: list[float] = field(default_factory=lambda: list(MASK_POS_PRIOR))
+    since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
     base: int = -1  # first KV row of its range (-1: waiting for admission)
     rows: int = 0  # rows reserved
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
@@ -230,13 +259,20 @@ class BatchEngine:
         self.decode_tokens = 0
         #: prompt-lookup guesses' running acceptance over every sequence (a new sequence's prior)
         self.p_lookup = 0.5
+        #: mask drafts' running acceptance by probability bucket and by draft position, over every sequence (a
+        #: new sequence's priors)
+        self.mask_alpha = list(MASK_PRIOR)
+        self.mask_pos = list(MASK_POS_PRIOR)
 
     # ------------------------------------------------------------------------------------------ admission
     def submit(self, ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
-               sampling: SamplingParams | None = None, logprobs: bool = False, draft: bool = False) -> BatchGeneration:
+               sampling: SamplingParams | None = None, logprobs: bool = False, draft: bool = False,
+               masks: Any = None) -> BatchGeneration:
         """Queue a sequence; returns its :class:`BatchGeneration` (chunks of committed tokens, then the
         :class:`~bitmtp.runtime.decode.GenerationResult`). ``draft``: ``auto`` — prompt-lookup guesses verified
-        in its rows where they pay (the output is AR's either way). Validated here: a prompt that is empty or over
+        in its rows where they pay (the output is AR's either way); ``masks``: with ``draft``, a mask-block
+        adapter module (``model.adapters.MaskBlock``) whose mask rows draft guesses too (on the CPU / per-op path;
+        the fused GPU step drafts by lookup only). Validated here: a prompt that is empty or over
         the capacity raises :class:`BitMTPError` before anything is queued."""
         ids = list(ids)
         if not ids:
@@ -250,6 +286,8 @@ class BatchEngine:
         if seq.draft:
             seq.lookup = LookupIndex(ids, ngram_max=5)
             seq.p_lookup = self.p_lookup
+            seq.block = masks
+            seq.mask_alpha, seq.mask_pos = list(self.mask_alpha), list(self.mask_pos)
             seq.stats = DecodeStats("auto", 1, schedule="one-pass")
         seq.report["stats"] = seq.stats
         seq.t_start = time.perf_counter()
@@ -286,10 +324,11 @@ class BatchEngine:
             self.alloc.free(seq.base, seq.rows)
 
     # ---------------------------------------------------------------------------------------------- steps
-    def _rows(self, tokens: list[int], positions: list[int],
-              bases: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _rows(self, tokens: list[int], positions: list[int], bases: list[int],
+              reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """A step's device inputs: tokens, positions, KV slots (base + position) and the mask — each row sees
-        its own sequence's rows [base, base + position] of the store's smallest covering segment."""
+        its own sequence's rows [base, base + reach] of the store's smallest covering segment (``reach``: its
+        position, except a mask row's, which sees its whole block: the block's last position)."""
         dev = self.decoder.device
         tok = torch.tensor(tokens, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
@@ -297,19 +336,24 @@ class BatchEngine:
         slots = base + pos
         seg = self.kv.segment_for(max(b + p for b, p in zip(bases, positions, strict=True)) + 1)
         kv = self.kv_index[None, :seg]
-        mask = (kv >= base[:, None]) & (kv <= slots[:, None])
+        last = slots if reach is None else base + torch.tensor(reach, dtype=torch.long, device=dev)
+        mask = (kv >= base[:, None]) & (kv <= last[:, None])
         return tok, pos, slots, mask
 
     def _forward(self, tokens: list[int], positions: list[int], bases: list[int],
-                 heads: list[int] | None = None) -> torch.Tensor:
+                 heads: list[int] | None = None, reach: list[int] | None = None, mask_rows: int = 0,
+                 block: Any = None) -> torch.Tensor:
         """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
-        base + position and attends to its own sequence's rows [base, base + position]; returns the logits of
-        rows ``heads`` (default all: the LM head runs only over the rows whose choice is read)."""
+        base + position and attends to its own sequence's rows [base, base + position] (``reach``: see
+        :meth:`_rows`); the last ``mask_rows`` rows are ``block``'s mask rows (its mask embedding and gated
+        LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
+        choice is read)."""
         dev = self.decoder.device
-        tok, pos, slots, mask = self._rows(tokens, positions, bases)
+        tok, pos, slots, mask = self._rows(tokens, positions, bases, reach)
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
-            hidden = self.decoder.hidden_states(StepInputs(tok, pos, mask, slots=slots), self.kv)
+            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block)
+            hidden = self.decoder.hidden_states(step, self.kv)
             if heads is not None:
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose
                     return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
@@ -353,10 +397,10 @@ class BatchEngine:
 
     def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq], fused: Any = None) -> None:
         """ONE forward pass: the planned prompt rows, then each decoding sequence's rows (its pending token and
-        the guesses :meth:`_drafts` gives it); one read; a commit per sequence (a prompt whose last row ran
-        commits its first token; a sequence with guesses commits the accepted ones and the token after them).
-        ``fused``: the fused GPU step's plan when it is on (the step takes it where a solo step of its rows
-        would)."""
+        the guesses :meth:`_drafts` gives it), then the mask rows drafting some sequences' next guesses; one
+        read; a commit per sequence (a prompt whose last row ran commits its first token; a sequence with
+        guesses commits the accepted ones and the token after them). ``fused``: the fused GPU step's plan when
+        it is on (the step takes it where a solo step of its rows would)."""
         tokens, positions, bases, groups = [], [], [], []
         for seq, rows in fill:
             tokens += seq.ids[seq.n : seq.n + rows]
@@ -364,15 +408,18 @@ class BatchEngine:
             bases += [seq.base] * rows
             if seq.n + rows == len(seq.ids):  # its last prompt row: the first token (prefill rows are not AR
                 groups.append(_Group(seq, len(tokens) - 1, [seq.ids[-1]], [len(seq.ids) - 1], 0))  # rows)
-        drafts = self._drafts(decoding, len(tokens)) if decoding else {}
+        drafts = self._drafts(decoding, len(tokens), masks_ok=fused is None) if decoding else {}
         for seq in decoding:
-            guesses = drafts.get(id(seq), [])
+            guesses, source, _, mask_rows = drafts.get(id(seq), ([], "", 1.0, 0))
             rows = 1 + len(guesses)
-            groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows))
+            groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows,
+                                 source=source, mask_rows=mask_rows))
             tokens += [seq.pending, *guesses]
             positions += range(seq.n, seq.n + rows)
             bases += [seq.base] * rows
         heads = [g.first + i for g in groups for i in range(len(g.tokens) if g.ar_rows else 1)]
+        masked = [g for g in groups if g.mask_rows]
+        reach = self._add_mask_rows(masked, tokens, positions, bases, heads) if masked else None
         greedy = all(g.seq.sampler is None for g in groups)
         decode_rows = len(tokens) - sum(r for _, r in fill)
         # the fused step takes a pass of decode rows only or one solo prefill chunk, of ≤ 16 rows (as solo)
@@ -383,7 +430,8 @@ class BatchEngine:
         else:
             # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
             solo_like = bool(fill) and fused is not None
-            logits = self._forward(tokens, positions, bases, None if solo_like else heads)
+            logits = self._forward(tokens, positions, bases, None if solo_like else heads, reach,
+                                   sum(g.mask_rows for g in masked), masked[0].seq.block if masked else None)
             if solo_like:
                 logits = logits[heads]
             toks, probs = argmax_prob(logits)  # every row: row-independent, each row's bits alone
@@ -419,47 +467,134 @@ class BatchEngine:
             guesses = g.tokens[1:]
             a = speculative_accept([outs[0], *guesses], outs) if guesses else 1  # the rule, written once
             seq.n += a
-            st = seq.stats
-            st.committed.append(a)
-            st.verified.append(bool(guesses))
-            st.widths[decode_rows] += 1
-            if guesses:
-                st.verifier_calls += 1
-                st.guesses += len(guesses)
-                st.accepted += a - 1
-                st.choices["lookup"] += 1
-                seq.p_lookup = 0.8 * seq.p_lookup + 0.2 * ((a - 1) / len(guesses))
-                self.p_lookup = 0.95 * self.p_lookup + 0.05 * ((a - 1) / len(guesses))
+            self._learn(g, a, tl[g.mask_head : g.mask_head + g.mask_rows], pl[g.mask_head : g.mask_head + g.mask_rows],
+                        decode_rows)
             self.decode_commits += 1
             self.decode_tokens += a
-            self._commit(seq, outs[:a], pl[g.head : g.head + a], [origin.LOOKUP] * (a - 1) + [origin.AR])
+            kind = origin.MASK if g.source == "masks" else origin.LOOKUP
+            self._commit(seq, outs[:a], pl[g.head : g.head + a], [kind] * (a - 1) + [origin.AR])
 
-    def _drafts(self, decoding: list[_Seq], prompt_rows: int) -> dict[int, list[int]]:
-        """Guess rows for the drafting sequences (``auto``): prompt-lookup continuations, most likely accepted
-        first, while a row's expected accepted tokens exceed what one more row costs this step in tokens
-        (:class:`_StepCost`: the step's expected tokens × the relative cost of one more row) — so a GPU, where a
-        row is nearly free, drafts freely and 2 CPU cores sparingly. At most 16 rows a step."""
+    @staticmethod
+    def _add_mask_rows(masked: list[_Group], tokens: list[int], positions: list[int], bases: list[int],
+                       heads: list[int]) -> list[int]:
+        """Append the mask rows of the ``masked`` groups to the step's rows (in place; their choices read: added
+        to ``heads``) and return every row's reach: its position, or for a mask row its block's last position.
+        A group's mask rows sit at the positions after its last row (the positions after the token its step
+        commits on a full accept): each drafts the token one position on, seeing its sequence up to the block's
+        end (the solo one-pass step's layout, ``MaskBlockDrafter.block_mask``). Their token ids are ignored (the
+        mask embedding) and their KV rows lie in the sequence's own range, rewritten before any row reads them."""
+        reach = list(positions)
+        for g in masked:
+            last = g.positions[-1]
+            g.mask_head = len(heads)
+            heads += range(len(tokens), len(tokens) + g.mask_rows)
+            tokens += [0] * g.mask_rows
+            positions += range(last + 1, last + 1 + g.mask_rows)
+            bases += [g.seq.base] * g.mask_rows
+            reach += [last + g.mask_rows] * g.mask_rows
+        return reach
+
+    def _learn(self, g: _Group, a: int, drafts: list[int], draft_probs: list[float], width: int) -> None:
+        """A decoding sequence's statistics and draft estimates after its step accepted ``a`` of its rows:
+        the acceptance of the guess source it verified, and its next guesses from its mask rows (``drafts``,
+        valid only when every row was accepted: they assumed so)."""
+        seq, st = g.seq, g.seq.stats
+        guesses = g.tokens[1:]
+        st.committed.append(a)
+        st.verified.append(bool(guesses))
+        st.widths[width] += 1
+        if guesses or g.mask_rows:
+            st.choices[(g.source or "ar") + ("+masks" if g.mask_rows else "")] += 1
+        if guesses:
+            st.verifier_calls += 1
+            st.guesses += len(guesses)
+            st.accepted += a - 1
+            if g.source == "masks":  # each checked guess (those before it accepted) by its probability bucket
+                for i in range(min(a, len(guesses))):
+                    b, ok = mask_bucket(seq.mask_probs[i]), float(i < a - 1)
+                    seq.mask_alpha[b] = 0.85 * seq.mask_alpha[b] + 0.15 * ok
+                    self.mask_alpha[b] = 0.97 * self.mask_alpha[b] + 0.03 * ok
+            else:
+                seq.p_lookup = 0.8 * seq.p_lookup + 0.2 * ((a - 1) / len(guesses))
+                self.p_lookup = 0.95 * self.p_lookup + 0.05 * ((a - 1) / len(guesses))
+        seq.since_masks = 0 if g.mask_rows else seq.since_masks + 1
+        for j, value in enumerate(_chain(seq.mask_alpha, draft_probs)):
+            seq.mask_pos[j] = 0.7 * seq.mask_pos[j] + 0.3 * value
+            self.mask_pos[j] = 0.95 * self.mask_pos[j] + 0.05 * value
+        full = bool(g.mask_rows) and a == g.ar_rows
+        seq.mask_drafts, seq.mask_probs = (drafts, draft_probs) if full else ([], [])
+
+    def _drafts(self, decoding: list[_Seq], prompt_rows: int,
+                masks_ok: bool = True) -> dict[int, tuple[list[int], str, float, int]]:
+        """Guess rows and mask rows for the drafting sequences (``auto``), by id: ``(guesses, their source,
+        the chance all are accepted, mask rows)``. Guesses — the previous step's mask drafts or prompt-lookup
+        continuations, whichever a sequence expects more of first — are taken most likely accepted first, while
+        a row's expected accepted tokens exceed what one more row costs this step in tokens (:class:`_StepCost`:
+        the step's expected tokens × the relative cost of one more row), so a GPU, where a row is nearly free,
+        drafts freely and 2 CPU cores sparingly. Then a sequence with a mask-block adapter (``masks_ok``: not
+        under the fused GPU step) gets its D − 1 mask rows where their drafts' expected accepted tokens next
+        step, times the chance this step accepts every guess, pay for the rows (by :data:`MASK_MARGIN`), or
+        as a re-try every :data:`EXPLORE_EVERY` steps without them. At most 16 rows a step."""
         width = prompt_rows + len(decoding)
         expected = float(len(decoding))
-        offers = []  # (expected tokens of the row, sequence, its j-th guess)
+        offers = []  # (expected tokens of the row, sequence, source, its j-th guess)
         for seq in decoding:
-            if not seq.draft:
-                continue
             room = min(seq.rows - seq.n - 1, seq.max_new_tokens - len(seq.out.tokens) - 1, GPU_ROWS - 1)
-            guesses = seq.lookup.propose(room)[0] if room > 0 else []
-            p = seq.p_lookup
-            offers += [(p ** (j + 1), id(seq), guesses[: j + 1]) for j in range(len(guesses))]
+            if not seq.draft or room <= 0:
+                continue
+            chains = []
+            if seq.mask_drafts:
+                chains.append(("masks", seq.mask_drafts[:room], _chain(seq.mask_alpha, seq.mask_probs[:room])))
+            guesses = seq.lookup.propose(room)[0]
+            if guesses:
+                chains.append(("lookup", guesses, [seq.p_lookup ** (j + 1) for j in range(len(guesses))]))
+            if chains:
+                source, guesses, gains = max(chains, key=lambda c: c[2][0])
+                offers += [(gains[j], id(seq), source, guesses[: j + 1]) for j in range(len(guesses))]
         offers.sort(key=lambda o: -o[0])
-        chosen: dict[int, list[int]] = {}
-        for gain, key, guesses in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall along it
+        chosen: dict[int, tuple[list[int], str, float, int]] = {}
+        for gain, key, source, guesses in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall
             if width >= GPU_ROWS or gain <= expected * self._cost.marginal(width):
                 break
-            if len(guesses) != len(chosen.get(key, [])) + 1:
+            if len(guesses) != len(chosen.get(key, ((),))[0]) + 1:
                 continue
-            chosen[key] = guesses
+            chosen[key] = (guesses, source, gain, 0)
             width += 1
             expected += gain
+        if masks_ok:
+            width = self._mask_offers(decoding, chosen, width, expected)
         return chosen
+
+    def _mask_offers(self, decoding: list[_Seq], chosen: dict[int, tuple[list[int], str, float, int]], width: int,
+                     expected: float) -> int:
+        """Add mask rows to ``chosen`` (:meth:`_drafts`); returns the step's width with them. A sequence's j-th
+        mask row is worth the chance this step accepts all its guesses × the chance its draft is accepted next
+        step (``mask_pos[j]``), over two rows (it and the guess row that verifies its draft): offered like the
+        guesses, best first, a sequence's rows in order, while worth more than a row costs (by
+        :data:`MASK_MARGIN`); a sequence without mask rows for :data:`EXPLORE_EVERY` steps gets one."""
+        block = next((s.block for s in decoding if s.draft and s.block is not None), None)
+        if block is None:
+            return width
+        offers = []
+        for seq in decoding:
+            guesses, source, p_all, _ = chosen.get(id(seq), ([], "", 1.0, 0))
+            left = seq.max_new_tokens - len(seq.out.tokens) - len(guesses) - 1  # tokens after this step's
+            m = min(block.block_size - 1, seq.rows - seq.n - 1 - len(guesses), left)
+            if seq.block is not block or m < 1:
+                continue
+            explore = seq.since_masks >= EXPLORE_EVERY
+            offers += [(math.inf if explore and j == 0 else p_all * seq.mask_pos[j] / 2, id(seq), j + 1)
+                       for j in range(m)]
+        offers.sort(key=lambda o: -o[0])
+        for gain, key, rows in offers:
+            if width >= GPU_ROWS or gain <= MASK_MARGIN * expected * self._cost.marginal(width):
+                break
+            guesses, source, p_all, had = chosen.get(key, ([], "", 1.0, 0))
+            if rows != had + 1:
+                continue
+            chosen[key] = (guesses, source, p_all, rows)
+            width += 1
+        return width
 
     def _commit(self, seq: _Seq, tokens: list[int], probs: list[float], origins: list[str] | None = None) -> None:
         taken = seq.out.add(tokens, probs, origins)

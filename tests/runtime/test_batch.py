@@ -327,3 +327,71 @@ def test_the_step_cost_model_prefers_drafting_where_a_row_is_cheap():
         cpu.observe(w, 8e-3 * (1 + 0.22 * (w - 1)))  # ~2.5 width-1 steps at width 8
         gpu.observe(w, 1e-3 + 1e-6 * w)  # a row is nearly free
     assert cpu.marginal(8) > 0.05 and gpu.marginal(8) < 0.005
+
+
+@pytest.fixture(scope="module")
+def masked():
+    """The tiny BitNet model with a random mask-block adapter of D = 4 (up to 3 mask rows a sequence)."""
+    from tests.support.adapters import random_adapter
+
+    model = bitmtp.load(tiny_model("bitnet", seed=3), capacity=300, quantize="ternary")
+    model.load_adapter(random_adapter(model.args, "mask-block", block_size=4, seed=5))
+    return model
+
+
+def _reference_drafts(model, history: list[int], rows: list[int], m: int) -> list[int]:
+    """What ``m`` mask rows after ``rows`` (the pending token, the last of ``history``, and its guesses) draft in
+    a solo store: ``history`` before the pending token prefilled at positions 0.., then ONE step of the rows and
+    the mask rows — AR rows causal, mask rows seeing up to the block's end (``MaskBlockDrafter.block_mask``)."""
+    from bitmtp.model.decoder import StepInputs
+    from bitmtp.ops.choose import argmax_prob
+    from bitmtp.runtime.kv import KVStore
+
+    dec, a = model.decoder, model.args
+    kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, ALIGN * 2, 1, dtype=dec.dtype, device=dec.device)
+    index = torch.arange(kv.rows)
+    n = len(history) - 1
+    pos = torch.arange(n)
+    with torch.no_grad():
+        dec.hidden_states(StepInputs(torch.tensor(history[:-1]), pos, index[None, :n] <= pos[:, None]), kv)
+        w = len(rows) + m
+        positions = torch.arange(n, n + w)
+        reach = torch.where(torch.arange(w) < len(rows), positions, positions[-1])
+        step = StepInputs(torch.tensor(rows + [0] * m), positions, index[None, : n + w] <= reach[:, None],
+                          mask_rows=m, mask_block=model.drafter.block)
+        logits = dec.logits(dec.hidden_states(step, kv))
+    return argmax_prob(logits[len(rows):])[0].tolist()
+
+
+@pytest.mark.parametrize("params", ["greedy", "top-p"])
+def test_auto_adds_the_adapters_mask_rows_and_stays_exact(masked, params, monkeypatch):
+    """``auto`` with a mask-block adapter in a batch: mask rows at the end of the step draft each sequence's next
+    guesses (used after a full accept), every sequence's output stays AR's (greedy, and sampled with a seed),
+    and each mask row drafts exactly what the same rows draft in a solo store (its sequence's range, positions and
+    block mask). Rows are made free here, so every sequence takes them."""
+    from bitmtp.runtime import batch
+
+    monkeypatch.setattr(batch._StepCost, "marginal", lambda self, width: 0.0)
+    seen, learn = [], batch.BatchEngine._learn
+
+    def record(self, g, a, drafts, probs, width):
+        if g.mask_rows:
+            seen.append((g.seq.ids + g.seq.out.tokens, list(g.tokens), g.mask_rows, drafts))
+        learn(self, g, a, drafts, probs, width)
+        # drafts assume every row of the step was accepted: kept only then
+        assert g.seq.mask_drafts == (drafts if g.mask_rows and a == g.ar_rows else [])
+
+    monkeypatch.setattr(batch.BatchEngine, "_learn", record)
+    kw = dict(max_new_tokens=16, eos_token_id=[], logprobs=True, **({} if params == "greedy" else
+                                                                     dict(seed=4, **SAMPLED["top-p"])))
+    prompts = _prompts(5, seed=21, longest=70)
+    outs = bitmtp.generate(masked, prompts=prompts, policy="auto", max_batch=4, **kw)
+    for o, p in zip(outs, prompts, strict=True):
+        solo = bitmtp.generate(masked, input_ids=p, policy="ar", **kw)
+        assert o.token_ids == solo.token_ids and o.logprobs == pytest.approx(solo.logprobs, abs=1e-6)
+        assert any(k.endswith("+masks") for k in o.stats.choices), o.stats.choices
+    assert any(k.startswith("masks") for o in outs for k in o.stats.choices)  # mask drafts became guesses
+    assert max(m for *_, m, _ in seen) == 3 and len({len(r) for _, r, _, _ in seen}) > 1
+    for history, rows, m, drafts in seen[:: max(1, len(seen) // 8)]:
+        assert drafts == _reference_drafts(masked, history, rows, m)
+    assert masked.batcher(4).rows_in_use == 0
