@@ -48,7 +48,7 @@ import torch
 
 from bitmtp.decoding import origins as origin
 from bitmtp.decoding.accept import speculative_accept
-from bitmtp.decoding.auto import EXPLORE_EVERY, MASK_MARGIN, MASK_PRIOR, mask_bucket
+from bitmtp.decoding.auto import DRAFT_MARGIN, EXPLORE_EVERY, LOOKUP_PRIOR, MASK_MARGIN, MASK_PRIOR, mask_bucket
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
@@ -127,33 +127,59 @@ class _Group:
     source: str = ""  # where its guesses came from: "lookup" or "masks" ("": none)
     mask_rows: int = 0  # mask rows drafting its next guesses (at the end of the step's rows)
     mask_head: int = 0  # the first of them among the rows whose logits were computed
+    ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
 
 
 class _StepCost:
-    """What one more row costs a decode step, relative to the step: ``t(w) ≈ a + b·w`` fitted to the steps this
-    engine ran (least squares, older steps fading), so ``marginal(w) = b / (a + b·w)``. Until two widths were
-    seen, the prior: a width-8 step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24)."""
+    """What one more row costs a decode step, relative to the step: ``marginal(w) = t(w + 1) / t(w) − 1``.
+
+    ``t(w)`` is the seconds this engine's steps of width ``w`` took (a running mean) once it ran three of them,
+    else the line ``a + b·w`` fitted to all its steps (least squares, older steps fading); until two widths were
+    seen, the prior: a width-8 step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24). Per-width
+    times see what a line averages away: widths up to a kernel tile cost little more than one row and the next
+    one a lot (SmolLM2 on 2 CPU cores, relative to width 2: 1.15 at 3, 1.25 at 4, 1.6 at 5). The solo
+    calibration table (``runtime.calibration``) is not used: measured on solo steps, it put width 8 at 1.67
+    width-1 steps where this engine's steps take 2.3 (chat at batch 2 drafted too much: 0.91x batched AR)."""
 
     PRIOR = 0.24
+    #: steps of one width before their own mean replaces the line
+    MIN_SEEN = 3
 
     def __init__(self) -> None:
         self.n = self.sw = self.st = self.sww = self.swt = 0.0
         self.widths: set[int] = set()
+        self.seen: dict[int, tuple[float, int]] = {}  # width -> (running mean seconds, steps)
 
     def observe(self, width: int, seconds: float) -> None:
         decay = 0.98
         self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
         self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
         self.widths.add(width)
+        mean, count = self.seen.get(width, (seconds, 0))
+        self.seen[width] = (mean + (seconds - mean) / min(count + 1, 8), count + 1)
 
-    def marginal(self, width: int) -> float:
+    def _line(self) -> tuple[float, float] | None:
         if len(self.widths) >= 2:
             den = self.n * self.sww - self.sw * self.sw
             if den > 0:
-                b = (self.n * self.swt - self.sw * self.st) / den
+                b = max((self.n * self.swt - self.sw * self.st) / den, 0.0)
                 a = (self.st - b * self.sw) / self.n
                 if a > 0:
-                    return max(b, 0.0) / (a + max(b, 0.0) * width)
+                    return a, b
+        return None
+
+    def seconds(self, width: int) -> float | None:
+        """A width-``width`` step's seconds (None before the line can be fitted and with no steps of it)."""
+        mean, count = self.seen.get(width, (0.0, 0))
+        if count >= self.MIN_SEEN:
+            return mean
+        line = self._line()
+        return line[0] + line[1] * width if line is not None else None
+
+    def marginal(self, width: int) -> float:
+        t0, t1 = self.seconds(width), self.seconds(width + 1)
+        if t0 is not None and t1 is not None and t0 > 0:
+            return max(t1 - t0, 0.0) / t0
         return self.PRIOR / (1 + self.PRIOR * width)
 
 
@@ -178,7 +204,8 @@ class _Seq:
     logprobs: bool
     draft: bool = False  # auto: prompt-lookup guess rows when they pay (BatchEngine._drafts)
     lookup: LookupIndex | None = None
-    p_lookup: float = 0.5  # its guesses' running acceptance
+    #: its lookup guesses' running acceptance (each given the ones before it) by the length of the n-gram match
+    lookup_alpha: dict[int, float] = field(default_factory=lambda: dict(LOOKUP_PRIOR))
     block: Any = None  # auto with a mask-block adapter: the adapter module whose mask rows draft (_drafts)
     mask_drafts: list[int] = field(default_factory=list)  # the last step's mask drafts (after a full accept)
     mask_probs: list[float] = field(default_factory=list)
@@ -186,6 +213,7 @@ class _Seq:
     #: the chance its j-th mask draft is accepted with every draft before it (running, over the drafts made)
     mask_pos: list[float] = field(default_factory=lambda: list(MASK_POS_PRIOR))
     since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
+    ngram: int = 1  # the match length of its latest lookup proposal
     base: int = -1  # first KV row of its range (-1: waiting for admission)
     rows: int = 0  # rows reserved
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
@@ -258,7 +286,7 @@ class BatchEngine:
         self.decode_commits = 0
         self.decode_tokens = 0
         #: prompt-lookup guesses' running acceptance over every sequence (a new sequence's prior)
-        self.p_lookup = 0.5
+        self.lookup_alpha = dict(LOOKUP_PRIOR)
         #: mask drafts' running acceptance by probability bucket and by draft position, over every sequence (a
         #: new sequence's priors)
         self.mask_alpha = list(MASK_PRIOR)
@@ -285,7 +313,7 @@ class BatchEngine:
         seq = _Seq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs), bool(draft))
         if seq.draft:
             seq.lookup = LookupIndex(ids, ngram_max=5)
-            seq.p_lookup = self.p_lookup
+            seq.lookup_alpha = dict(self.lookup_alpha)
             seq.block = masks
             seq.mask_alpha, seq.mask_pos = list(self.mask_alpha), list(self.mask_pos)
             seq.stats = DecodeStats("auto", 1, schedule="one-pass")
@@ -413,7 +441,7 @@ class BatchEngine:
             guesses, source, _, mask_rows = drafts.get(id(seq), ([], "", 1.0, 0))
             rows = 1 + len(guesses)
             groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows,
-                                 source=source, mask_rows=mask_rows))
+                                 source=source, mask_rows=mask_rows, ngram=seq.ngram))
             tokens += [seq.pending, *guesses]
             positions += range(seq.n, seq.n + rows)
             bases += [seq.base] * rows
@@ -514,9 +542,11 @@ class BatchEngine:
                     b, ok = mask_bucket(seq.mask_probs[i]), float(i < a - 1)
                     seq.mask_alpha[b] = 0.85 * seq.mask_alpha[b] + 0.15 * ok
                     self.mask_alpha[b] = 0.97 * self.mask_alpha[b] + 0.03 * ok
-            else:
-                seq.p_lookup = 0.8 * seq.p_lookup + 0.2 * ((a - 1) / len(guesses))
-                self.p_lookup = 0.95 * self.p_lookup + 0.05 * ((a - 1) / len(guesses))
+            else:  # each checked guess, by the length of the match it came from
+                for i in range(min(a, len(guesses))):
+                    ok = float(i < a - 1)
+                    seq.lookup_alpha[g.ngram] = 0.85 * seq.lookup_alpha[g.ngram] + 0.15 * ok
+                    self.lookup_alpha[g.ngram] = 0.97 * self.lookup_alpha[g.ngram] + 0.03 * ok
         seq.since_masks = 0 if g.mask_rows else seq.since_masks + 1
         for j, value in enumerate(_chain(seq.mask_alpha, draft_probs)):
             seq.mask_pos[j] = 0.7 * seq.mask_pos[j] + 0.3 * value
@@ -534,7 +564,7 @@ class BatchEngine:
         drafts freely and 2 CPU cores sparingly. Then a sequence with a mask-block adapter (``masks_ok``: not
         under the fused GPU step) gets its D − 1 mask rows where their drafts' expected accepted tokens next
         step, times the chance this step accepts every guess, pay for the rows (by :data:`MASK_MARGIN`), or
-        as a re-try every :data:`EXPLORE_EVERY` steps without them. At most 16 rows a step."""
+        as a periodic re-try (:meth:`_mask_offers`). At most 16 rows a step."""
         width = prompt_rows + len(decoding)
         expected = float(len(decoding))
         offers = []  # (expected tokens of the row, sequence, source, its j-th guess)
@@ -545,16 +575,18 @@ class BatchEngine:
             chains = []
             if seq.mask_drafts:
                 chains.append(("masks", seq.mask_drafts[:room], _chain(seq.mask_alpha, seq.mask_probs[:room])))
-            guesses = seq.lookup.propose(room)[0]
+            guesses, ngram = seq.lookup.propose(room)
             if guesses:
-                chains.append(("lookup", guesses, [seq.p_lookup ** (j + 1) for j in range(len(guesses))]))
+                alpha = seq.lookup_alpha[ngram]
+                chains.append(("lookup", guesses, [alpha ** (j + 1) for j in range(len(guesses))]))
             if chains:
                 source, guesses, gains = max(chains, key=lambda c: c[2][0])
+                seq.ngram = ngram
                 offers += [(gains[j], id(seq), source, guesses[: j + 1]) for j in range(len(guesses))]
         offers.sort(key=lambda o: -o[0])
         chosen: dict[int, tuple[list[int], str, float, int]] = {}
         for gain, key, source, guesses in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall
-            if width >= GPU_ROWS or gain <= expected * self._cost.marginal(width):
+            if width >= GPU_ROWS or gain <= DRAFT_MARGIN * expected * self._cost.marginal(width):
                 break
             if len(guesses) != len(chosen.get(key, ((),))[0]) + 1:
                 continue
@@ -571,7 +603,8 @@ class BatchEngine:
         mask row is worth the chance this step accepts all its guesses × the chance its draft is accepted next
         step (``mask_pos[j]``), over two rows (it and the guess row that verifies its draft): offered like the
         guesses, best first, a sequence's rows in order, while worth more than a row costs (by
-        :data:`MASK_MARGIN`); a sequence without mask rows for :data:`EXPLORE_EVERY` steps gets one."""
+        :data:`MASK_MARGIN`); a sequence without mask rows for :data:`EXPLORE_EVERY` steps per sequence in the
+        batch gets one (the batch re-tries about once per EXPLORE_EVERY steps, as a solo generation does)."""
         block = next((s.block for s in decoding if s.draft and s.block is not None), None)
         if block is None:
             return width
@@ -582,7 +615,7 @@ class BatchEngine:
             m = min(block.block_size - 1, seq.rows - seq.n - 1 - len(guesses), left)
             if seq.block is not block or m < 1:
                 continue
-            explore = seq.since_masks >= EXPLORE_EVERY
+            explore = seq.since_masks >= EXPLORE_EVERY * len(decoding)  # one re-try per EXPLORE_EVERY steps
             offers += [(math.inf if explore and j == 0 else p_all * seq.mask_pos[j] / 2, id(seq), j + 1)
                        for j in range(m)]
         offers.sort(key=lambda o: -o[0])

@@ -395,3 +395,20 @@ def test_auto_adds_the_adapters_mask_rows_and_stays_exact(masked, params, monkey
     for history, rows, m, drafts in seen[:: max(1, len(seen) // 8)]:
         assert drafts == _reference_drafts(masked, history, rows, m)
     assert masked.batcher(4).rows_in_use == 0
+
+
+def test_the_step_cost_model_uses_each_widths_own_time_once_seen():
+    """Widths up to a kernel tile cost little more than one row, the next one a lot: a width seen three times
+    is costed by its own steps (a straight line would average the step away); an unseen one by the line."""
+    from bitmtp.runtime.batch import _StepCost
+
+    cost = _StepCost()
+    times = {1: 8.0, 2: 8.6, 3: 9.2, 4: 10.0, 5: 13.0, 6: 13.6}
+    for _ in range(_StepCost.MIN_SEEN):
+        for w, t in times.items():
+            cost.observe(w, t * 1e-3)
+    assert cost.marginal(3) == pytest.approx(10.0 / 9.2 - 1)
+    assert cost.marginal(4) == pytest.approx(13.0 / 10.0 - 1)
+    line = cost.seconds(7)
+    assert line is not None and 13.6e-3 < line < 16e-3  # past the seen widths: the fitted line
+    assert cost.marginal(6) == pytest.approx(line / 13.6e-3 - 1)
