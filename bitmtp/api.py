@@ -885,7 +885,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             or a :class:`~bitmtp.runtime.batch.BatchEngine` of this model — so that calls from other threads on
             it decode in the same forward passes (what ``bitmtp serve`` does with concurrent requests); the
             output is the one the call gives alone. Policies ``"auto"`` (AR's exact output; prompt-lookup guess rows
-            where they pay) and ``"ar"``; streams too.
+            and the mask-block adapter's mask rows where they pay) and ``"ar"``; streams too.
         max_new_tokens: most tokens to generate.
         policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
             exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when

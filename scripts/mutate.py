@@ -306,7 +306,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),
            "sequences' KV ranges start off the attention's chunk grid: rows lose their solo bits"),
     Mutant("batch-rows-see-other-sequences", "bitmtp/runtime/batch.py",
-           "mask = (kv >= base[:, None]) & (kv <= slots[:, None])", "mask = kv <= slots[:, None]",
+           "mask = (kv >= base[:, None]) & (kv <= last[:, None])", "mask = kv <= last[:, None]",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),
            "a batch row attends to the KV rows of the sequences stored before its own"),
     Mutant("batch-cancel-keeps-rows", "bitmtp/runtime/batch.py",

@@ -55,7 +55,29 @@ int64_t attention_partial_floats(const AttentionArgs& a) {
   return static_cast<int64_t>(a.M) * a.H * chunks * (3 + a.D);
 }
 
-void attention_rows(const AttentionArgs& a) {
+void mask_row_bounds(const uint8_t* mask, int M, int L, int32_t* lo, int32_t* hi) {
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* r = mask + static_cast<int64_t>(m) * L;
+    int a = 0, b = L - 1;
+    // whole 8-byte words of zeros first (a batch's row is zeros outside its sequence's range)
+    for (uint64_t w; a + 8 <= L && (memcpy(&w, r + a, 8), w == 0);) a += 8;
+    while (a < L && !r[a]) ++a;
+    for (uint64_t w; b - 7 > a && (memcpy(&w, r + b - 7, 8), w == 0);) b -= 8;
+    while (b >= a && !r[b]) --b;
+    lo[m] = a;
+    hi[m] = a < L ? b : -1;
+  }
+}
+
+void attention_rows(const AttentionArgs& args) {
+  AttentionArgs a = args;
+  std::unique_ptr<int32_t[]> bounds;
+  if (a.row_lo == nullptr || a.row_hi == nullptr) {
+    bounds.reset(new int32_t[static_cast<size_t>(a.M) * 2]);
+    mask_row_bounds(a.mask, a.M, a.L, bounds.get(), bounds.get() + a.M);
+    a.row_lo = bounds.get();
+    a.row_hi = bounds.get() + a.M;
+  }
   const int threads = a.threads > 0 ? a.threads : 1;
   // not zero-filled: every float is written before it is read
   std::unique_ptr<float[]> scratch(

@@ -207,6 +207,9 @@ void fused_layers(const FusedStep& s) {
   std::vector<float> q(static_cast<size_t>(M) * qs), att(static_cast<size_t>(M) * qs), o(static_cast<size_t>(M) * Hd);
   std::vector<float> gu(static_cast<size_t>(M) * 2 * I), act(static_cast<size_t>(M) * I), tmp(static_cast<size_t>(D));
   Work w;
+  // the mask is the step's, the same for every layer: its rows' bounds once (attention skips what lies outside)
+  std::vector<int32_t> bounds(static_cast<size_t>(M) * 2);
+  mask_row_bounds(s.mask, M, s.L, bounds.data(), bounds.data() + M);
   for (int li = 0; li < s.num_layers_run; ++li) {
     const int64_t layer = s.layer_ids[li];
     const int64_t* t = s.table + layer * kLayerFields;
@@ -240,7 +243,8 @@ void fused_layers(const FusedStep& s) {
       }
     }
     AttentionArgs aa{q.data(), ptr<const float>(kbuf), ptr<const float>(vbuf), s.mask, att.data(), M, s.heads,
-                     s.kv_heads, D, s.S, s.L, s.attn_scale, s.threads, s.isa, s.kv_half ? 1 : 0};
+                     s.kv_heads, D, s.S, s.L, s.attn_scale, s.threads, s.isa, s.kv_half ? 1 : 0,
+                     bounds.data(), bounds.data() + M};
     attention_rows(aa);
     if (t[kAttnSubNorm]) rms_norm_rows(att.data(), M, qs, ptr<const float>(t[kAttnSubNorm]), s.eps, att.data());
     project(t + kO * kProjFields, lora_of(kO), s, att.data(), o.data(), w);

@@ -388,3 +388,38 @@ def test_no_kv_heads_and_a_non_tensor_mask_are_refused(backend, rng):
     k = torch.randn(2, 5, 8, generator=rng)
     with pytest.raises(DTypeError, match="mask"):
         attention(q, k, k, [[True] * 5] * 3, 0.3, backend=backend)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="native CPU extension not built")
+@pytest.mark.parametrize("m", [1, 3, 8, 15])
+def test_rows_over_their_own_ranges_of_a_long_store(m, rng):
+    """A batch's rows: each sees only its own range of a long store (ranges 256 rows apart, most chunks and tiles
+    seen by no row, whose K/V hold NaN): each row equals the float64 reference over its range (1e-5) and has the
+    bits it has alone over the same mask row (the CPU kernel skips what lies outside the rows' bounds)."""
+    h, kvh, d = 6, 2, 32
+    length = 256 * m + 100
+    q = torch.randn(m, h, d, generator=rng)
+    k = torch.full((kvh, length, d), float("nan"))
+    v = torch.full((kvh, length, d), float("nan"))
+    mask = torch.zeros(m, length, dtype=torch.bool)
+    # (first row, rows) inside each 256-row range: ranges that end on a chunk's first row (128), start on a
+    # chunk's last, span a tile boundary (16) by one row, a whole chunk plus one, one row, and random ones
+    edges = [(127, 2), (0, 129), (15, 2), (16, 1), (128, 1), (5, 200)]
+    for i in range(m):
+        first, rows = edges[i] if i < len(edges) else (int(torch.randint(0, 60, (1,), generator=rng)),
+                                                        int(torch.randint(1, 190, (1,), generator=rng)))
+        lo = 256 * i + first
+        hi = lo + rows - 1
+        mask[i, lo : hi + 1] = True
+        k[:, lo : hi + 1] = torch.randn(kvh, hi + 1 - lo, d, generator=rng)
+        v[:, lo : hi + 1] = torch.randn(kvh, hi + 1 - lo, d, generator=rng)
+    out = attention(q, k, v, mask, d**-0.5, backend="cpu")
+    g = h // kvh
+    for i in range(m):
+        idx = mask[i].nonzero()[:, 0]
+        for j in range(h):
+            s = (k[j // g, idx].double() @ q[i, j].double()) * d**-0.5
+            ref = torch.softmax(s, 0) @ v[j // g, idx].double()
+            assert (out[i, j].double() - ref).abs().max().item() <= 1e-5
+        alone = attention(q[i : i + 1], k, v, mask[i : i + 1], d**-0.5, backend="cpu")
+        assert torch.equal(alone[0], out[i])
