@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from bitmtp.decoding.onepass import PassContext, PassPlan, Planner, fit
+from bitmtp.decoding.onepass import DecodeMemory, PassContext, PassPlan, Planner, fit
 from bitmtp.decoding.policies import NoParams, Policy, register_policy
 
 #: prior acceptance of a lookup guess by the length of the n-gram match it came from (pseudo-counts
@@ -79,11 +79,11 @@ def mask_bucket(p: float) -> int:
 
 
 class AutoPlanner(Planner):
-    """The ``auto`` planner of one generation (module docstring). ``memory``: the engine's dict that
-    keeps the acceptance estimates across generations."""
+    """The ``auto`` planner of one generation (module docstring). ``memory``: the engine's
+    :class:`~bitmtp.decoding.onepass.DecodeMemory`, which keeps the acceptance estimates across generations."""
 
-    def __init__(self, memory: dict):
-        self.est: dict[tuple, list[float]] = memory.setdefault("auto_acceptance", {})
+    def __init__(self, memory: DecodeMemory):
+        self.est: dict[tuple, list[float]] = memory.acceptance
         self.since_lookup = 0
         self.since_masks = 0
         self.choices: dict[str, int] = {}
@@ -271,7 +271,7 @@ class AutoPolicy(Policy):
     def decode_schedule(self) -> str:
         return "one-pass"
 
-    def planner(self, memory: dict) -> Planner:
+    def planner(self, memory: DecodeMemory) -> Planner:
         return AutoPlanner(memory)
 
     def commit(self, draft, probs, verify):  # the one-pass loop commits itself; kept for the base API

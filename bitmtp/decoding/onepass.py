@@ -155,6 +155,31 @@ class PassContext:
     runner_up: bool = False
 
 
+@dataclass
+class DecodeMemory:
+    """What an engine's generations learn and keep across generations (``Engine.memory``); only the generation
+    that owns the engine's store touches it.
+
+    ``acceptance``: ``auto``'s running acceptance estimates, by (source, bucket, position) → [hits, tries]
+    (``decoding.auto.AutoPlanner``); ``prior_costs`` / ``live_costs``: the step-cost table planned with before
+    one was measured and the live corrections of the table in use (``runtime.calibration``; None until the first
+    generation that plans with costs); ``sampled``: the memory of sampled generations (their acceptance differs
+    from greedy decoding's), made on first use."""
+
+    acceptance: dict[tuple, list[float]] = field(default_factory=dict)
+    prior_costs: Any = None
+    live_costs: Any = None
+    sampled: DecodeMemory | None = None
+
+    def for_sampling(self, sampled: bool) -> DecodeMemory:
+        """This memory, or with ``sampled`` the sampled generations' own."""
+        if not sampled:
+            return self
+        if self.sampled is None:
+            self.sampled = DecodeMemory()
+        return self.sampled
+
+
 class Planner:
     """Base of the one-pass planners: :meth:`plan` before each step, :meth:`observe` after its read."""
 

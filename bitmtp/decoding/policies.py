@@ -263,9 +263,10 @@ class Policy:
         """The decode loop's schedule for this policy (:data:`SCHEDULES`)."""
         return "two-pass"
 
-    def planner(self, memory: dict) -> Any:
-        """The one-pass planner of one generation (``bitmtp.decoding.onepass.Planner``); ``memory``: a
-        dict the engine keeps across its generations (running estimates may live there)."""
+    def planner(self, memory: Any) -> Any:
+        """The one-pass planner of one generation (``bitmtp.decoding.onepass.Planner``); ``memory``: the
+        engine's ``bitmtp.decoding.onepass.DecodeMemory``, kept across its generations (running estimates live
+        there)."""
         from bitmtp.decoding.onepass import FixedPlanner
 
         return FixedPlanner()

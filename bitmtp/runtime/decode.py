@@ -255,12 +255,12 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
         # which the observed steps correct
         table = load_cost_table(engine, measure=max_new_tokens >= CALIBRATE_MIN_NEW_TOKENS)
         if table is None:
-            table = engine.memory.get("prior_costs")
+            table = engine.memory.prior_costs
             if table is None:
-                table = engine.memory["prior_costs"] = prior_cost_table(engine)
-        costs = engine.memory.get("live_costs")
+                table = engine.memory.prior_costs = prior_cost_table(engine)
+        costs = engine.memory.live_costs
         if costs is None or costs.table is not table:  # observations carry over to the engine's next generation
-            costs = engine.memory["live_costs"] = LiveCosts(table, engine.kv.m_max)
+            costs = engine.memory.live_costs = LiveCosts(table, engine.kv.m_max)
     if one_pass and pol.decode_schedule == "top2" and sampling is not None and not sampling.greedy:
         raise BitMTPError("schedule: 'top2' verifies a runner-up guess beside the first one, which greedy decoding "
                           "only can accept exactly; decode greedily (temperature 0, no penalties) or use "
@@ -555,7 +555,7 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
         ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if costs is not None else HEADS_DRAFT_COST
     # sampled guesses are accepted less often than greedy ones (a guess must match a sample, not the argmax):
     # sampled generations keep their own acceptance estimates, so neither kind plans with the other's
-    planner = policy.planner(engine.memory if sampler is None else engine.memory.setdefault("sampled", {}))
+    planner = policy.planner(engine.memory.for_sampling(sampler is not None))
     arange = engine.arange
     n = engine.n
     tok = first  # the pending token: committed, its KV row not written yet

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bitmtp.decoding.onepass import DecodeMemory
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder
 from bitmtp.runtime.decode import DecodeStats, GenerationResult, decode
@@ -173,9 +174,9 @@ class Engine:
         self.n = 0  # committed tokens whose KV rows [0, n) are materialized (host mirror)
         self.syncs = 0  # device→host reads (tests count them)
         self.last_stats = None  # the DecodeStats of the latest decode() (filled as it runs)
-        #: what policies learn across this engine's generations (auto's running acceptance estimates);
-        #: only the generation that owns the store touches it
-        self.memory: dict = {}
+        #: what policies learn across this engine's generations (auto's running acceptance estimates, the
+        #: step costs); only the generation that owns the store touches it
+        self.memory = DecodeMemory()
         # static helpers of the decode loop, allocated once (no allocation in the loop)
         self.arange = torch.arange(max(m_max, prefill_chunk) + 1, device=decoder.device)
         self._staging = torch.zeros(4 * (m_max + 1), dtype=torch.float64, device=decoder.device)

@@ -12,7 +12,7 @@ import pytest
 
 from bitmtp.decoding.auto import EXPLORE_EVERY, LOOKUP_PRIOR, AutoPlanner, AutoPolicy
 from bitmtp.decoding.lookup import LookupIndex
-from bitmtp.decoding.onepass import PassContext, PassPlan
+from bitmtp.decoding.onepass import DecodeMemory, PassContext, PassPlan
 
 
 class _Lookup:
@@ -35,7 +35,7 @@ def linear(per_row):
 
 
 def test_expensive_rows_mean_ar_with_rare_retries():
-    planner = AutoPlanner({})
+    planner = AutoPlanner(DecodeMemory())
     ctx = ctx_for(linear(1.0), masks=True, mask_guesses=[5, 6, 7])
     plans = [planner.plan(ctx) for _ in range(3 * EXPLORE_EVERY)]
     tried = [p for p in plans if p.guesses or p.masks]
@@ -44,7 +44,7 @@ def test_expensive_rows_mean_ar_with_rare_retries():
 
 
 def test_flat_costs_and_good_guesses_verify_all_that_fit():
-    memory = {}
+    memory = DecodeMemory()
     planner = AutoPlanner(memory)
     ctx = ctx_for(linear(0.0), tokens=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3], max_width=6)
     for _ in range(20):  # the lookup is always right here
@@ -55,7 +55,7 @@ def test_flat_costs_and_good_guesses_verify_all_that_fit():
 
 
 def test_estimates_follow_observations_and_persist():
-    memory = {}
+    memory = DecodeMemory()
     planner = AutoPlanner(memory)
     ctx = ctx_for(linear(0.3))
     first = planner.plan(ctx)
@@ -74,7 +74,7 @@ def test_choices_are_counted_and_policy_is_registered():
     from bitmtp.decoding import get_policy
 
     assert get_policy("auto") is AutoPolicy and AutoPolicy.lossless and AutoPolicy().decode_schedule == "one-pass"
-    planner = AutoPlanner({})
+    planner = AutoPlanner(DecodeMemory())
     for _ in range(5):
         planner.plan(ctx_for(linear(5.0)))
     assert planner.choices == {"ar": 5}
@@ -82,7 +82,7 @@ def test_choices_are_counted_and_policy_is_registered():
 
 @pytest.mark.parametrize("max_width", (1, 2, 3))
 def test_never_wider_than_allowed(max_width):
-    planner = AutoPlanner({})
+    planner = AutoPlanner(DecodeMemory())
     ctx = ctx_for(linear(0.0), masks=True, mask_guesses=[5, 6, 7], max_width=max_width)
     for _ in range(2 * EXPLORE_EVERY):
         assert planner.plan(ctx).width <= max_width
@@ -102,7 +102,7 @@ def _heads_ctx(costs, draft_cost, guesses=(5, 6, 7)):
 def test_heads_drafts_cost_what_they_are_observed_to_cost():
     """Heads drafts take output slots, not rows: with cheap rows and cheap drafts auto verifies the heads'
     guesses and appends drafts (labelled "heads"); when a draft costs as much as a step, it appends none."""
-    memory = {}
+    memory = DecodeMemory()
     planner = AutoPlanner(memory)
     ctx = _heads_ctx(linear(0.05), 0.01)
     for _ in range(30):  # the heads are always right here
@@ -111,7 +111,7 @@ def test_heads_drafts_cost_what_they_are_observed_to_cost():
     plan = planner.plan(ctx)
     assert plan.source == "heads" and plan.guesses == [5, 6, 7] and plan.masks >= 2
     assert planner.choices.get("heads+heads", 0) > 0
-    assert any(key[0] == "heads" for key in memory["auto_acceptance"])
+    assert any(key[0] == "heads" for key in memory.acceptance)
     dear = AutoPlanner(memory).plan(_heads_ctx(linear(0.05), 1.5))
     assert dear.source == "heads" and dear.masks == 0  # verifying is still worth it, drafting more is not
 
@@ -126,7 +126,7 @@ def _top2_ctx(costs, alt=9):
 def test_runner_up_planned_where_rows_are_cheap_and_with_mask_rows_only():
     from bitmtp.decoding.auto import RUNNER_UP_PRIOR
 
-    planner = AutoPlanner({})
+    planner = AutoPlanner(DecodeMemory())
     flat = _top2_ctx(linear(0.0))
     for _ in range(3):  # warm: the mask chain's estimates (prior 0.35) pay on flat costs
         plan = planner.plan(flat)
@@ -134,7 +134,7 @@ def test_runner_up_planned_where_rows_are_cheap_and_with_mask_rows_only():
     assert plan.width == 1 + len(plan.guesses) + 1 + plan.masks - 1
     # steep rows: the runner-up's expected (1 - α₁)·β ≈ 0.16 tokens never pays its row
     steep = _top2_ctx(linear(0.9))
-    assert all(AutoPlanner({}).plan(steep).alt is None for _ in range(5))
+    assert all(AutoPlanner(DecodeMemory()).plan(steep).alt is None for _ in range(5))
     # no runner-up at hand, or top2 off: never planned
     assert planner.plan(_top2_ctx(linear(0.0), alt=None)).alt is None
     off = _top2_ctx(linear(0.0))
@@ -146,7 +146,7 @@ def test_runner_up_planned_where_rows_are_cheap_and_with_mask_rows_only():
 def test_runner_up_estimate_follows_observations():
     from bitmtp.decoding.auto import RUNNER_UP_PRIOR
 
-    memory = {}
+    memory = DecodeMemory()
     planner = AutoPlanner(memory)
     ctx = _top2_ctx(linear(0.0))
     for hit in (True,) * 20:
@@ -161,7 +161,18 @@ def test_runner_up_estimate_follows_observations():
         planner.observe(plan, 0, ctx)
     assert planner.alpha(("runner-up", 1), RUNNER_UP_PRIOR) < 0.1
     # an accepted g_1 says nothing about its runner-up
-    before = dict(memory["auto_acceptance"])
+    before = dict(memory.acceptance)
     plan = planner.plan(ctx)
     planner.observe(plan, 1, ctx)
-    assert memory["auto_acceptance"][("runner-up", 1)] == before[("runner-up", 1)]
+    assert memory.acceptance[("runner-up", 1)] == before[("runner-up", 1)]
+
+
+def test_decode_memory_keeps_sampled_generations_estimates_apart():
+    """``Engine.memory`` is typed (``DecodeMemory``): greedy generations learn into it, sampled ones into their own
+    (made once, kept): a sampled generation's acceptance does not move greedy decoding's estimates."""
+    memory = DecodeMemory()
+    assert memory.for_sampling(False) is memory
+    sampled = memory.for_sampling(True)
+    assert sampled is memory.for_sampling(True) and sampled is not memory
+    AutoPlanner(sampled).est[("lookup", 1, 1)] = [1.0, 1.0]
+    assert memory.acceptance == {} and sampled.acceptance == {("lookup", 1, 1): [1.0, 1.0]}

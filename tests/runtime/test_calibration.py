@@ -478,7 +478,7 @@ def test_live_costs_finite_at_the_edges_of_the_accepted_range(seed):
     check, a 1e308 table at context 1500 raised ZeroDivisionError here."""
     from bitmtp.decoding.auto import AutoPlanner
     from bitmtp.decoding.lookup import LookupIndex
-    from bitmtp.decoding.onepass import PassContext
+    from bitmtp.decoding.onepass import DecodeMemory, PassContext
 
     g = torch.Generator().manual_seed(seed)
     lo, hi = cal.MIN_STEP_SECONDS, cal.MAX_STEP_SECONDS
@@ -490,7 +490,7 @@ def test_live_costs_finite_at_the_edges_of_the_accepted_range(seed):
     table = CostTable.from_dict({"schema": cal.SCHEMA_VERSION, "widths": list(widths), "contexts": list(contexts),
                                  "seconds": rows, "key": {}})
     live = cal.LiveCosts(table, 8)
-    planner = AutoPlanner({})
+    planner = AutoPlanner(DecodeMemory())
     for observations in ([], [(8, 0.01)] * 3, [(2, 0.0)] * 3, [(1, 1e9)] * 3 + [(4, lo)] * 3):
         for w, t in observations:
             live.observe(w, t)
@@ -511,14 +511,14 @@ def test_planner_survives_costs_outside_the_range():
     width unaffordable: no ZeroDivisionError, and a plan of an affordable width."""
     from bitmtp.decoding.auto import AutoPlanner
     from bitmtp.decoding.lookup import LookupIndex
-    from bitmtp.decoding.onepass import PassContext
+    from bitmtp.decoding.onepass import DecodeMemory, PassContext
 
     tokens = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
     for bad in (0.0, math.inf, math.nan):
         for costs in ([0.0, bad] + [1.0] * 8, [0.0, 1.0] + [bad] * 8, [0.0] + [bad] * 9):
             ctx = PassContext(LookupIndex(tokens), n=len(tokens), block=8, max_width=8, lookup=object(),
                               costs=costs)
-            plan = AutoPlanner({}).plan(ctx)
+            plan = AutoPlanner(DecodeMemory()).plan(ctx)
             assert plan.width <= 8
             if costs[2] != 1.0:  # every guess width unaffordable: AR
                 assert not plan.guesses
@@ -579,7 +579,7 @@ def test_short_generations_plan_with_the_prior_and_do_not_measure(model, engine,
     out = bitmtp.generate(model, input_ids=ids, max_new_tokens=CALIBRATE_MIN_NEW_TOKENS - 1, eos_token_id=[],
                           block_size=4)
     assert out.token_ids == ar.token_ids and fake_measure == [] and not list(cache.iterdir())
-    assert model.engine.memory["live_costs"].table.key.get("prior")
+    assert model.engine.memory.live_costs.table.key.get("prior")
     bitmtp.generate(model, input_ids=ids, max_new_tokens=CALIBRATE_MIN_NEW_TOKENS, eos_token_id=[], block_size=4)
     assert len(fake_measure) == 1 and list(cache.iterdir())
     assert cal.load_cost_table(engine, measure=False) is not None
