@@ -67,7 +67,9 @@ class RotatingStream:
         self.slots = self.src.numel() // nbytes
         self.i = 0
         self.ext = _cpu_extension() if self.device.type == "cpu" else None
-        self.threads = torch.get_num_threads()
+        # a small read on one thread: a second thread descheduled by outside load would stall a call of a few
+        # microseconds by a whole time slice (tests/test_bench_gate.py's 8 KiB op failed so under load)
+        self.threads = torch.get_num_threads() if nbytes >= 1 << 20 else 1
         self.dst = None if self.ext is not None else torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     @property
