@@ -1076,9 +1076,9 @@ def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, 
     finally:
         for it in iters:
             it.close()
+    drafting = " (auto: lookup guesses and the adapter's mask rows where a row pays)" if pol.name == "auto" else ""
     for out in results:
-        out.stats.notes.append(f"batch: decoded with up to {eng.max_batch} sequences a step"
-                               + (" (auto: prompt-lookup guesses where a row pays)" if pol.name == "auto" else ""))
+        out.stats.notes.append(f"batch: decoded with up to {eng.max_batch} sequences a step{drafting}")
     return results
 
 

@@ -3,7 +3,7 @@
 :func:`op_vs_copy` times ``select("w2a8_linear_q", device, backend)(…)`` (the registry lookup is
 made on every call, as ``bitmtp.ops.w2a8_linear`` makes it, so an override installed with
 ``bitmtp.ops.registry.override`` is what gets timed) alternately with a streaming read (or copy) of as many bytes as the
-packed weights (:class:`RotatingStream`), and reports the op's weight bandwidth as a fraction of the copy's.
+packed weights (:class:`RotatingStream`), and reports the op's weight bandwidth as a fraction of that stream's.
 ``bench/kernels/test_bench_ops.py`` gates that fraction; ``tests/test_bench_gate.py`` slows the op
 through the registry and checks the gate catches it.
 """
@@ -102,7 +102,7 @@ def op_vs_copy(backend: str, n: int, k: int, m: int = 1, *, rounds: int = 5, inn
     bytes moved / its time: a read on the CPU with the extension, read + write for a copy) and
     ``op_bw_fraction`` = op_GBps / stream_GBps."""
     call = OpCall(backend, n, k, m, rotate_bytes)
-    stream = RotatingStream(call.weight_bytes, rotate_bytes)
+    stream = RotatingStream(call.weight_bytes, rotate_bytes, call.device)
     ratio, t_op, t_stream = alternating_ratio(call, stream, rounds=rounds, inner=inner)
     # fraction = (W / t_op) / (moved / t_stream) = (W / moved) / ratio
     return {"op_us": t_op * 1e6, "op_GBps": call.weight_bytes / t_op / 1e9,

@@ -37,6 +37,7 @@ under the fused GPU step, which drafts by lookup only. Other policies run one se
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import threading
 import time
@@ -104,11 +105,6 @@ class RowAllocator:
         self._used[first : first + self.blocks_for(rows)] = bytes(self.blocks_for(rows))
 
     @property
-    def tokens_per_commit(self) -> float:
-        """Tokens a decoding sequence commits a step, on average (1: AR steps only)."""
-        return self.decode_tokens / self.decode_commits if self.decode_commits else 1.0
-
-    @property
     def rows_in_use(self) -> int:
         return sum(self._used) * ALIGN
 
@@ -130,6 +126,20 @@ class _Group:
     ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
 
 
+@dataclass
+class _Draft:
+    """What :meth:`BatchEngine._drafts` gives a decoding sequence for a step."""
+
+    guesses: list[int] = field(default_factory=list)
+    source: str = ""  # where the guesses come from: "lookup" or "masks" ("": none)
+    p_all: float = 1.0  # the chance every guess is accepted
+    mask_rows: int = 0  # mask rows drafting its next guesses
+    ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
+
+
+_NO_DRAFT = _Draft()
+
+
 class _StepCost:
     """What one more row costs a decode step, relative to the step: ``marginal(w) = t(w + 1) / t(w) − 1``.
 
@@ -147,19 +157,17 @@ class _StepCost:
 
     def __init__(self) -> None:
         self.n = self.sw = self.st = self.sww = self.swt = 0.0
-        self.widths: set[int] = set()
         self.seen: dict[int, tuple[float, int]] = {}  # width -> (running mean seconds, steps)
 
     def observe(self, width: int, seconds: float) -> None:
         decay = 0.98
         self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
         self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
-        self.widths.add(width)
         mean, count = self.seen.get(width, (seconds, 0))
         self.seen[width] = (mean + (seconds - mean) / min(count + 1, 8), count + 1)
 
     def _line(self) -> tuple[float, float] | None:
-        if len(self.widths) >= 2:
+        if len(self.seen) >= 2:
             den = self.n * self.sww - self.sw * self.sw
             if den > 0:
                 b = max((self.n * self.swt - self.sw * self.st) / den, 0.0)
@@ -213,7 +221,6 @@ class _Seq:
     #: the chance its j-th mask draft is accepted with every draft before it (running, over the drafts made)
     mask_pos: list[float] = field(default_factory=lambda: list(MASK_POS_PRIOR))
     since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
-    ngram: int = 1  # the match length of its latest lookup proposal
     base: int = -1  # first KV row of its range (-1: waiting for admission)
     rows: int = 0  # rows reserved
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
@@ -438,11 +445,11 @@ class BatchEngine:
                 groups.append(_Group(seq, len(tokens) - 1, [seq.ids[-1]], [len(seq.ids) - 1], 0))  # rows)
         drafts = self._drafts(decoding, len(tokens), masks_ok=fused is None) if decoding else {}
         for seq in decoding:
-            guesses, source, _, mask_rows = drafts.get(id(seq), ([], "", 1.0, 0))
-            rows = 1 + len(guesses)
-            groups.append(_Group(seq, len(tokens), [seq.pending, *guesses], list(range(seq.n, seq.n + rows)), rows,
-                                 source=source, mask_rows=mask_rows, ngram=seq.ngram))
-            tokens += [seq.pending, *guesses]
+            d = drafts.get(id(seq), _NO_DRAFT)
+            rows = 1 + len(d.guesses)
+            groups.append(_Group(seq, len(tokens), [seq.pending, *d.guesses], list(range(seq.n, seq.n + rows)), rows,
+                                 source=d.source, mask_rows=d.mask_rows, ngram=d.ngram))
+            tokens += [seq.pending, *d.guesses]
             positions += range(seq.n, seq.n + rows)
             bases += [seq.base] * rows
         heads = [g.first + i for g in groups for i in range(len(g.tokens) if g.ar_rows else 1)]
@@ -537,16 +544,16 @@ class BatchEngine:
             st.verifier_calls += 1
             st.guesses += len(guesses)
             st.accepted += a - 1
-            if g.source == "masks":  # each checked guess (those before it accepted) by its probability bucket
-                for i in range(min(a, len(guesses))):
-                    b, ok = mask_bucket(seq.mask_probs[i]), float(i < a - 1)
-                    seq.mask_alpha[b] = 0.85 * seq.mask_alpha[b] + 0.15 * ok
-                    self.mask_alpha[b] = 0.97 * self.mask_alpha[b] + 0.03 * ok
-            else:  # each checked guess, by the length of the match it came from
-                for i in range(min(a, len(guesses))):
-                    ok = float(i < a - 1)
-                    seq.lookup_alpha[g.ngram] = 0.85 * seq.lookup_alpha[g.ngram] + 0.15 * ok
-                    self.lookup_alpha[g.ngram] = 0.97 * self.lookup_alpha[g.ngram] + 0.03 * ok
+            # each checked guess (those before it accepted): a mask draft by its probability bucket, a lookup guess
+            # by the length of the match it came from
+            if g.source == "masks":
+                own, shared, keys = seq.mask_alpha, self.mask_alpha, [mask_bucket(p) for p in seq.mask_probs]
+            else:
+                own, shared, keys = seq.lookup_alpha, self.lookup_alpha, [g.ngram] * len(guesses)
+            for i in range(min(a, len(guesses))):
+                ok = float(i < a - 1)
+                own[keys[i]] = 0.85 * own[keys[i]] + 0.15 * ok
+                shared[keys[i]] = 0.97 * shared[keys[i]] + 0.03 * ok
         seq.since_masks = 0 if g.mask_rows else seq.since_masks + 1
         for j, value in enumerate(_chain(seq.mask_alpha, draft_probs)):
             seq.mask_pos[j] = 0.7 * seq.mask_pos[j] + 0.3 * value
@@ -554,20 +561,19 @@ class BatchEngine:
         full = bool(g.mask_rows) and a == g.ar_rows
         seq.mask_drafts, seq.mask_probs = (drafts, draft_probs) if full else ([], [])
 
-    def _drafts(self, decoding: list[_Seq], prompt_rows: int,
-                masks_ok: bool = True) -> dict[int, tuple[list[int], str, float, int]]:
-        """Guess rows and mask rows for the drafting sequences (``auto``), by id: ``(guesses, their source,
-        the chance all are accepted, mask rows)``. Guesses — the previous step's mask drafts or prompt-lookup
-        continuations, whichever a sequence expects more of first — are taken most likely accepted first, while
-        a row's expected accepted tokens exceed what one more row costs this step in tokens (:class:`_StepCost`:
-        the step's expected tokens × the relative cost of one more row), so a GPU, where a row is nearly free,
-        drafts freely and 2 CPU cores sparingly. Then a sequence with a mask-block adapter (``masks_ok``: not
-        under the fused GPU step) gets its D − 1 mask rows where their drafts' expected accepted tokens next
-        step, times the chance this step accepts every guess, pay for the rows (by :data:`MASK_MARGIN`), or
-        as a periodic re-try (:meth:`_mask_offers`). At most 16 rows a step."""
+    def _drafts(self, decoding: list[_Seq], prompt_rows: int, masks_ok: bool = True) -> dict[int, _Draft]:
+        """Guess rows and mask rows for the drafting sequences (``auto``), by id (:class:`_Draft`).
+
+        Guesses — the previous step's mask drafts or prompt-lookup continuations, whichever a sequence expects
+        more of first — are taken most likely accepted first, while a row's expected accepted tokens exceed what
+        one more row costs this step in tokens (:class:`_StepCost`: the step's expected tokens × the relative cost
+        of one more row), so a GPU, where a row is nearly free, drafts freely and 2 CPU cores sparingly. Then a
+        sequence with a mask-block adapter (``masks_ok``: not under the fused GPU step) gets mask rows where their
+        drafts' expected accepted tokens next step, times the chance this step accepts every guess, pay for the
+        rows (by :data:`MASK_MARGIN`), or as a periodic re-try (:meth:`_mask_offers`). At most 16 rows a step."""
         width = prompt_rows + len(decoding)
         expected = float(len(decoding))
-        offers = []  # (expected tokens of the row, sequence, source, its j-th guess)
+        offers = []  # (expected tokens of the row, sequence, its draft up to its j-th guess)
         for seq in decoding:
             room = min(seq.rows - seq.n - 1, seq.max_new_tokens - len(seq.out.tokens) - 1, GPU_ROWS - 1)
             if not seq.draft or room <= 0:
@@ -581,24 +587,23 @@ class BatchEngine:
                 chains.append(("lookup", guesses, [alpha ** (j + 1) for j in range(len(guesses))]))
             if chains:
                 source, guesses, gains = max(chains, key=lambda c: c[2][0])
-                seq.ngram = ngram
-                offers += [(gains[j], id(seq), source, guesses[: j + 1]) for j in range(len(guesses))]
+                offers += [(gains[j], id(seq), _Draft(guesses[: j + 1], source, gains[j], 0, ngram))
+                           for j in range(len(guesses))]
         offers.sort(key=lambda o: -o[0])
-        chosen: dict[int, tuple[list[int], str, float, int]] = {}
-        for gain, key, source, guesses in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall
+        chosen: dict[int, _Draft] = {}
+        for gain, key, draft in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall along it
             if width >= GPU_ROWS or gain <= DRAFT_MARGIN * expected * self._cost.marginal(width):
                 break
-            if len(guesses) != len(chosen.get(key, ((),))[0]) + 1:
+            if len(draft.guesses) != len(chosen.get(key, _NO_DRAFT).guesses) + 1:
                 continue
-            chosen[key] = (guesses, source, gain, 0)
+            chosen[key] = draft
             width += 1
             expected += gain
         if masks_ok:
             width = self._mask_offers(decoding, chosen, width, expected)
         return chosen
 
-    def _mask_offers(self, decoding: list[_Seq], chosen: dict[int, tuple[list[int], str, float, int]], width: int,
-                     expected: float) -> int:
+    def _mask_offers(self, decoding: list[_Seq], chosen: dict[int, _Draft], width: int, expected: float) -> int:
         """Add mask rows to ``chosen`` (:meth:`_drafts`); returns the step's width with them. A sequence's j-th
         mask row is worth the chance this step accepts all its guesses × the chance its draft is accepted next
         step (``mask_pos[j]``), over two rows (it and the guess row that verifies its draft): offered like the
@@ -610,22 +615,22 @@ class BatchEngine:
             return width
         offers = []
         for seq in decoding:
-            guesses, source, p_all, _ = chosen.get(id(seq), ([], "", 1.0, 0))
-            left = seq.max_new_tokens - len(seq.out.tokens) - len(guesses) - 1  # tokens after this step's
-            m = min(block.block_size - 1, seq.rows - seq.n - 1 - len(guesses), left)
+            d = chosen.get(id(seq), _NO_DRAFT)
+            left = seq.max_new_tokens - len(seq.out.tokens) - len(d.guesses) - 1  # tokens after this step's
+            m = min(block.block_size - 1, seq.rows - seq.n - 1 - len(d.guesses), left)
             if seq.block is not block or m < 1:
                 continue
             explore = seq.since_masks >= EXPLORE_EVERY * len(decoding)  # one re-try per EXPLORE_EVERY steps
-            offers += [(math.inf if explore and j == 0 else p_all * seq.mask_pos[j] / 2, id(seq), j + 1)
+            offers += [(math.inf if explore and j == 0 else d.p_all * seq.mask_pos[j] / 2, id(seq), j + 1)
                        for j in range(m)]
         offers.sort(key=lambda o: -o[0])
         for gain, key, rows in offers:
             if width >= GPU_ROWS or gain <= MASK_MARGIN * expected * self._cost.marginal(width):
                 break
-            guesses, source, p_all, had = chosen.get(key, ([], "", 1.0, 0))
-            if rows != had + 1:
+            d = chosen.get(key, _NO_DRAFT)
+            if rows != d.mask_rows + 1:
                 continue
-            chosen[key] = (guesses, source, p_all, rows)
+            chosen[key] = dataclasses.replace(d, mask_rows=rows)
             width += 1
         return width
 

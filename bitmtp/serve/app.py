@@ -348,8 +348,8 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
         max_batch: requests decoded together (continuous batching, default 8; ``bitmtp.runtime.batch``): one
             forward pass a step for all of them, each request with its own sampling parameters, seed, stop
             strings and max_tokens, joining and leaving between steps; its output is the one it gets alone
-            (policy auto: AR's output, lookup guesses where a row pays). 0: each request decodes alone (policy
-            auto, drafting where it pays) on one of ``sessions`` KV stores.
+            (policy auto: AR's output, lookup / mask-draft guesses where a row pays). 0: each request decodes
+            alone (policy auto, drafting where it pays) on one of ``sessions`` KV stores.
         solo_when_idle: with a batch, a request that arrives while nothing decodes runs alone with policy auto
             (drafting where it pays: ~1.0x AR on chat, 1.6x on code on 2 CPU cores) on a KV store of its own; the
             requests that arrive meanwhile batch beside it, sharing the cores (8 clients arriving at once: ~13 %
@@ -585,7 +585,7 @@ METRICS = (
     ("bitmtp_forwards_total", "counter", "forward passes run by the batch (decode steps and prefill chunks)"),
     ("bitmtp_tokens_generated_total", "counter", "tokens committed by the batch (rate() gives tokens/s)"),
     ("bitmtp_accepted_tokens_per_step", "gauge", "tokens committed per request per batched step (> 1: accepted "
-                                                 "lookup guesses)"),
+                                                 "guesses)"),
     ("bitmtp_requests_solo_total", "counter", "requests decoded alone (they arrived while nothing decoded)"),
     ("bitmtp_requests_batched_total", "counter", "requests decoded in the batch"),
 )
