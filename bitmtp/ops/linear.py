@@ -6,6 +6,8 @@ that every backend must reproduce bit for bit (the tests compare those).
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from bitmtp.errors import ShapeError
@@ -148,13 +150,25 @@ def dense_reads_blocks(device: torch.device, backend: str | None = None) -> bool
     return getattr(getattr(impl, "__self__", None), "name", None) == "cpu"
 
 
+def _attention_layout() -> tuple[int, int]:
+    """(lanes, chunk) of the native CPU attention (the extension's ``ATTENTION_LANES`` / ``ATTENTION_CHUNK``), or
+    the layout it is built with when it is not installed."""
+    try:
+        ext = importlib.import_module("bitmtp._cpu_w2a8")
+    except ImportError:
+        return 16, 128
+    return int(ext.ATTENTION_LANES), int(ext.ATTENTION_CHUNK)
+
+
 #: the CPU attention kernel's summation structure (csrc/cpu/attention.h, attention_body.inc): a query row's
 #: softmax runs per chunk of ATTENTION_CHUNK KV rows, and inside a chunk KV row l's weight is summed in lane
 #: l mod ATTENTION_LANES. A KV row moved by a multiple of the lanes inside its chunk, with nothing between
 #: its old and new place visible, gives every query row that sees it the same bits (the ``top2`` schedule's
 #: runner-up row relies on it: ``bitmtp.decoding.onepass.top2_layout``)
-ATTENTION_LANES = 16
-ATTENTION_CHUNK = 128
+#: — read from the extension, which exports its own ``kAttnTile`` / ``kAttnChunk`` (``csrc/cpu/attention.h``), so
+#: a change there reaches the planner. Without the extension the torch attention runs, whose bits do not depend
+#: on where a row sits; the planner then lays rows out as the extension would, so plans are the same everywhere
+ATTENTION_LANES, ATTENTION_CHUNK = _attention_layout()
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,

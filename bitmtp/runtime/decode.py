@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bitmtp.decoding import origins as origin
+from bitmtp.decoding.accept import speculative_accept
 from bitmtp.decoding.drafters import CombinedDrafter, DraftSource
 from bitmtp.decoding.lookup import LookupIndex
 from bitmtp.decoding.onepass import (
@@ -628,9 +629,8 @@ def _onepass_loop(engine, out: _Output, stats: DecodeStats, ids: list[int], firs
                 costs.observe_drafts(k + 1, plan.masks - 1, time.perf_counter() - t0, n)
             else:
                 costs.observe(w, time.perf_counter() - t0)
-        a = 0
-        while a < k and guesses[a] == v[a]:
-            a += 1
+        # guesses accepted: the rule written once (decoding.accept), over [the pending row's choice, guesses]
+        a = speculative_accept([v[0], *guesses], v[: k + 1]) - 1
         runner_up = alt is not None and a == 0 and v[0] == alt
         if runner_up:
             # the pending row chose g_1's runner-up: it commits with its own row's argmax (row k + 1), and

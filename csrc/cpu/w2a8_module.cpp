@@ -261,6 +261,10 @@ void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads,
 
 PYBIND11_MODULE(_cpu_w2a8, m) {
   m.doc() = "bitmtp W2A8 CPU kernels (single-pass multi-token GEMV; AVX-512 VNNI / AVX2 / scalar)";
+  // the attention's summation structure, which the decode planner lays scratch KV rows out by
+  // (bitmtp.ops.linear reads these: the planner never carries a hand-copied constant)
+  m.attr("ATTENTION_LANES") = kAttnTile;
+  m.attr("ATTENTION_CHUNK") = kAttnChunk;
   m.def("cpu_features", &cpu_features, "ISA support detected from CPUID and the thread team's counters (pool.h)");
   m.def("best_isa", &best_isa, "0 = scalar, 1 = avx2, 2 = avx512_vnni");
   m.def("dense", &dense, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),

@@ -67,6 +67,22 @@ def test_lane_and_chunk_constants_match_the_kernel():
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the native CPU extension is not built")
+def test_lane_and_chunk_constants_are_the_extensions(monkeypatch):
+    """The planner's layout constants come from the extension itself (its exported ``ATTENTION_LANES`` /
+    ``ATTENTION_CHUNK``), not from a copy: a changed kernel constant changes what ``ops.linear`` says."""
+    import importlib
+    import types
+
+    import bitmtp._cpu_w2a8 as ext
+    from bitmtp.ops import linear
+
+    assert (ext.ATTENTION_LANES, ext.ATTENTION_CHUNK) == (linear.ATTENTION_LANES, linear.ATTENTION_CHUNK)
+    fake = types.SimpleNamespace(ATTENTION_LANES=8, ATTENTION_CHUNK=64)
+    monkeypatch.setattr(importlib, "import_module", lambda name: fake)
+    assert linear._attention_layout() == (8, 64)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the native CPU extension is not built")
 @pytest.mark.parametrize("at", (1, 37, 130, 255))
 @pytest.mark.parametrize("kv_dtype", (torch.float32, torch.float16))
 def test_a_row_moved_by_lanes_inside_its_chunk_gives_the_same_bits(at, kv_dtype, rng):
