@@ -21,7 +21,7 @@ from bitmtp.ops import TernaryLinear, act_quant, available_backends, w2a8_accumu
 def __getattr__(name):
     # load() pulls in the model and runtime layers; import them on first use so `import bitmtp`
     # stays light for users of the ops alone.
-    if name in ("load", "generate", "BitMTPModel", "GenerateOutput", "Span", "TextStream"):
+    if name in ("load", "generate", "decoding_config", "BitMTPModel", "GenerateOutput", "Span", "TextStream"):
         from bitmtp import api
 
         return getattr(api, name)
@@ -29,6 +29,10 @@ def __getattr__(name):
         from bitmtp import hf
 
         return getattr(hf, name)
+    if name == "DecodingConfig":
+        from bitmtp.decoding.config import DecodingConfig
+
+        return DecodingConfig
     raise AttributeError(f"module 'bitmtp' has no attribute {name!r}")
 
 
@@ -50,6 +54,8 @@ __all__ = [
     "available_backends",
     "load",
     "generate",
+    "decoding_config",
+    "DecodingConfig",
     "BitMTPModel",
     "GenerateOutput",
     "Span",

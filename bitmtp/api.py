@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
+from bitmtp.decoding.config import DecodingConfig
 from bitmtp.decoding.drafters import (
     DRAFTER_NAMES,
     CombinedDrafter,
     Drafter,
     LookupDrafter,
-    MaskBlockDrafter,
     drafter_for,
 )
 from bitmtp.decoding.policies import Policy, resolve_policy
@@ -219,6 +219,10 @@ class BitMTPModel:
                 self.decoder, capacity=self.engine.capacity, max_batch=max_batch, kv_dtype=self.engine.kv.k[0].dtype,
                 solo_chunk=self.engine.prefill_chunk)
         return eng
+
+    def decoding_config(self, **options: Any) -> DecodingConfig:
+        """:func:`decoding_config` for this model: the decoding options of :func:`generate`, validated once."""
+        return decoding_config(self, **options)
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
         """``(policy, block_size)`` to decode with when the caller left them open (None): ``"auto"`` —
@@ -838,6 +842,10 @@ def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int |
         raise BitMTPError(f"block_size: D must be an integer in 2..16, got {block_size!r}")
     if pol.drafts:
         if drafter is None:
+            if _COMMAND_LINE.get():
+                raise BitMTPError(f"--policy {pol.name} drafts tokens and needs an MTP adapter: pass --adapter DIR "
+                                  "(no shipped adapter matches this model), draft by prompt lookup (--drafter "
+                                  "lookup), or use --policy auto or ar")
             raise BitMTPError(f"policy: {pol.name!r} drafts tokens and needs an MTP adapter; load one with "
                               "bitmtp.load(..., adapter=PATH) or model.load_adapter(PATH), draft by prompt lookup "
                               "(drafter='lookup'), or use policy='auto' or 'ar'")
@@ -845,6 +853,58 @@ def resolve_decoding(model: BitMTPModel, policy: str | Policy, block_size: int |
             raise BitMTPError(f"block_size: the loaded {drafter.kind} adapter drafts at most D={drafter.max_block}, "
                               f"got {d}")
     return pol.bind(d), d
+
+
+def decoding_config(model: BitMTPModel, *, max_new_tokens: int = 128, policy: str | Policy = "auto",
+                    block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
+                    eos_token_id: int | Sequence[int] | None = None, drafter: Drafter | str | None = None,
+                    schedule: str | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                    min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                    frequency_penalty: float = 0.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
+                    logprobs: bool = False) -> DecodingConfig:
+    """The decoding options of :func:`generate` (documented there), validated once into a frozen
+    :class:`~bitmtp.decoding.config.DecodingConfig`: the policy bound to its block size, the drafter it runs with,
+    the sampling parameters, EOS ids and stop strings. What ``generate(..., config=...)``, the command line,
+    ``bitmtp serve`` and ``bitmtp.patch`` decode with; a bad option is a BitMTPError naming it."""
+    if not isinstance(model, BitMTPModel):
+        raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
+    _check_max_new_tokens(max_new_tokens)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, seed=seed)
+    stops = _check_stop(stop, model)
+    if not isinstance(logprobs, bool):
+        raise BitMTPError(f"logprobs: must be True or False, got {logprobs!r}")
+    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
+    chosen, notes = resolve_drafter(model, pol, drafter)
+    pol, d = resolve_decoding(model, pol, block_size, drafter=chosen)
+    return DecodingConfig(pol, d, chosen, sampling, int(max_new_tokens), tuple(model.eos_ids(eos_token_id)), stops,
+                          logprobs, tuple(notes))
+
+
+#: decoding_config's options and their defaults: generate(..., config=...) refuses any other value beside it
+_OPTION_DEFAULTS: dict[str, Any] = {}
+
+
+def _config_of(model: BitMTPModel, config: Any, options: dict[str, Any]) -> DecodingConfig:
+    """The config a :func:`generate` call decodes with: ``config`` as given (its options left at their
+    defaults), or one built from ``options``."""
+    if config is None:
+        return decoding_config(model, **options)
+    if not isinstance(config, DecodingConfig):
+        raise BitMTPError(f"config: expected a DecodingConfig (bitmtp.decoding_config(model, ...)), got "
+                          f"{_describe(config)}")
+    if not _OPTION_DEFAULTS:
+        import inspect
+
+        _OPTION_DEFAULTS.update((k, p.default) for k, p in inspect.signature(decoding_config).parameters.items()
+                                if p.kind is p.KEYWORD_ONLY)
+    given = [k for k, v in options.items()
+             if not (v is _OPTION_DEFAULTS[k] or (type(v) is type(_OPTION_DEFAULTS[k]) and v == _OPTION_DEFAULTS[k]))]
+    if given:
+        raise BitMTPError(f"config: give the decoding options either in the config or as arguments, not both "
+                          f"(also given: {', '.join(given)}); build the config with them instead")
+    return config
 
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
@@ -857,7 +917,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              seed: int | None = None, stop: str | Sequence[str] | None = None,
-             logprobs: bool = False,
+             logprobs: bool = False, config: DecodingConfig | None = None,
              special_tokens_in_content: bool = False) -> GenerateOutput | TextStream | list[GenerateOutput]:
     """Multi-token generation, greedy or sampled, of one prompt or a batch.
 
@@ -937,6 +997,9 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             always a finite float (never -inf or NaN: a probability that underflowed float32 reads as
             log(2^-149) ≈ -103.3); with ``logprobs=False`` the output's ``logprobs`` is None.
 
+        config: the decoding options above validated once (:func:`decoding_config`), e.g. built once and
+            reused over many calls; the options themselves are then left out.
+
     Returns:
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
         (an iterator of text pieces whose ``result`` is the GenerateOutput once it is exhausted).
@@ -949,44 +1012,32 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
     if (prompt is not None) + (input_ids is not None) + (prompts is not None) != 1:
         raise BitMTPError("prompt/input_ids/prompts: give exactly one of them (prompts: a list of several)")
-    _check_max_new_tokens(max_new_tokens)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                              frequency_penalty=frequency_penalty, seed=seed)
-    stops = _check_stop(stop, model)
-    if not isinstance(logprobs, bool):
-        raise BitMTPError(f"logprobs: must be True or False, got {logprobs!r}")
-    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule)
-    drafter, notes = resolve_drafter(model, pol, drafter)
-    pol, d = resolve_decoding(model, pol, block_size, drafter=drafter)
+    cfg = _config_of(model, config, dict(
+        max_new_tokens=max_new_tokens, policy=policy, block_size=block_size, tau=tau, min_prefix=min_prefix,
+        eos_token_id=eos_token_id, drafter=drafter, schedule=schedule, temperature=temperature, top_k=top_k,
+        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, seed=seed, stop=stop, logprobs=logprobs))
     if prompts is not None:
         if stream:
             raise BitMTPError("stream: a call with several prompts returns their outputs together; stream one "
                               "prompt per call (or serve them: bitmtp serve batches concurrent requests)")
-        return _generate_batch(model, _batch_ids(model, prompts, special_tokens_in_content), max_batch,
-                               dict(max_new_tokens=max_new_tokens, eos=model.eos_ids(eos_token_id), policy=pol,
-                                    block_size=d, drafter=drafter, notes=notes, sampling=sampling,
-                                    logprobs=logprobs), stops)
+        return _generate_batch(model, _batch_ids(model, prompts, special_tokens_in_content), max_batch, cfg)
     ids = model.check_ids(model.encode(prompt, special_tokens_in_content=special_tokens_in_content)
                           if prompt is not None else input_ids)
-    eos = model.eos_ids(eos_token_id)
     if len(ids) > model.engine.capacity:
-        raise BitMTPError(_capacity_advice(model, len(ids), max_new_tokens))
+        raise BitMTPError(_capacity_advice(model, len(ids), cfg.max_new_tokens))
     # a runtime that cannot sample so says it now, not mid-stream (set_sampling itself runs inside the
     # generation, which owns the pool: another thread's generation may be running right now)
-    model.engine.pool.check_sampling(sampling)
+    model.engine.pool.check_sampling(cfg.sampling)
     if batcher is not False and batcher is not None:
-        chunks = _batcher_of(model, batcher, max_batch, pol).submit(
-            ids, max_new_tokens=max_new_tokens, eos=eos, sampling=sampling, logprobs=logprobs,
-            draft=pol.name == "auto", masks=_batch_masks(drafter))
+        chunks = _batcher_of(model, batcher, max_batch, cfg).submit(ids, **cfg.batch_kwargs())
     else:
-        chunks = model.engine.decode(ids, max_new_tokens=max_new_tokens, eos=eos, policy=pol, block_size=d,
-                                     drafter=drafter, notes=notes, sampling=sampling, logprobs=logprobs)
+        chunks = model.engine.decode(ids, **cfg.solo_kwargs())
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
-        return TextStream(model, chunks, stops)
-    return _drain(model, chunks, stops)
+        return TextStream(model, chunks, cfg.stops)
+    return _drain(model, chunks, cfg.stops)
 
 
 def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateOutput:
@@ -1000,19 +1051,11 @@ def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateO
     return _output(model, Engine.run(chunks))
 
 
-def _batch_masks(drafter: Any) -> Any:
-    """The mask-block adapter module whose mask rows draft in batched steps: ``auto``'s lookup+adapter pair with a
-    mask-block adapter (``runtime.batch``); None otherwise (lookup only)."""
-    if isinstance(drafter, CombinedDrafter) and isinstance(drafter.adapter, MaskBlockDrafter):
-        return drafter.adapter.block
-    return None
-
-
-def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, pol: Policy) -> BatchEngine:
+def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, cfg: DecodingConfig) -> BatchEngine:
     """The batch engine ``generate(..., batcher=...)`` decodes on: checked against the model and the policy."""
-    if pol.drafts and pol.name != "auto":
+    if not cfg.batchable:
         raise BitMTPError(f"batcher: a batch decodes policy 'ar' or 'auto' (AR's exact output); policy "
-                          f"{pol.name!r} drafts, so decode it without batcher")
+                          f"{cfg.policy.name!r} drafts, so decode it without batcher")
     if batcher is True:
         return model.batcher(max_batch)
     if not isinstance(batcher, BatchEngine):
@@ -1044,24 +1087,22 @@ def _batch_ids(model: BitMTPModel, prompts: Any, special_tokens_in_content: bool
     return out
 
 
-def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int, kw: dict[str, Any],
-                    stops: tuple[str, ...]) -> list[GenerateOutput]:
+def _generate_batch(model: BitMTPModel, batch: list[list[int]], max_batch: int,
+                    cfg: DecodingConfig) -> list[GenerateOutput]:
     """``generate(prompts=...)``: AR-exact policies on the batch engine, the others one prompt at a time."""
-    pol = kw["policy"]
-    batched = (not pol.drafts or pol.name == "auto") and model.plan is None and model.engine.runtime == "torch"
+    pol, stops = cfg.policy, cfg.stops
+    batched = cfg.batchable and model.plan is None and model.engine.runtime == "torch"
     if not batched:  # one at a time: each call exactly as generate() alone
         outs = []
         for ids in batch:
-            outs.append(_drain(model, model.engine.decode(ids, **kw), stops))
+            outs.append(_drain(model, model.engine.decode(ids, **cfg.solo_kwargs()), stops))
             outs[-1].stats.notes.append(f"batch: policy {pol.name!r} decodes one prompt at a time (batched steps "
                                         "run policy 'ar' and 'auto')")
         return outs
     eng = model.batcher(max_batch)
     # auto's output is AR's exactly (greedy, or sampled with the same seed): in a batch it drafts by lookup and
     # the mask-block adapter's mask rows
-    gens = [eng.submit(ids, max_new_tokens=kw["max_new_tokens"], eos=kw["eos"], sampling=kw["sampling"],
-                       logprobs=kw["logprobs"], draft=pol.name == "auto", masks=_batch_masks(kw["drafter"]))
-            for ids in batch]
+    gens = [eng.submit(ids, **cfg.batch_kwargs()) for ids in batch]
     iters: list[Any] = [TextStream(model, g, stops) if stops else g for g in gens]
     results: list[GenerateOutput | None] = [None] * len(batch)
     active = list(range(len(batch)))

@@ -257,7 +257,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     import bitmtp
-    from bitmtp.decoding import get_policy
     from bitmtp.errors import BitMTPError
 
     if args.threads:
@@ -283,12 +282,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             policy, block_size = model.recommended(None, args.block_size)
         else:
             policy, block_size = args.policy, args.block_size
-        cls = get_policy(policy)
-        needs_adapter = args.drafter == "adapter" or (args.drafter is None and cls.default_drafter == "adapter")
-        if cls.drafts and needs_adapter and model.drafter is None:
-            raise BitMTPError(f"--policy {policy} drafts tokens and needs an MTP adapter: pass --adapter DIR "
-                              "(no shipped adapter matches this model), draft by prompt lookup (--drafter lookup), "
-                              "or use --policy auto or ar")
+        # every decoding option validated once (the errors spell the flags: main() runs in command_line_advice)
+        options = dict(max_new_tokens=args.max_new_tokens, policy=policy, block_size=block_size, tau=args.tau,
+                       min_prefix=args.min_prefix, drafter=args.drafter, schedule=args.schedule,
+                       **sampling_kwargs(args))
+        config = model.decoding_config(**options)
         prompt = None
         if input_ids is None:
             if model.tokenizer is None:
@@ -296,9 +294,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                                   "give token ids with --input-ids")
             text = DEFAULT_PROMPT if args.prompt is None else args.prompt
             prompt = text if args.raw else [{"role": "user", "content": text}]
-        kwargs = dict(input_ids=input_ids, max_new_tokens=args.max_new_tokens, policy=policy,
-                      block_size=block_size, tau=args.tau, min_prefix=args.min_prefix, drafter=args.drafter,
-                      schedule=args.schedule, special_tokens_in_content=args.parse_special, **sampling_kwargs(args))
+        kwargs = dict(input_ids=input_ids, config=config, special_tokens_in_content=args.parse_special)
         if args.json or model.tokenizer is None:
             out = bitmtp.generate(model, prompt, **kwargs)
         else:
@@ -326,8 +322,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         for line in stats_lines(out.stats):
             print(line, file=sys.stderr)
     if args.compare_ar and policy != "ar":
-        ar = bitmtp.generate(model, prompt, **{**kwargs, "policy": "ar", "drafter": None, "schedule": None,
-                                               "seed": out.seed})
+        ar_config = model.decoding_config(**{**options, "policy": "ar", "drafter": None, "schedule": None,
+                                             "seed": out.seed})
+        ar = bitmtp.generate(model, prompt, **{**kwargs, "config": ar_config})
         same = "identical to" if ar.token_ids == out.token_ids else "differs from"
         speedup = out.tokens_per_second / ar.tokens_per_second
         print(f"compare-ar: ar {_fmt(ar.tokens_per_second, '.1f')} tok/s, {policy} "

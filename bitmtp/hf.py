@@ -38,6 +38,7 @@ as the unpatched embedding lookup raises.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import warnings
@@ -56,13 +57,13 @@ _FALL_THROUGH_KWARGS = ("assistant_model", "custom_generate", "prefix_allowed_to
 
 
 class _Patch:
-    def __init__(self, model, bm, original, policy, block_size, drafter=None, notes=()):
+    def __init__(self, model, bm, original, config):
         self.model, self.bm, self.original = model, bm, original
-        #: the bound policy object (``bitmtp.decoding.Policy``) every patched call decodes with
-        self.resolved = policy
-        #: its drafter (``bitmtp.api.resolve_drafter``) and the notes for its stats
-        self.drafter, self.notes = drafter, list(notes)
-        self.policy, self.block_size = policy.name, block_size
+        #: the decoding config every patched call decodes with (``bitmtp.decoding_config``: the bound policy, its
+        #: block size and drafter); each call sets its own sampling, max_new_tokens and EOS ids on a copy
+        self.config = config
+        self.drafter = config.drafter
+        self.policy, self.block_size = config.policy.name, config.block_size
         self.warned: set[str] = set()
         self.last_stats = None
         self.calls = {"bitmtp": 0, "transformers": 0}
@@ -91,8 +92,8 @@ def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int
         capacity: KV store size in tokens (prompt + generated); longer calls fall through.
         backend, quantize: as in :func:`bitmtp.load`.
     """
-    from bitmtp.api import BitMTPModel, load, resolve_decoding, resolve_drafter
-    from bitmtp.decoding import get_policy, resolve_policy
+    from bitmtp.api import BitMTPModel, load
+    from bitmtp.decoding import get_policy
 
     if getattr(model, _ATTR, None) is not None:
         raise BitMTPError("model: already patched; call bitmtp.unpatch(model) first")
@@ -108,11 +109,9 @@ def patch(model: Any, adapter: Any = "auto", policy: Any = None, block_size: int
         policy = "auto"
     if policy is None:
         policy, block_size = bm.recommended(None, block_size)
-    pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix)
-    drafter, notes = resolve_drafter(bm, pol, None)
-    resolved, block_size = resolve_decoding(bm, pol, block_size, drafter=drafter)
+    config = bm.decoding_config(policy=policy, block_size=block_size, tau=tau, min_prefix=min_prefix)
     original = model.generate
-    state = _Patch(model, bm, original, resolved, block_size, drafter, notes)
+    state = _Patch(model, bm, original, config)
 
     @functools.wraps(original)
     def generate(*args, **kwargs):
@@ -255,9 +254,10 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     eos = gc.eos_token_id
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in torch.as_tensor(eos)])
     bm = state.bm
-    chunks = bm.engine.decode(prompt, max_new_tokens=max(1, max_new), eos=eos, policy=state.resolved,
-                              block_size=state.block_size, drafter=state.drafter, notes=state.notes,
-                              sampling=sampling)
+    # the patch's config with this call's limits (each part checked: SamplingParams checks itself, transformers
+    # its generation config)
+    config = dataclasses.replace(state.config, sampling=sampling, max_new_tokens=max(1, max_new), eos=tuple(eos))
+    chunks = bm.engine.decode(prompt, **config.solo_kwargs())
     seq = input_ids
     stopped = False
     try:  # the generation owns the engine's KV store until it ends: close it on every exit

@@ -223,7 +223,7 @@ def test_patch_bad_input(adapter_dir, tmp_path):
         bitmtp.patch(hf, adapter=adapter_dir(hf), policy="beam")
     assert patch_state(hf) is None  # nothing half-done
     bitmtp.patch(hf, adapter=None, policy="speculative")  # no adapter: bitmtp's runtime with policy auto (lookup)
-    assert patch_state(hf).policy == "auto" and "lookup only" in patch_state(hf).notes[0]
+    assert patch_state(hf).policy == "auto" and "lookup only" in patch_state(hf).config.notes[0]
     with pytest.raises(BitMTPError, match="already patched"):
         bitmtp.patch(hf)
     bitmtp.unpatch(hf)

@@ -201,7 +201,7 @@ def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None
             # the GenerateOutput the call without stream returns
             batch = dict(batcher=True, max_batch=state.max_batch) if state.max_batch and not solo else {}
             stream = bitmtp.generate(state.solo if solo else session, input_ids=req.input_ids, stream=True, **batch,
-                                     **req.kwargs)
+                                     config=req.config)
             emit(("start", None))
             # text not sent yet with its origin spans (asked for: bitmtp.origins), and when the last piece
             # went (the first goes at once)

@@ -64,7 +64,7 @@ class Request:
 
     chat: bool
     input_ids: list[int]
-    #: keyword arguments of ``bitmtp.generate`` (besides model, input_ids and stream)
+    #: the decoding options as ``bitmtp.generate`` keywords (what :attr:`config` was built from)
     kwargs: dict[str, Any]
     stream: bool = False
     include_usage: bool = False
@@ -74,6 +74,8 @@ class Request:
     model: str | None = None
     #: send each piece of text with the origins of its tokens (``"bitmtp": {"origins": true}``)
     origins: bool = False
+    #: ``kwargs`` validated into the decoding config the request decodes with (``bitmtp.decoding_config``)
+    config: Any = None
 
 
 def _kind(x: Any) -> str:
@@ -256,8 +258,13 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
         raise bad_request(field_name, f"the model's tokenizer or chat template refused it ({type(exc).__name__}: "
                                       f"{quote(str(exc))})") from None
     kwargs["max_new_tokens"] = _max_tokens(body, chat=chat, prompt_tokens=len(ids), capacity=model.engine.capacity)
+    try:  # every decoding option validated once, as generate() would (its config is what the request decodes with)
+        config = model.decoding_config(**kwargs)
+    except BitMTPError as exc:
+        field_name = str(exc).split(":", 1)[0]
+        raise APIError(400, str(exc), param=field_name if field_name in _SAMPLING else None) from None
     return Request(chat=chat, input_ids=ids, kwargs=kwargs, stream=stream, include_usage=include_usage,
-                   logprobs=logprobs, model=name, origins=origins)
+                   logprobs=logprobs, model=name, origins=origins, config=config)
 
 
 #: the request's extension field ``"bitmtp"``: option → what it asks for
