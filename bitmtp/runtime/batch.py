@@ -56,10 +56,11 @@ from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import GPU_STEP, StepInputs
 from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.threads import step_threads
-from bitmtp.runtime.decode import DecodeStats, GenerationResult, _Output
+from bitmtp.runtime.decode import DecodeStats, GenerationResult
 from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
 from bitmtp.runtime.gpu_step import Launcher, plan_for
 from bitmtp.runtime.kv import KVStore
+from bitmtp.runtime.output import Output
 
 #: a sequence's KV range starts at a multiple of this many rows (module docstring: batch invariance needs a
 #: multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
@@ -226,7 +227,7 @@ class _Seq:
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
     pending: int = -1  # the last committed token, whose KV row the next decode step writes
     sampler: Sampler | None = None
-    out: _Output | None = None
+    out: Output | None = None
     stats: DecodeStats = field(default_factory=lambda: DecodeStats("ar", 1))
     chunks: collections.deque = field(default_factory=collections.deque)
     result: GenerationResult | None = None
@@ -347,7 +348,7 @@ class BatchEngine:
             if seq.params is not None:
                 seq.sampler = Sampler(seq.params, self.decoder.args.vocab_size, self.decoder.device)
                 seq.sampler.start(seq.params.seed, seq.ids)
-            seq.out = _Output(seq.max_new_tokens, seq.eos, self.capacity + 1 - len(seq.ids), seq.sampler,
+            seq.out = Output(seq.max_new_tokens, seq.eos, self.capacity + 1 - len(seq.ids), seq.sampler,
                               seq.logprobs)
             seq.report.update(output=seq.out, seed=seq.params.seed if seq.params is not None else None,
                               prompt_tokens=len(seq.ids))

@@ -54,7 +54,8 @@ def test_policy_capabilities_are_declared(name: str) -> None:
     assert cls.uses_costs == (name == "auto") and cls.plans_runner_ups == (name == "auto")
 
 
-@pytest.mark.parametrize("path", ["bitmtp/runtime/decode.py", "bitmtp/runtime/batch.py"])
+@pytest.mark.parametrize("path", ["bitmtp/runtime/decode.py", "bitmtp/runtime/batch.py", "bitmtp/runtime/two_pass.py",
+                                  "bitmtp/runtime/pass_layouts.py"])
 def test_decode_loops_do_not_probe_capabilities(path: str) -> None:
     tree = ast.parse((REPO_ROOT / Path(path)).read_text())
     probes = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)

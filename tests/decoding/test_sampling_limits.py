@@ -37,7 +37,7 @@ from bitmtp.decoding.sampling import (
     reference_sample,
     seed_words,
 )
-from bitmtp.runtime.decode import LOGPROB_FLOOR, _logprob
+from bitmtp.runtime.output import LOGPROB_FLOOR, _logprob
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import tiny_model
 
