@@ -54,10 +54,12 @@ class PeerRow:
     bitmtp_tps: float
     llama_tps: float
     ratio: float  # median over rounds of bitmtp / llama.cpp
+    #: decode figures: bitmtp's host glue per step, ms (a step's time outside the native kernels: bench/glue.py)
+    glue_ms: float = float("nan")
 
     def as_dict(self) -> dict:
         return {"figure": self.figure, "kv": self.kv, "bitmtp_tps": self.bitmtp_tps, "llama_tps": self.llama_tps,
-                "ratio": self.ratio}
+                "ratio": self.ratio, "glue_ms": self.glue_ms}
 
 
 def bitmtp_measure(model, figure: str, seed: int = 0) -> float:
@@ -114,15 +116,29 @@ def compare(gguf: Path, *, threads: int = 2, rounds: int = 3, figures: tuple[str
                 theirs.append(float(rec["avg_ts"]))
                 ours.append(bitmtp_measure(model, figure, seed=r))
             ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
-            row = PeerRow(figure, kv, statistics.median(ours), statistics.median(theirs), ratio)
+            glue = _decode_glue(model, g, d) if g else float("nan")
+            row = PeerRow(figure, kv, statistics.median(ours), statistics.median(theirs), ratio, glue)
             log(f"{figure:10s} kv={kv:7s} bitmtp {row.bitmtp_tps:8.1f} tok/s  llama.cpp {row.llama_tps:8.1f} tok/s"
                 f"  ratio {ratio:.2f}")
             rows.append(row)
     return rows
 
 
+def _decode_glue(model, gen: int, depth: int) -> float:
+    """bitmtp's host glue per AR step at this figure's depth, ms (``bench.glue``; NaN without the extension)."""
+    from bench.glue import solo_ar_glue
+
+    try:
+        return solo_ar_glue(model, steps=gen, context=max(depth, 16)).glue_ms
+    except ImportError:
+        return float("nan")
+
+
 def format_table(rows: list[PeerRow]) -> str:
-    out = ["| figure | KV | bitmtp tok/s | llama.cpp tok/s | bitmtp / llama.cpp |", "|---|---|---|---|---|"]
+    out = ["| figure | KV | bitmtp tok/s | llama.cpp tok/s | bitmtp / llama.cpp | bitmtp host glue, ms a step |",
+           "|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r.figure} | {KV_MODES[r.kv][2]} | {r.bitmtp_tps:.1f} | {r.llama_tps:.1f} | {r.ratio:.2f} |")
+        glue = "" if r.glue_ms != r.glue_ms else f"{r.glue_ms:.2f}"
+        out.append(f"| {r.figure} | {KV_MODES[r.kv][2]} | {r.bitmtp_tps:.1f} | {r.llama_tps:.1f} | {r.ratio:.2f} "
+                   f"| {glue} |")
     return "\n".join(out)

@@ -10,7 +10,10 @@ writes
   against replay width M, one line per shape (and backend on a GPU), with the streaming-read (CPU)
   or copy (GPU) bandwidth measured in the same run as a dashed line
   (``bench/kernels/test_bench_cpu_kernels.py``: ``weights_GBps`` per ``M``;
-  ``bench/kernels/test_bench_cuda.py``: ``<backend>_m<M>_GBps``).
+  ``bench/kernels/test_bench_cuda.py``: ``<backend>_m<M>_GBps``);
+* ``serve_latency.png`` — time to first token and inter-token latency (p50, p95) against concurrent streaming
+  clients, ``bitmtp serve`` and llama-server, with the run where a 4k-token prompt arrives mid-run
+  (``bench/e2e/test_bench_batch.py::test_serve_clients_vs_llama_server``: ``<server>_<clients>_<metric>_ms``).
 
 A plot whose figures the run lacks is skipped with a note; a run with none of them is an error
 (exit 2), as are a missing file and a file that is not a pytest-benchmark JSON run.
@@ -83,6 +86,55 @@ def bandwidth_series(benchmarks: list[dict[str, Any]]) -> tuple[dict[str, list[t
     return lines, {k: statistics.median(v) for k, v in refs.items()}
 
 
+#: the serve benchmark's latency figures: ``<server>_<clients>_<metric>_ms`` (clients 1, 4, 8, 16 or "8+4k": eight
+#: streams with a 4k-token prompt arriving mid-run)
+LATENCY_METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
+_LATENCY_KEY = re.compile(r"^(bitmtp|llama)_(\d+|8\+4k)_(ttft_p50|ttft_p95|itl_p50|itl_p95)_ms$")
+
+
+def latency_series(benchmarks: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[Any, float]]]]:
+    """metric -> "<server> <p50|p95>" -> [(clients, ms)] from ``test_serve_clients_vs_llama_server``."""
+    out: dict[str, dict[str, list[tuple[Any, float]]]] = defaultdict(lambda: defaultdict(list))
+    for b in benchmarks:
+        if "test_serve_clients_vs_llama_server" not in b.get("fullname", ""):
+            continue
+        for key, value in b.get("extra_info", {}).items():
+            m = _LATENCY_KEY.match(key)
+            if m and isinstance(value, (int, float)):
+                server, clients, metric = m.groups()
+                kind, pct = metric.split("_")
+                out[kind][f"{server} {pct}"].append((clients if clients == "8+4k" else int(clients), float(value)))
+    return {k: {s: sorted(v, key=lambda p: (isinstance(p[0], str), p[0])) for s, v in series.items()}
+            for k, series in out.items()}
+
+
+def _latency_plot(plt, series: dict[str, dict[str, list[tuple[Any, float]]]], title: str, path: Path) -> Path:
+    """Two panels (time to first token, inter-token latency) against concurrent clients, a line per server and
+    percentile; the 8-client run with a 4k-token prompt arriving mid-run as a separate marker at 8."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, kind, label in zip(axes, ("ttft", "itl"), ("time to first token (ms)", "inter-token latency (ms)"),
+                               strict=True):
+        for name, pts in sorted(series.get(kind, {}).items()):
+            line = [(c, v) for c, v in pts if not isinstance(c, str)]
+            style = "-" if name.endswith("p50") else "--"
+            drawn = ax.plot([c for c, _ in line], [v for _, v in line], style, marker="o", label=name)
+            for c, v in pts:
+                if isinstance(c, str):  # the run with a long prompt: drawn at its 8 clients
+                    ax.plot([8], [v], marker="*", ms=12, color=drawn[0].get_color(), ls="none")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 4, 8, 16], ["1", "4", "8", "16"])
+        ax.set_yscale("log")
+        ax.set_xlabel("streaming clients (★: 8 and a 4k-token prompt)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _log2_plot(plt, series: dict, decorate, xlabel: str, ylabel: str, title: str, path: Path,
                legend_size: int | None = None) -> Path:
     """One line per series over a log2 x axis ticked at the measured points; ``decorate(ax)`` adds
@@ -142,6 +194,12 @@ def write_plots(run: Path, out: Path) -> list[Path]:
                                   out / "kernel_bandwidth_vs_width.png", legend_size=8))
     else:
         print(f"bench.plots: {run}: no kernel width figures: kernel_bandwidth_vs_width.png skipped")
+    latency = latency_series(benchmarks)
+    if latency:
+        written.append(_latency_plot(plt, latency, f"bitmtp serve vs llama-server, SmolLM2 Q4_1\n{title_tail}",
+                                     out / "serve_latency.png"))
+    else:
+        print(f"bench.plots: {run}: no serve latency figures: serve_latency.png skipped")
     if not written:
         raise BitMTPError(f"{run}: none of the plotted figures are in this run (run pytest bench --benchmark-only, "
                           f"not --benchmark-disable)")

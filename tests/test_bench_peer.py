@@ -83,5 +83,5 @@ def test_bitmtp_side_of_a_figure(figure, monkeypatch):
     tps = bitmtp_measure(model, figure)
     prompt, gen, depth = FIGURES[figure]
     assert tps > 0 and model.engine.n == (prompt if prompt else max(depth, 16) + gen)
-    table = format_table([PeerRow(figure, "default", tps, tps / 2, 2.0)])
-    assert figure in table and "2.00" in table
+    table = format_table([PeerRow(figure, "default", tps, tps / 2, 2.0, 0.37 if FIGURES[figure][1] else float("nan"))])
+    assert figure in table and "2.00" in table and ("0.37" in table) == bool(FIGURES[figure][1])

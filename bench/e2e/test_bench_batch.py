@@ -7,13 +7,16 @@
   sequence; ``batch_efficiency`` = (batch/solo) / (8 / c₈).
   ``auto_over_ar_batch``: the same batch with ``policy="auto"`` (lookup guess rows where a row pays) over
   batched AR (goal ≥ 0.97); ``host_ms_per_step``: a batched step's time outside its forward passes (the
-  Python loop: plan, inputs, read, commit, stats), per step or prefill pass.
+  Python loop: plan, inputs, read, commit, stats), per step or prefill pass; ``glue_ms_batch1`` /
+  ``glue_ms_per_extra_seq``: a decode step's time outside the native kernels (``bench/glue.py``: Python and torch
+  glue, the mask and the embedding included) at batch 1, and what each further sequence adds (goals ≤ 0.5 / 0.1).
 * ``test_serve_bursts`` (full mode): three bursts of 64 clients x 2 requests (``bench/bursts.py``), a quarter
   hung up on part-way: no 5xx, completed answers equal solo, KV rows back to zero, RSS growth ≤ 32 MiB, TTFT.
 * ``test_serve_clients_vs_llama_server`` (full mode: llama-server built from the llama-cpp-python sdist):
   1, 4, 8 and 16 concurrent streaming clients, each a process of its own (``bench/sse_client.py``), against
   ``bitmtp serve`` (``max_batch=8``) and ``llama-server -np 8 -cb`` on the same GGUF, alternated; tokens/s,
-  p50 / p95 time to first token and inter-chunk latency; one 4k-token prompt arriving mid-run at 8 clients.
+  p50 / p95 time to first token and inter-chunk latency; one 4k-token prompt arriving mid-run at 8 clients
+  (``python -m bench.plots RUN.json`` draws them: ``serve_latency.png``).
 
 Run: ``python -m pytest bench/e2e/test_bench_batch.py --benchmark-only -s`` (``--bench-mode full`` for the
 servers).
@@ -31,6 +34,7 @@ import pytest
 import torch
 
 from bench.conftest import HIGHER, by_mode, record
+from bench.glue import batch_glue
 from tests.support.paths import REPO_ROOT
 from tests.support.smollm2 import PROMPTS, smollm2_path
 
@@ -76,7 +80,7 @@ def test_batch_over_solo(benchmark):
     if benchmark.disabled:
         return
     eng = model.batcher(BATCH)
-    solo_tps, batch_tps, auto_tps, c8, host_ms = [], [], [], [], []
+    solo_tps, batch_tps, auto_tps, c8, host_ms, glue1, glue_seq = [], [], [], [], [], [], []
     for _ in range(ROUNDS):  # alternated: solo, batch, batched auto, the step costs
         t0 = time.perf_counter()
         solo = [bitmtp.generate(model, p, **kw) for p in prompts]
@@ -104,6 +108,9 @@ def test_batch_over_solo(benchmark):
         assert [o.token_ids for o in auto] == [o.token_ids for o in solo]
         w1, w8 = _step_cost(eng, 1, 20), _step_cost(eng, BATCH, 10)
         c8.append(w8 / w1)
+        g1, g8 = batch_glue(model, 1, max_batch=BATCH), batch_glue(model, BATCH, max_batch=BATCH)
+        glue1.append(g1.glue_ms)
+        glue_seq.append((g8.glue_ms - g1.glue_ms) / (BATCH - 1))
     ratios = [b / s for b, s in zip(batch_tps, solo_tps, strict=True)]
     ratio, cost = statistics.median(ratios), statistics.median(c8)
     auto_ratio = statistics.median(u / b for u, b in zip(auto_tps, batch_tps, strict=True))
@@ -113,12 +120,15 @@ def test_batch_over_solo(benchmark):
           f"time ({ratio:.2f}x; rounds " + " ".join(f"{r:.2f}" for r in ratios) + f"); c8 = {cost:.2f} width-1 steps, "
           f"so the ideal is {BATCH / cost:.2f}x: efficiency {efficiency:.2f} (goal >= 0.85); auto in the batch "
           f"{auto_ratio:.3f}x batched AR ({guesses} lookup guesses, goal >= 0.97); host loop "
-          f"{statistics.median(host_ms):.2f} ms a step outside the forward passes")
+          f"{statistics.median(host_ms):.2f} ms a step outside the forward passes; host glue (outside the native "
+          f"kernels) {statistics.median(glue1):.3f} ms a step at batch 1 (goal <= 0.5), "
+          f"{statistics.median(glue_seq):.3f} ms per extra sequence (goal <= 0.1)")
     record(benchmark, {"batch8_over_solo": HIGHER, "batch_efficiency": HIGHER},
            model="SmolLM2-135M-Instruct Q4_1, policy ar, greedy", threads=THREADS, new_tokens=NEW, batch=BATCH,
            solo_tps=statistics.median(solo_tps), batch_tps=statistics.median(batch_tps), batch8_over_solo=ratio,
            c8=cost, batch_efficiency=efficiency, auto_over_ar_batch=auto_ratio, auto_guesses=guesses,
-           host_ms_per_step=statistics.median(host_ms))
+           host_ms_per_step=statistics.median(host_ms), glue_ms_batch1=statistics.median(glue1),
+           glue_ms_per_extra_seq=statistics.median(glue_seq))
 
 
 def _clients(url: str, prompts: list[str], long_prompt: str | None = None) -> list[tuple]:
@@ -184,13 +194,16 @@ def test_serve_clients_vs_llama_server(benchmark):
                 table[(name, "8+4k")] = [(rows, wall)]
     finally:
         peer.stop()
-    figures = {}
+    figures, latency = {}, {}
     print()
     for (name, clients), runs in table.items():
         tps = statistics.median(sum(row[2] for row in rows) / wall for rows, wall in runs)
         ttft = [row[3] for rows, _ in runs for row in rows]
         gaps = [g for rows, _ in runs for row in rows for g in row[4]]
         figures[(name, clients)] = tps
+        for metric, values, q in (("ttft_p50", ttft, .5), ("ttft_p95", ttft, .95), ("itl_p50", gaps, .5),
+                                  ("itl_p95", gaps, .95)):
+            latency[f"{name}_{clients}_{metric}_ms"] = _pct(values, q) * 1e3  # bench/plots.py draws them
         print(f"{name:7s} {clients!s:>5} clients: {tps:7.1f} tok/s  ttft p50 {_pct(ttft, .5) * 1e3:6.0f} ms p95 "
               f"{_pct(ttft, .95) * 1e3:6.0f} ms  itl p50 {_pct(gaps, .5) * 1e3:5.1f} ms "
               f"p95 {_pct(gaps, .95) * 1e3:5.1f} ms")
@@ -200,7 +213,7 @@ def test_serve_clients_vs_llama_server(benchmark):
            threads=THREADS, max_tokens=NEW, **{f"serve_tps_{c}": v for c, v in ours.items()},
            **{f"llama_tps_{c}": v for c, v in theirs.items()},
            **{f"serve_over_llama_{c}": ours[c] / theirs[c] for c in ours},
-           serve_8_over_1=ours[8] / ours[1])
+           serve_8_over_1=ours[8] / ours[1], **latency)
 
 
 #: bursts of test_serve_bursts: clients, requests each, max_tokens, share of requests hung up on

@@ -40,5 +40,6 @@ def test_bitmtp_vs_llama_cpp_smollm2(benchmark):
     figures = {f"{r.figure}_{r.kv}_over_llama_cpp": r.ratio for r in rows}
     figures.update({f"{r.figure}_{r.kv}_bitmtp_tps": r.bitmtp_tps for r in rows})
     figures.update({f"{r.figure}_{r.kv}_llama_cpp_tps": r.llama_tps for r in rows})
+    figures.update({f"{r.figure}_{r.kv}_glue_ms": r.glue_ms for r in rows if r.glue_ms == r.glue_ms})
     record(benchmark, model="SmolLM2-135M-Instruct Q4_1", threads=2, torch_threads=torch.get_num_threads(),
            **figures)

@@ -17,7 +17,6 @@ pass over every sequence's rows).
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,144 +28,13 @@ from bitmtp.decoding.onepass import HEADS_DRAFT_COST, PassContext
 from bitmtp.decoding.policies import ONE_PASS_SCHEDULES, Policy, resolve_policy
 from bitmtp.decoding.sampling import SamplingParams
 from bitmtp.errors import BitMTPError
-from bitmtp.runtime.output import Output
+from bitmtp.runtime.output import DecodeStats, GenerationResult, Output
 from bitmtp.runtime.pass_layouts import pass_layout
+from bitmtp.runtime.two_pass import _check_block, two_pass_loop
 
 #: generations asking for fewer new tokens than this plan ``auto`` with the prior step costs instead of
 #: calibrating first (``runtime.calibration``): the ~5 s measurement pays off over longer generations
 CALIBRATE_MIN_NEW_TOKENS = 64
-
-
-@dataclass
-class DecodeStats:
-    """What a generation did.
-
-    ``committed``: tokens committed by each iteration (the prefill's first token is not an
-    iteration). ``verifier_calls``: iterations that ran a verify step. ``widths``: how many steps ran
-    at each width. ``syncs``: device→host reads, prefill included. ``draft_steps``: draft steps run
-    (an iteration whose draft was overtaken by a stop found in the previous verify commits nothing
-    and is not counted in ``committed``). ``flushes``: verify results read outside an iteration's read.
-    """
-
-    policy: str
-    block_size: int
-    committed: list[int] = field(default_factory=list)
-    verified: list[bool] = field(default_factory=list)  # per iteration: did a verify step decide it
-    verifier_calls: int = 0
-    widths: Counter = field(default_factory=Counter)
-    syncs: int = 0
-    draft_steps: int = 0
-    flushes: int = 0
-    seconds: float = 0.0
-    tokens: int = 0
-    #: the schedule that ran ("two-pass" or "one-pass"; "" for AR)
-    schedule: str = ""
-    #: one-pass iterations by what they ran: "ar" (no guesses), "lookup", "masks", "oracle", with
-    #: "+masks" when mask rows drafted the next guesses
-    choices: Counter = field(default_factory=Counter)
-    #: guesses verified and accepted (one pass)
-    guesses: int = 0
-    accepted: int = 0
-    #: one pass, guesses drafted by the adapter's mask rows: per guess position j (g_(j+1)), how many steps
-    #: checked it (every guess before it accepted) and how many accepted it — the ``top2`` schedule counts
-    #: position 0 accepted when g_1 or its runner-up is
-    position_checked: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    #: the ``top2`` schedule: runner-up rows verified, and how many of them committed
-    runner_ups: int = 0
-    runner_ups_accepted: int = 0
-    #: what the caller should know about how it decoded (e.g. "auto: no adapter, lookup drafts only")
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def iterations(self) -> int:
-        return len(self.committed)
-
-    @property
-    def mean_committed(self) -> float:
-        """Mean committed tokens per iteration."""
-        return sum(self.committed) / len(self.committed) if self.committed else float("nan")
-
-    @property
-    def histogram(self) -> dict[int, int]:
-        """Committed tokens per iteration → how many iterations committed that many."""
-        return dict(sorted(Counter(self.committed).items()))
-
-    @property
-    def verifier_rate(self) -> float:
-        """Fraction of iterations that ran the verifier."""
-        return self.verifier_calls / len(self.committed) if self.committed else float("nan")
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode throughput: tokens committed by iterations over the decode time."""
-        return sum(self.committed) / self.seconds if self.seconds > 0 else float("nan")
-
-    def record_pass(self, layout: Any, a: int, runner_up: bool, taken: int, fused: str) -> None:
-        """A one-pass iteration of ``layout`` (``runtime.pass_layouts``) that accepted ``a`` guesses (or g_1's
-        runner-up) and committed ``taken`` tokens."""
-        k = layout.k
-        self.committed.append(taken)
-        self.verified.append(k > 0)
-        self.widths[layout.width] += 1
-        self.choices[layout.choice(fused)] += 1
-        self.verifier_calls += k > 0
-        self.guesses += k
-        self.accepted += 1 if runner_up else a
-        self.runner_ups += layout.alt is not None
-        self.runner_ups_accepted += runner_up
-        self.draft_steps += layout.plan.masks > 0
-        if k and layout.plan.source == "masks":
-            self._count_positions(k, 1 if runner_up else a, runner_up)
-
-    def _count_positions(self, k: int, accepted: int, runner_up: bool) -> None:
-        """Per guess position (:attr:`position_checked` / :attr:`position_accepted`): a step with ``k`` mask
-        guesses of which the first ``accepted`` held checked positions 0..min(accepted, k − 1) — after an
-        accepted runner-up the chain's later guesses were drafted after g_1 and are not checked."""
-        top = 1 if runner_up else min(accepted + 1, k)
-        for lst in (self.position_checked, self.position_accepted):
-            lst.extend([0] * (k - len(lst)))
-        for j in range(top):
-            self.position_checked[j] += 1
-            self.position_accepted[j] += j < accepted
-
-    def as_dict(self) -> dict:
-        return {"policy": self.policy, "block_size": self.block_size, "iterations": self.iterations,
-                "mean_committed": self.mean_committed, "histogram": self.histogram,
-                "verifier_calls": self.verifier_calls, "verifier_rate": self.verifier_rate,
-                "widths": dict(sorted(self.widths.items())), "syncs": self.syncs, "draft_steps": self.draft_steps,
-                "flushes": self.flushes, "tokens_per_second": self.tokens_per_second, "schedule": self.schedule,
-                "choices": dict(sorted(self.choices.items())), "guesses": self.guesses, "accepted": self.accepted,
-                "position_checked": list(self.position_checked), "position_accepted": list(self.position_accepted),
-                "runner_ups": self.runner_ups, "runner_ups_accepted": self.runner_ups_accepted,
-                "notes": list(self.notes)}
-
-
-@dataclass
-class GenerationResult:
-    """Generated token ids (prompt excluded), why generation stopped, timing and stats."""
-
-    tokens: list[int]
-    stop_reason: str  # "eos" | "max_new_tokens" | "capacity"
-    prompt_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
-    stats: DecodeStats
-    #: per token, the log-probability of the chosen token under the distribution it was chosen from
-    #: (asked for with ``logprobs=True``; see :func:`decode`): always finite, ≥
-    #: :data:`bitmtp.runtime.output.LOGPROB_FLOOR`
-    logprobs: list[float] | None = None
-    #: the sampling seed used (None when decoding greedily)
-    seed: int | None = None
-    #: per token, where it came from (``bitmtp.decoding.origins``: "ar", "lookup", "mask", ...)
-    origins: list[str] = field(default_factory=list)
-    #: per token, the iteration that committed it (0: the prefill's token; equal steps: one iteration)
-    steps: list[int] = field(default_factory=list)
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode throughput: generated tokens after the first, over decode time."""
-        return max(len(self.tokens) - 1, 0) / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
 def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
@@ -256,8 +124,6 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     elif out.reason is None and one_pass:
         yield from _onepass_loop(engine, out, stats, ids, first, pol, d, drafter, costs)
     elif out.reason is None:
-        from bitmtp.runtime.two_pass import two_pass_loop  # (it imports this module's checks and output)
-
         yield from two_pass_loop(engine, out, stats, ids, first, pol, d, drafter)
     t2 = time.perf_counter()
     stats.syncs = engine.syncs - syncs0
@@ -293,19 +159,6 @@ def _check_drafter(engine, drafter: DraftSource, policy: Policy) -> None:
     if policy.decode_schedule == "top2" and fused != "masks":
         raise BitMTPError(f"schedule: the top2 schedule verifies the runner-up of a mask row's draft and needs a "
                           f"mask-block adapter; the {kind} drafter has no mask rows; use schedule='one-pass'")
-
-
-def _check_block(engine, d: int, drafter, policy: Policy) -> None:
-    """A draft step of block size ``d`` with ``drafter`` fits the engine (m_max) and the drafter."""
-    if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
-        raise BitMTPError(f"plan: policy {policy.name!r} planned a block size of {d!r}; a draft step's block "
-                          "size must be an integer in 2..16")
-    if 2 * d - 1 > engine.kv.m_max:
-        raise BitMTPError(f"block_size: D={d} needs steps of width 2D-1={2 * d - 1}, but the engine's "
-                          f"m_max is {engine.kv.m_max}; load the model with m_max >= {2 * d - 1}")
-    if drafter is None:
-        raise BitMTPError(f"policy: {policy.name!r} needs a drafter (an MTP adapter); none is loaded")
-    drafter.check_block(d)
 
 
 def _onepass_loop(engine, out: Output, stats: DecodeStats, ids: list[int], first: int, policy: Policy, d: int,

@@ -31,10 +31,22 @@ import torch
 from bitmtp.decoding import origins as origin
 from bitmtp.decoding.policies import Commit, Plan, Policy, Verify
 from bitmtp.errors import BitMTPError
-from bitmtp.runtime.decode import DecodeStats, _check_block
-from bitmtp.runtime.output import Output
+from bitmtp.runtime.output import DecodeStats, Output
 from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
+
+
+def _check_block(engine, d: int, drafter, policy: Policy) -> None:
+    """A draft step of block size ``d`` with ``drafter`` fits the engine (m_max) and the drafter."""
+    if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
+        raise BitMTPError(f"plan: policy {policy.name!r} planned a block size of {d!r}; a draft step's block "
+                          "size must be an integer in 2..16")
+    if 2 * d - 1 > engine.kv.m_max:
+        raise BitMTPError(f"block_size: D={d} needs steps of width 2D-1={2 * d - 1}, but the engine's "
+                          f"m_max is {engine.kv.m_max}; load the model with m_max >= {2 * d - 1}")
+    if drafter is None:
+        raise BitMTPError(f"policy: {policy.name!r} needs a drafter (an MTP adapter); none is loaded")
+    drafter.check_block(d)
 
 
 @dataclass
