@@ -26,10 +26,12 @@ next step.
 the same seed). ``auto`` adds guess rows to a step — prompt-lookup continuations of a sequence, verified in the
 same pass, the accepted ones committed with the token after them (the one-pass rule,
 ``decoding.accept.speculative_accept``) — best expected accepted tokens first, while a row's expected accepted
-tokens exceed what one more row costs the step (``_StepCost``, fitted to the steps this engine ran): freely
+tokens exceed what one more row costs the step (``decoding.batch_plan``: ``BatchPlanner`` and its ``StepCost``,
+fitted to the steps this engine ran): freely
 where a row is nearly free (a GPU), sparingly on 2 CPU cores. With a mask-block adapter, a sequence's step may
 also end in mask rows (all sequences' mask rows last in the pass, where the gated LoRA applies) that draft its
-next guesses, used after a full accept — the solo one-pass step's layout in its own KV range (``_drafts``); not
+next guesses, used after a full accept — the solo one-pass step's layout in its own KV range
+(``runtime.batch_rows.StepRows``); not
 under the fused GPU step, which drafts by lookup only. Other policies run one sequence at a time
 (``bitmtp.api.generate``).
 """
@@ -37,8 +39,6 @@ under the fused GPU step, which drafts by lookup only. Other policies run one se
 from __future__ import annotations
 
 import collections
-import dataclasses
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -49,18 +49,17 @@ import torch
 
 from bitmtp.decoding import origins as origin
 from bitmtp.decoding.accept import speculative_accept
-from bitmtp.decoding.auto import DRAFT_MARGIN, EXPLORE_EVERY, LOOKUP_PRIOR, MASK_MARGIN, MASK_PRIOR, mask_bucket
-from bitmtp.decoding.lookup import LookupIndex
+from bitmtp.decoding.batch_plan import BatchPlanner, Room, SeqDrafting
 from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import GPU_STEP, StepInputs
 from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.threads import step_threads
-from bitmtp.runtime.decode import DecodeStats, GenerationResult
+from bitmtp.runtime.batch_rows import Group, StepRows
 from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
 from bitmtp.runtime.gpu_step import Launcher, plan_for
 from bitmtp.runtime.kv import KVStore
-from bitmtp.runtime.output import Output
+from bitmtp.runtime.output import DecodeStats, GenerationResult, Output
 
 #: a sequence's KV range starts at a multiple of this many rows (module docstring: batch invariance needs a
 #: multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
@@ -70,11 +69,6 @@ MAX_BATCH = 16
 #: prompt rows one step takes at most, beside its decode rows: on 2 CPU cores prefill runs ~2.3 ms a token
 #: (SmolLM2), so 64 rows hold the running sequences' next token back ~150 ms while prompts come in
 PREFILL_ROWS = 64
-#: prior chance that a sequence's j-th mask draft is accepted with the drafts before it (j = 0..14): the
-#: middle probability bucket's prior (``decoding.auto.MASK_PRIOR``) compounded, so mask rows are bought on
-#: evidence
-MASK_POS_PRIOR = tuple(MASK_PRIOR[1] ** (j + 1) for j in range(MAX_BATCH - 1))
-
 
 class RowAllocator:
     """Contiguous KV row ranges in blocks of :data:`ALIGN` rows, first fit."""
@@ -111,98 +105,6 @@ class RowAllocator:
 
 
 @dataclass(eq=False)
-class _Group:
-    """A sequence's rows in a step: from row ``first``, its ``tokens`` at ``positions``; ``ar_rows``: 0 for a
-    prompt's last row (its first token), else 1 + its guesses (rows AR-causal over the step's tokens)."""
-
-    seq: _Seq
-    first: int
-    tokens: list[int]
-    positions: list[int]
-    ar_rows: int
-    head: int = 0  # its first row among the rows whose logits were computed
-    source: str = ""  # where its guesses came from: "lookup" or "masks" ("": none)
-    mask_rows: int = 0  # mask rows drafting its next guesses (at the end of the step's rows)
-    mask_head: int = 0  # the first of them among the rows whose logits were computed
-    ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
-
-
-@dataclass
-class _Draft:
-    """What :meth:`BatchEngine._drafts` gives a decoding sequence for a step."""
-
-    guesses: list[int] = field(default_factory=list)
-    source: str = ""  # where the guesses come from: "lookup" or "masks" ("": none)
-    p_all: float = 1.0  # the chance every guess is accepted
-    mask_rows: int = 0  # mask rows drafting its next guesses
-    ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
-
-
-_NO_DRAFT = _Draft()
-
-
-class _StepCost:
-    """What one more row costs a decode step, relative to the step: ``marginal(w) = t(w + 1) / t(w) − 1``.
-
-    ``t(w)`` is the seconds this engine's steps of width ``w`` took (a running mean) once it ran three of them,
-    else the line ``a + b·w`` fitted to all its steps (least squares, older steps fading); until two widths were
-    seen, the prior: a width-8 step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24). Per-width
-    times see what a line averages away: widths up to a kernel tile cost little more than one row and the next
-    one a lot (SmolLM2 on 2 CPU cores, relative to width 2: 1.15 at 3, 1.25 at 4, 1.6 at 5). The solo
-    calibration table (``runtime.calibration``) is not used: measured on solo steps, it put width 8 at 1.67
-    width-1 steps where this engine's steps take 2.3 (chat at batch 2 drafted too much: 0.91x batched AR)."""
-
-    PRIOR = 0.24
-    #: steps of one width before their own mean replaces the line
-    MIN_SEEN = 3
-
-    def __init__(self) -> None:
-        self.n = self.sw = self.st = self.sww = self.swt = 0.0
-        self.seen: dict[int, tuple[float, int]] = {}  # width -> (running mean seconds, steps)
-
-    def observe(self, width: int, seconds: float) -> None:
-        decay = 0.98
-        self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
-        self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
-        mean, count = self.seen.get(width, (seconds, 0))
-        self.seen[width] = (mean + (seconds - mean) / min(count + 1, 8), count + 1)
-
-    def _line(self) -> tuple[float, float] | None:
-        if len(self.seen) >= 2:
-            den = self.n * self.sww - self.sw * self.sw
-            if den > 0:
-                b = max((self.n * self.swt - self.sw * self.st) / den, 0.0)
-                a = (self.st - b * self.sw) / self.n
-                if a > 0:
-                    return a, b
-        return None
-
-    def seconds(self, width: int) -> float | None:
-        """A width-``width`` step's seconds (None before the line can be fitted and with no steps of it)."""
-        mean, count = self.seen.get(width, (0.0, 0))
-        if count >= self.MIN_SEEN:
-            return mean
-        line = self._line()
-        return line[0] + line[1] * width if line is not None else None
-
-    def marginal(self, width: int) -> float:
-        t0, t1 = self.seconds(width), self.seconds(width + 1)
-        if t0 is not None and t1 is not None and t0 > 0:
-            return max(t1 - t0, 0.0) / t0
-        return self.PRIOR / (1 + self.PRIOR * width)
-
-
-def _chain(alpha: list[float], probs: list[float]) -> list[float]:
-    """Each guess's chance to be accepted with every guess before it, for mask drafts of these probabilities
-    (``alpha``: acceptance by probability bucket, ``decoding.auto.mask_bucket``)."""
-    out, p = [], 1.0
-    for q in probs:
-        p *= alpha[mask_bucket(q)]
-        out.append(p)
-    return out
-
-
-@dataclass(eq=False)
 class _Seq:
     """One sequence of the batch: its prompt, KV range, sampler and output."""
 
@@ -211,17 +113,9 @@ class _Seq:
     eos: set[int]
     params: SamplingParams | None  # sampled (with its seed), or None: greedy
     logprobs: bool
-    draft: bool = False  # auto: prompt-lookup guess rows when they pay (BatchEngine._drafts)
-    lookup: LookupIndex | None = None
-    #: its lookup guesses' running acceptance (each given the ones before it) by the length of the n-gram match
-    lookup_alpha: dict[int, float] = field(default_factory=lambda: dict(LOOKUP_PRIOR))
-    block: Any = None  # auto with a mask-block adapter: the adapter module whose mask rows draft (_drafts)
-    mask_drafts: list[int] = field(default_factory=list)  # the last step's mask drafts (after a full accept)
-    mask_probs: list[float] = field(default_factory=list)
-    mask_alpha: list[float] = field(default_factory=lambda: list(MASK_PRIOR))  # acceptance by probability bucket
-    #: the chance its j-th mask draft is accepted with every draft before it (running, over the drafts made)
-    mask_pos: list[float] = field(default_factory=lambda: list(MASK_POS_PRIOR))
-    since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
+    #: auto: its drafting state (prompt lookup, and a mask-block adapter's mask rows: ``decoding.batch_plan``);
+    #: None: AR rows only
+    drafting: SeqDrafting | None = None
     base: int = -1  # first KV row of its range (-1: waiting for admission)
     rows: int = 0  # rows reserved
     n: int = 0  # prompt rows prefilled / KV rows written (its next row's position)
@@ -289,16 +183,11 @@ class BatchEngine:
         self.tokens_out = 0
         #: counts the fused GPU step's launches (``runtime.gpu_step``) when a step takes it
         self.launcher = Launcher()
-        self._cost = _StepCost()
+        #: auto's row budget: which guess and mask rows a step adds, from what a row costs (``decoding.batch_plan``)
+        self.planner = BatchPlanner(GPU_ROWS)
         #: a sequence's decode commits and the tokens they committed (> 1 a commit: accepted guesses)
         self.decode_commits = 0
         self.decode_tokens = 0
-        #: prompt-lookup guesses' running acceptance over every sequence (a new sequence's prior)
-        self.lookup_alpha = dict(LOOKUP_PRIOR)
-        #: mask drafts' running acceptance by probability bucket and by draft position, over every sequence (a
-        #: new sequence's priors)
-        self.mask_alpha = list(MASK_PRIOR)
-        self.mask_pos = list(MASK_POS_PRIOR)
 
     # ------------------------------------------------------------------------------------------ admission
     def submit(self, ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
@@ -318,12 +207,9 @@ class BatchEngine:
         if max_new_tokens < 1:
             raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
         params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
-        seq = _Seq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs), bool(draft))
-        if seq.draft:
-            seq.lookup = LookupIndex(ids, ngram_max=5)
-            seq.lookup_alpha = dict(self.lookup_alpha)
-            seq.block = masks
-            seq.mask_alpha, seq.mask_pos = list(self.mask_alpha), list(self.mask_pos)
+        seq = _Seq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs))
+        if draft:
+            seq.drafting = self.planner.start(ids, masks)
             seq.stats = DecodeStats("auto", 1, schedule="one-pass")
         seq.report["stats"] = seq.stats
         seq.t_start = time.perf_counter()
@@ -433,214 +319,83 @@ class BatchEngine:
 
     def _run_step(self, fill: list[tuple[_Seq, int]], decoding: list[_Seq], fused: Any = None) -> None:
         """ONE forward pass: the planned prompt rows, then each decoding sequence's rows (its pending token and
-        the guesses :meth:`_drafts` gives it), then the mask rows drafting some sequences' next guesses; one
-        read; a commit per sequence (a prompt whose last row ran commits its first token; a sequence with
-        guesses commits the accepted ones and the token after them). ``fused``: the fused GPU step's plan when
-        it is on (the step takes it where a solo step of its rows would)."""
-        tokens, positions, bases, groups = [], [], [], []
-        for seq, rows in fill:
-            tokens += seq.ids[seq.n : seq.n + rows]
-            positions += range(seq.n, seq.n + rows)
-            bases += [seq.base] * rows
-            if seq.n + rows == len(seq.ids):  # its last prompt row: the first token (prefill rows are not AR
-                groups.append(_Group(seq, len(tokens) - 1, [seq.ids[-1]], [len(seq.ids) - 1], 0))  # rows)
-        drafts = self._drafts(decoding, len(tokens), masks_ok=fused is None) if decoding else {}
-        for seq in decoding:
-            d = drafts.get(id(seq), _NO_DRAFT)
-            rows = 1 + len(d.guesses)
-            groups.append(_Group(seq, len(tokens), [seq.pending, *d.guesses], list(range(seq.n, seq.n + rows)), rows,
-                                 source=d.source, mask_rows=d.mask_rows, ngram=d.ngram))
-            tokens += [seq.pending, *d.guesses]
-            positions += range(seq.n, seq.n + rows)
-            bases += [seq.base] * rows
-        heads = [g.first + i for g in groups for i in range(len(g.tokens) if g.ar_rows else 1)]
-        masked = [g for g in groups if g.mask_rows]
-        reach = self._add_mask_rows(masked, tokens, positions, bases, heads) if masked else None
-        greedy = all(g.seq.sampler is None for g in groups)
-        decode_rows = len(tokens) - sum(r for _, r in fill)
-        # the fused step takes a pass of decode rows only or one solo prefill chunk, of ≤ 16 rows (as solo)
-        takes = fused is not None and len(tokens) <= GPU_ROWS and not (fill and (decode_rows or len(fill) > 1))
+        the guesses the planner gives it), then the mask rows drafting some sequences' next guesses
+        (``runtime.batch_rows``); one read; a commit per sequence (a prompt whose last row ran commits its first
+        token; a sequence with guesses commits the accepted ones and the token after them). ``fused``: the fused
+        GPU step's plan when it is on (the step takes it where a solo step of its rows would)."""
+        room = [(id(s), s.drafting, Room(s.rows - s.n - 1, s.max_new_tokens - len(s.out.tokens) - 1))
+                for s in decoding]
+        drafts = self.planner.drafts(room, sum(r for _, r in fill), masks_ok=fused is None) if decoding else {}
+        rows = StepRows.build(fill, decoding, drafts)
         t0 = time.perf_counter()
-        if takes:  # argmax rows chosen in its head kernels, as a solo step's
-            toks, probs, logits = self._fused(fused, tokens, positions, bases, heads, sampled=not greedy)
-        else:
-            # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
-            solo_like = bool(fill) and fused is not None
-            logits = self._forward(tokens, positions, bases, None if solo_like else heads, reach,
-                                   sum(g.mask_rows for g in masked), masked[0].seq.block if masked else None)
-            if solo_like:
-                logits = logits[heads]
-            toks, probs = argmax_prob(logits)  # every row: row-independent, each row's bits alone
-        for seq, rows in fill:
-            seq.n += rows
-        at = 0
-        for g in groups:  # sampled sequences choose from their rows' logits (the solo runner's call)
-            r = len(g.tokens) if g.ar_rows else 1
+        toks, probs, logits = self._pass(rows, fill, fused)
+        for seq, n in fill:
+            seq.n += n
+        tl, pl = self._read(rows, toks, probs, logits)
+        if decoding:
+            self.steps += 1
+            self.last_width = rows.decode_rows
+            if not fill:
+                self.planner.cost.observe(rows.decode_rows, time.perf_counter() - t0)
+        now = time.perf_counter()
+        for g in rows.groups:
+            self._commit_group(g, tl, pl, rows.decode_rows, now)
+
+    def _pass(self, rows: StepRows, fill: list[tuple[_Seq, int]], fused: Any) -> tuple[torch.Tensor, ...]:
+        """The step's forward pass: the chosen tokens and probabilities of the rows read, and their logits."""
+        # the fused step takes a pass of decode rows only or one solo prefill chunk, of ≤ 16 rows (as solo)
+        if fused is not None and len(rows.tokens) <= GPU_ROWS and not (fill and (rows.decode_rows or len(fill) > 1)):
+            sampled = any(g.seq.sampler is not None for g in rows.groups)
+            return self._fused(fused, rows.tokens, rows.positions, rows.bases, rows.heads, sampled=sampled)
+        # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
+        solo_like = bool(fill) and fused is not None
+        logits = self._forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
+                               rows.mask_rows, rows.block)
+        logits = logits[rows.heads] if solo_like else logits
+        toks, probs = argmax_prob(logits)  # every row: row-independent, each row's bits alone
+        return toks, probs, logits
+
+    def _read(self, rows: StepRows, toks: torch.Tensor, probs: torch.Tensor,
+              logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The step's one read; sampled sequences first choose from their rows' logits (the solo runner's call)."""
+        for g in rows.groups:
             if g.seq.sampler is not None:
-                dev = logits.device
+                at, r, dev = g.head, g.read_rows, logits.device
                 t, p = g.seq.sampler.select(logits[at : at + r], torch.tensor(g.positions[:r], device=dev),
                                             torch.tensor(g.tokens[:r], device=dev), g.ar_rows, 1)
                 toks[at : at + r], probs[at : at + r] = t, p
-            g.head = at
-            at += r
         self.syncs += 1
-        tl, pl = toks.tolist(), probs.tolist()
-        if decoding:
-            self.steps += 1
-            self.last_width = decode_rows
-            if not fill:
-                self._cost.observe(decode_rows, time.perf_counter() - t0)
-        now = time.perf_counter()
-        for g in groups:
-            seq = g.seq
-            seq.stats.syncs += 1
-            if not g.ar_rows:  # the prompt's first token
-                seq.t_prefilled = now
-                seq.report["prefill_seconds"] = now - seq.t_start
-                self._commit(seq, [tl[g.head]], [pl[g.head]])
-                continue
-            outs = tl[g.head : g.head + g.ar_rows]
-            guesses = g.tokens[1:]
-            a = speculative_accept([outs[0], *guesses], outs) if guesses else 1  # the rule, written once
-            seq.n += a
-            self._learn(g, a, tl[g.mask_head : g.mask_head + g.mask_rows], pl[g.mask_head : g.mask_head + g.mask_rows],
-                        decode_rows)
-            self.decode_commits += 1
-            self.decode_tokens += a
-            kind = origin.MASK if g.source == "masks" else origin.LOOKUP
-            self._commit(seq, outs[:a], pl[g.head : g.head + a], [kind] * (a - 1) + [origin.AR])
+        return toks.tolist(), probs.tolist()
 
-    @staticmethod
-    def _add_mask_rows(masked: list[_Group], tokens: list[int], positions: list[int], bases: list[int],
-                       heads: list[int]) -> list[int]:
-        """Append the mask rows of the ``masked`` groups to the step's rows (in place; their choices read: added
-        to ``heads``) and return every row's reach: its position, or for a mask row its block's last position.
-        A group's mask rows sit at the positions after its last row (the positions after the token its step
-        commits on a full accept): each drafts the token one position on, seeing its sequence up to the block's
-        end (the solo one-pass step's layout, ``MaskBlockDrafter.block_mask``). Their token ids are ignored (the
-        mask embedding) and their KV rows lie in the sequence's own range, rewritten before any row reads them."""
-        reach = list(positions)
-        for g in masked:
-            last = g.positions[-1]
-            g.mask_head = len(heads)
-            heads += range(len(tokens), len(tokens) + g.mask_rows)
-            tokens += [0] * g.mask_rows
-            positions += range(last + 1, last + 1 + g.mask_rows)
-            bases += [g.seq.base] * g.mask_rows
-            reach += [last + g.mask_rows] * g.mask_rows
-        return reach
-
-    def _learn(self, g: _Group, a: int, drafts: list[int], draft_probs: list[float], width: int) -> None:
-        """A decoding sequence's statistics and draft estimates after its step accepted ``a`` of its rows:
-        the acceptance of the guess source it verified, and its next guesses from its mask rows (``drafts``,
-        valid only when every row was accepted: they assumed so)."""
-        seq, st = g.seq, g.seq.stats
+    def _commit_group(self, g: Group, tl: list[int], pl: list[float], width: int, now: float) -> None:
+        """A sequence's commit after the step: a prompt's first token, or its accepted guesses and the token after
+        them (the one-pass rule, ``decoding.accept``), with what its planner learns."""
+        seq = g.seq
+        seq.stats.syncs += 1
+        if not g.ar_rows:  # the prompt's first token
+            seq.t_prefilled = now
+            seq.report["prefill_seconds"] = now - seq.t_start
+            self._commit(seq, [tl[g.head]], [pl[g.head]])
+            return
+        outs = tl[g.head : g.head + g.ar_rows]
         guesses = g.tokens[1:]
-        st.committed.append(a)
-        st.verified.append(bool(guesses))
-        st.widths[width] += 1
-        if guesses or g.mask_rows:
-            st.choices[(g.source or "ar") + ("+masks" if g.mask_rows else "")] += 1
-        if guesses:
-            st.verifier_calls += 1
-            st.guesses += len(guesses)
-            st.accepted += a - 1
-            # each checked guess (those before it accepted): a mask draft by its probability bucket, a lookup guess
-            # by the length of the match it came from
-            if g.source == "masks":
-                own, shared, keys = seq.mask_alpha, self.mask_alpha, [mask_bucket(p) for p in seq.mask_probs]
-            else:
-                own, shared, keys = seq.lookup_alpha, self.lookup_alpha, [g.ngram] * len(guesses)
-            for i in range(min(a, len(guesses))):
-                ok = float(i < a - 1)
-                own[keys[i]] = 0.85 * own[keys[i]] + 0.15 * ok
-                shared[keys[i]] = 0.97 * shared[keys[i]] + 0.03 * ok
-        seq.since_masks = 0 if g.mask_rows else seq.since_masks + 1
-        for j, value in enumerate(_chain(seq.mask_alpha, draft_probs)):
-            seq.mask_pos[j] = 0.7 * seq.mask_pos[j] + 0.3 * value
-            self.mask_pos[j] = 0.95 * self.mask_pos[j] + 0.05 * value
-        full = bool(g.mask_rows) and a == g.ar_rows
-        seq.mask_drafts, seq.mask_probs = (drafts, draft_probs) if full else ([], [])
-
-    def _drafts(self, decoding: list[_Seq], prompt_rows: int, masks_ok: bool = True) -> dict[int, _Draft]:
-        """Guess rows and mask rows for the drafting sequences (``auto``), by id (:class:`_Draft`).
-
-        Guesses — the previous step's mask drafts or prompt-lookup continuations, whichever a sequence expects
-        more of first — are taken most likely accepted first, while a row's expected accepted tokens exceed what
-        one more row costs this step in tokens (:class:`_StepCost`: the step's expected tokens × the relative cost
-        of one more row), so a GPU, where a row is nearly free, drafts freely and 2 CPU cores sparingly. Then a
-        sequence with a mask-block adapter (``masks_ok``: not under the fused GPU step) gets mask rows where their
-        drafts' expected accepted tokens next step, times the chance this step accepts every guess, pay for the
-        rows (by :data:`MASK_MARGIN`), or as a periodic re-try (:meth:`_mask_offers`). At most 16 rows a step."""
-        width = prompt_rows + len(decoding)
-        expected = float(len(decoding))
-        offers = []  # (expected tokens of the row, sequence, its draft up to its j-th guess)
-        for seq in decoding:
-            room = min(seq.rows - seq.n - 1, seq.max_new_tokens - len(seq.out.tokens) - 1, GPU_ROWS - 1)
-            if not seq.draft or room <= 0:
-                continue
-            chains = []
-            if seq.mask_drafts:
-                chains.append(("masks", seq.mask_drafts[:room], _chain(seq.mask_alpha, seq.mask_probs[:room])))
-            guesses, ngram = seq.lookup.propose(room)
-            if guesses:
-                alpha = seq.lookup_alpha[ngram]
-                chains.append(("lookup", guesses, [alpha ** (j + 1) for j in range(len(guesses))]))
-            if chains:
-                source, guesses, gains = max(chains, key=lambda c: c[2][0])
-                offers += [(gains[j], id(seq), _Draft(guesses[: j + 1], source, gains[j], 0, ngram))
-                           for j in range(len(guesses))]
-        offers.sort(key=lambda o: -o[0])
-        chosen: dict[int, _Draft] = {}
-        for gain, key, draft in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall along it
-            if width >= GPU_ROWS or gain <= DRAFT_MARGIN * expected * self._cost.marginal(width):
-                break
-            if len(draft.guesses) != len(chosen.get(key, _NO_DRAFT).guesses) + 1:
-                continue
-            chosen[key] = draft
-            width += 1
-            expected += gain
-        if masks_ok:
-            width = self._mask_offers(decoding, chosen, width, expected)
-        return chosen
-
-    def _mask_offers(self, decoding: list[_Seq], chosen: dict[int, _Draft], width: int, expected: float) -> int:
-        """Add mask rows to ``chosen`` (:meth:`_drafts`); returns the step's width with them. A sequence's j-th
-        mask row is worth the chance this step accepts all its guesses × the chance its draft is accepted next
-        step (``mask_pos[j]``), over two rows (it and the guess row that verifies its draft): offered like the
-        guesses, best first, a sequence's rows in order, while worth more than a row costs (by
-        :data:`MASK_MARGIN`); a sequence without mask rows for :data:`EXPLORE_EVERY` steps per sequence in the
-        batch gets one (the batch re-tries about once per EXPLORE_EVERY steps, as a solo generation does)."""
-        block = next((s.block for s in decoding if s.draft and s.block is not None), None)
-        if block is None:
-            return width
-        offers = []
-        for seq in decoding:
-            d = chosen.get(id(seq), _NO_DRAFT)
-            left = seq.max_new_tokens - len(seq.out.tokens) - len(d.guesses) - 1  # tokens after this step's
-            m = min(block.block_size - 1, seq.rows - seq.n - 1 - len(d.guesses), left)
-            if seq.block is not block or m < 1:
-                continue
-            explore = seq.since_masks >= EXPLORE_EVERY * len(decoding)  # one re-try per EXPLORE_EVERY steps
-            offers += [(math.inf if explore and j == 0 else d.p_all * seq.mask_pos[j] / 2, id(seq), j + 1)
-                       for j in range(m)]
-        offers.sort(key=lambda o: -o[0])
-        for gain, key, rows in offers:
-            if width >= GPU_ROWS or gain <= MASK_MARGIN * expected * self._cost.marginal(width):
-                break
-            d = chosen.get(key, _NO_DRAFT)
-            if rows != d.mask_rows + 1:
-                continue
-            chosen[key] = dataclasses.replace(d, mask_rows=rows)
-            width += 1
-        return width
+        a = speculative_accept([outs[0], *guesses], outs) if guesses else 1  # the rule, written once
+        seq.n += a
+        if seq.drafting is not None:
+            m = slice(g.mask_head, g.mask_head + g.draft.mask_rows)
+            self.planner.learn(seq.drafting, g.draft, a, tl[m], pl[m])
+        seq.stats.record_batch_step(g.draft, a, width)
+        self.decode_commits += 1
+        self.decode_tokens += a
+        kind = origin.MASK if g.draft.source == "masks" else origin.LOOKUP
+        self._commit(seq, outs[:a], pl[g.head : g.head + a], [kind] * (a - 1) + [origin.AR])
 
     def _commit(self, seq: _Seq, tokens: list[int], probs: list[float], origins: list[str] | None = None) -> None:
         taken = seq.out.add(tokens, probs, origins)
         self.tokens_out += len(taken)
         seq.chunks.append(taken)
-        if seq.lookup is not None:
-            seq.lookup.extend(taken)
+        if seq.drafting is not None:
+            seq.drafting.lookup.extend(taken)
         seq.pending = tokens[-1]
         if seq.out.reason is not None:
             self._finish(seq)

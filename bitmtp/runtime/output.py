@@ -100,6 +100,19 @@ class DecodeStats:
         if k and layout.plan.source == "masks":
             self._count_positions(k, 1 if runner_up else a, runner_up)
 
+    def record_batch_step(self, draft: Any, a: int, width: int) -> None:
+        """A batched step (``runtime/batch.py``) of ``width`` decode rows in which this sequence's ``draft``
+        (``decoding.batch_plan.Draft``: guesses, mask rows) had ``a`` of its rows accepted."""
+        guesses = draft.guesses
+        self.committed.append(a)
+        self.verified.append(bool(guesses))
+        self.widths[width] += 1
+        if guesses or draft.mask_rows:
+            self.choices[(draft.source or "ar") + ("+masks" if draft.mask_rows else "")] += 1
+        self.verifier_calls += bool(guesses)
+        self.guesses += len(guesses)
+        self.accepted += a - 1
+
     def _count_positions(self, k: int, accepted: int, runner_up: bool) -> None:
         """Per guess position (:attr:`position_checked` / :attr:`position_accepted`): a step with ``k`` mask
         guesses of which the first ``accepted`` held checked positions 0..min(accepted, k − 1) — after an

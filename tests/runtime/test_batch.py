@@ -295,7 +295,7 @@ def test_auto_adds_lookup_guess_rows_and_stays_exact(models, params, monkeypatch
     """``auto`` in a batch: prompt-lookup guesses become rows of the step where they pay; the accepted ones and
     the token after them commit (origins "lookup" then "ar"), so the outputs stay AR's — greedy and sampled with
     a seed. With every guess forced in (a free row), random prompts (mostly rejected guesses) stay exact too."""
-    from bitmtp.runtime import batch
+    from bitmtp.decoding import batch_plan
 
     model = models["bitnet"]
     kw = dict(max_new_tokens=20, eos_token_id=[], logprobs=True, **({} if params == "greedy" else
@@ -303,7 +303,7 @@ def test_auto_adds_lookup_guess_rows_and_stays_exact(models, params, monkeypatch
     repetitive = [[5, 6, 7, 8, 9] * 12, [30, 31, 32] * 20 + [30], [40, 41] * 25]
     for prompts, forced in ((repetitive, False), (_prompts(4, seed=13, longest=60), True)):
         if forced:
-            monkeypatch.setattr(batch._StepCost, "marginal", lambda self, width: 0.0)
+            monkeypatch.setattr(batch_plan.StepCost, "marginal", lambda self, width: 0.0)
         outs = bitmtp.generate(model, prompts=prompts, policy="auto", max_batch=4, **kw)
         solo = [bitmtp.generate(model, input_ids=p, policy="ar", **kw) for p in prompts]
         for o, s in zip(outs, solo, strict=True):
@@ -319,7 +319,7 @@ def test_auto_adds_lookup_guess_rows_and_stays_exact(models, params, monkeypatch
 
 
 def test_the_step_cost_model_prefers_drafting_where_a_row_is_cheap():
-    from bitmtp.runtime.batch import _StepCost
+    from bitmtp.decoding.batch_plan import StepCost as _StepCost
 
     cpu, gpu = _StepCost(), _StepCost()
     assert cpu.marginal(8) == pytest.approx(0.24 / (1 + 0.24 * 8))  # the prior until two widths were seen
@@ -369,19 +369,20 @@ def test_auto_adds_the_adapters_mask_rows_and_stays_exact(masked, params, monkey
     guesses (used after a full accept), every sequence's output stays AR's (greedy, and sampled with a seed),
     and each mask row drafts exactly what the same rows draft in a solo store (its sequence's range, positions and
     block mask). Rows are made free here, so every sequence takes them."""
-    from bitmtp.runtime import batch
+    from bitmtp.decoding import batch_plan
 
-    monkeypatch.setattr(batch._StepCost, "marginal", lambda self, width: 0.0)
-    seen, learn = [], batch.BatchEngine._learn
+    monkeypatch.setattr(batch_plan.StepCost, "marginal", lambda self, width: 0.0)
+    seen, learn = [], batch_plan.BatchPlanner.learn
 
-    def record(self, g, a, drafts, probs, width):
-        if g.mask_rows:
-            seen.append((g.seq.ids + g.seq.out.tokens, list(g.tokens), g.mask_rows, drafts))
-        learn(self, g, a, drafts, probs, width)
+    def record(self, sd, draft, a, drafts, probs):
+        history = list(sd.lookup.tokens)  # the committed sequence: its last token is the step's pending row
+        if draft.mask_rows:
+            seen.append((history, [history[-1], *draft.guesses], draft.mask_rows, drafts))
+        learn(self, sd, draft, a, drafts, probs)
         # drafts assume every row of the step was accepted: kept only then
-        assert g.seq.mask_drafts == (drafts if g.mask_rows and a == g.ar_rows else [])
+        assert sd.mask_drafts == (drafts if draft.mask_rows and a == 1 + len(draft.guesses) else [])
 
-    monkeypatch.setattr(batch.BatchEngine, "_learn", record)
+    monkeypatch.setattr(batch_plan.BatchPlanner, "learn", record)
     kw = dict(max_new_tokens=16, eos_token_id=[], logprobs=True, **({} if params == "greedy" else
                                                                      dict(seed=4, **SAMPLED["top-p"])))
     prompts = _prompts(5, seed=21, longest=70)
@@ -400,7 +401,7 @@ def test_auto_adds_the_adapters_mask_rows_and_stays_exact(masked, params, monkey
 def test_the_step_cost_model_uses_each_widths_own_time_once_seen():
     """Widths up to a kernel tile cost little more than one row, the next one a lot: a width seen three times
     is costed by its own steps (a straight line would average the step away); an unseen one by the line."""
-    from bitmtp.runtime.batch import _StepCost
+    from bitmtp.decoding.batch_plan import StepCost as _StepCost
 
     cost = _StepCost()
     times = {1: 8.0, 2: 8.6, 3: 9.2, 4: 10.0, 5: 13.0, 6: 13.6}
