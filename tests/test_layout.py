@@ -30,10 +30,10 @@ from tests.support.paths import REPO_ROOT
 #: Top-level test files about the repository as a whole rather than one module (golden_tokens: every
 #: policy's tokens on the real model against tests/golden/, end to end; bench_peer: bench/'s llama.cpp harness;
 #: mutants_apply: scripts/mutate.py's mutants still apply to the source; bench_chat_drafts: bench/'s GPU
-#: distil-and-train driver; readme: the README's code runs and its results table is BENCHMARKS.md's summary; docs:
-#: the documents' lengths and links).
+#: distil-and-train driver; bench_glue / bench_plots: bench/'s host-glue timer and plots; readme: the README's code
+#: runs and its results table is BENCHMARKS.md's summary; docs: the documents' lengths and links).
 REPO_WIDE = {"packaging", "layering", "layout", "kernel_headers", "bench_gate", "bench_peer", "bench_ternary_peer",
-             "golden_tokens", "mutants_apply", "bench_chat_drafts", "readme", "docs"}
+             "golden_tokens", "mutants_apply", "bench_chat_drafts", "bench_glue", "bench_plots", "readme", "docs"}
 
 #: Folders whose modules may not import test modules (bench/ and scripts/ use tests.support too).
 CHECKED_FOLDERS = ("tests", "bench", "scripts")
