@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 #: the extension's entry points a decode step calls (the others are probes and format helpers)
-NATIVE_CALLS = ("fused_layers", "linear_f32", "dense", "argmax_prob", "attention", "act_quant", "run", "silu_mul")
+NATIVE_CALLS = ("fused_layers", "linear_f32", "dense", "argmax_prob", "attention", "act_quant", "run", "silu_mul",
+                "rms_norm")
 
 
 @dataclass

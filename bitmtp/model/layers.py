@@ -12,24 +12,12 @@ from bitmtp.errors import ShapeError
 from bitmtp.formats.ggml_blocks import GGML_FORMATS, BlockWeight, dequantize, dequantize_rows, pack_lossless
 from bitmtp.ops import dense_linear
 from bitmtp.ops.linear import dense_reads_blocks
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Row-wise RMSNorm as transformers' Llama/Qwen3/BitNet RMSNorm computes it (float32 values,
-    weight applied after casting back), except that the mean of squares is summed in float64 and
-    then rounded to float32. That makes the statistic independent of the summation order, so the
-    fused native layers (csrc/cpu/layers.cpp, a sequential double sum) get the same float32 value
-    as this function: in ternary models a 1-ulp difference here can flip an int8 activation."""
-    dtype = x.dtype
-    xf = x.float()
-    var = xf.double().pow(2).mean(-1, keepdim=True).float()
-    xf = xf * torch.rsqrt(var + eps)
-    return weight * xf.to(dtype)
+from bitmtp.ops.reference import rms_norm_reference as rms_norm  # noqa: F401  (re-exported: the one definition)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU evaluated in float64 and rounded to ``x``'s dtype: as order- and library-independent as
-    :func:`rms_norm` (float32 ``exp`` differs by an ulp between torch's vector code and libm)."""
+    ``rms_norm`` (float32 ``exp`` differs by an ulp between torch's vector code and libm)."""
     return torch.nn.functional.silu(x.double()).to(x.dtype)
 
 
@@ -128,10 +116,18 @@ class LazyWeight:
     embedding and LM head get one tensor, as a float checkpoint's do). Both are ``ggml_blocks.dequantize`` bit
     for bit."""
 
+    #: most bytes of decoded rows :meth:`rows` keeps (a decode step looks up one token: from this cache, one torch op
+    #: instead of the six a decode takes, cold after the layers — ~80 us a SmolLM2 step)
+    ROW_CACHE_BYTES = 16 << 20
+    #: lookups of at most this many rows go through the cache (a decode step's, a prefill chunk's)
+    ROW_CACHE_LOOKUP = 64
+
     def __init__(self, blocks: BlockWeight):
         self.blocks = blocks
         self._tensor: nn.Parameter | None = None
         self._record: tuple[int, int] = (0, 0)  # (data_ptr, _version) of the tensor when it was made
+        self._row_cache: dict[int, torch.Tensor] = {}
+        self._row_cap = max(self.ROW_CACHE_BYTES // max(4 * blocks.shape[1], 1), self.ROW_CACHE_LOOKUP)
 
     @property
     def shape(self) -> torch.Size:
@@ -163,8 +159,28 @@ class LazyWeight:
         if parsed is None:
             return self.materialize()[index]
         rows, lead, rest = parsed
+        if not rest and len(lead) == 1 and rows.numel() <= self.ROW_CACHE_LOOKUP:
+            return self._cached_rows(rows)
         out = dequantize_rows(self.blocks, rows).reshape(*lead, self.blocks.shape[1])
         return out[(slice(None),) * len(lead) + rest] if rest else out
+
+    def _cached_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (a few ids) from the decoded-row cache, decoding the ones it lacks (bit-identical: the same
+        :func:`dequantize_rows`); a new tensor every call. The cache is cleared when full; a thread that finds it
+        cleared meanwhile still has the rows it decoded."""
+        ids = rows.tolist()
+        cache = self._row_cache
+        found = {t: cache.get(t) for t in ids}
+        miss = [t for t, row in found.items() if row is None]
+        if miss:  # out-of-range ids raise here, as dequantize_rows does
+            got = dequantize_rows(self.blocks, torch.tensor(miss, dtype=torch.long))
+            if len(cache) + len(miss) > self._row_cap:
+                cache.clear()
+            for t, row in zip(miss, got, strict=True):
+                found[t] = cache[t] = row
+        if not ids:
+            return torch.empty((0, self.blocks.shape[1]), dtype=torch.float32, device=self.blocks.data.device)
+        return torch.stack([found[t] for t in ids])
 
 
 class BlockEmbedding:

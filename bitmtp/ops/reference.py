@@ -95,6 +95,20 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     return torch.where(mask.any(dim=1)[:, None, None], out, 0.0)
 
 
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Row-wise RMSNorm as transformers' Llama/Qwen3/BitNet RMSNorm computes it (float32 values,
+    weight applied after casting back), except that the mean of squares is summed in float64 and
+    then rounded to float32. That makes the statistic independent of the summation order, so the
+    fused native layers (csrc/cpu/layers.cpp, a sequential double sum) get the same float32 value
+    as this function: in ternary models a 1-ulp difference here can flip an int8 activation. The ``cpu``
+    backend's ``rms_norm`` (``bitmtp.ops.norm``) is the fused layers' own norm, bit-exact with this."""
+    dtype = x.dtype
+    xf = x.float()
+    var = xf.double().pow(2).mean(-1, keepdim=True).float()
+    xf = xf * torch.rsqrt(var + eps)
+    return weight * xf.to(dtype)
+
+
 def argmax_prob_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax and softmax probability, ``(tok int64[M], prob float32[M])``: the float32
     ``softmax(logits).max(-1)`` every step used before the CPU kernel (and still runs on GPUs, where it is
@@ -110,6 +124,7 @@ def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 
 __all__ = [
+    "rms_norm_reference",
     "act_quant_reference",
     "w2a8_accumulate_reference",
     "w2a8_linear_q_reference",

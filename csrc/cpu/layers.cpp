@@ -278,4 +278,8 @@ void fused_layers(const FusedStep& s) {
   }
 }
 
+void rms_norm_f32(const float* x, int rows, int n, const float* w, float eps, float* y) {
+  rms_norm_rows(x, rows, n, w, eps, y);
+}
+
 }  // namespace bitmtp_cpu

@@ -296,6 +296,13 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         "TQ2_0 rows (n x k/256 blocks of 66 bytes) -> T2 words (n x k/16 uint32), codes copied as they are");
   m.def("stream_read", &stream_read, py::arg("ptr"), py::arg("nbytes"), py::arg("threads"),
         "Sum a buffer of uint64 with `threads` threads (a streaming-read bandwidth probe)");
+  m.def("rms_norm", [](int64_t x, int rows, int n, int64_t w, float eps, int64_t y) {
+          py::gil_scoped_release release;
+          rms_norm_f32(reinterpret_cast<const float*>(static_cast<uintptr_t>(x)), rows, n,
+                       reinterpret_cast<const float*>(static_cast<uintptr_t>(w)), eps,
+                       reinterpret_cast<float*>(static_cast<uintptr_t>(y)));
+        }, py::arg("x_ptr"), py::arg("rows"), py::arg("n"), py::arg("w_ptr"), py::arg("eps"), py::arg("y_ptr"),
+        "RMSNorm of float32 rows as the fused layers compute it (bit-exact with the torch reference)");
   m.def("act_quant", &act_quant, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("q_ptr"), py::arg("s_ptr"),
         "Per-token absmax int8 quantization of float32 rows (bit-exact with the torch reference)");
   m.def("linear_f32", &linear_f32, py::arg("x_ptr"), py::arg("M"), py::arg("K"), py::arg("w_ptr"), py::arg("N"),

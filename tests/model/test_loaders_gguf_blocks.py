@@ -283,10 +283,41 @@ def test_lazy_embedding_lookups_decode_only_their_rows(block_file, index, monkey
     monkeypatch.setattr("bitmtp.model.layers.dequantize", lambda *a: pytest.fail("the whole matrix was decoded"))
     got = dec.embed[idx]
     assert torch.equal(got, full[idx]) and got.dtype == torch.float32
-    assert decoded == [full[idx].reshape(-1, full.shape[1]).shape[0] if not isinstance(idx, tuple) else 4]
+    rows = full[idx].reshape(-1, full.shape[1]).shape[0] if not isinstance(idx, tuple) else 4
+    if index in ("tensor",):  # a 1-D lookup of a few rows goes through the row cache: each distinct id decoded once
+        rows = len(set(idx.tolist()))
+    assert decoded == [rows]
     assert dec.embed_blocks is not None  # still lazy
     with pytest.raises(IndexError):
         dec.embed[torch.tensor([v])]
+
+
+def test_the_embedding_row_cache_returns_fresh_exact_rows(block_file, monkeypatch):
+    """A decode step's lookup (a few ids) comes from a cache of decoded rows: the same bits as decoding, a new tensor
+    each call (writing to it leaves the cache alone), bad ids still refused, and a full cache starts over."""
+    from bitmtp.model.layers import LazyWeight
+
+    path, _ = block_file
+    dec = bitmtp.load(path, adapter=None, capacity=64).decoder
+    full = gb.dequantize(dec.embed_blocks)
+    v = full.shape[0]
+    decoded = []
+    real = gb.dequantize_rows
+    monkeypatch.setattr("bitmtp.model.layers.dequantize_rows", lambda bw, rows: decoded.append(rows.tolist()) or
+                        real(bw, rows))
+    first = dec.embed[torch.tensor([3, 9])]
+    first.fill_(float("nan"))  # the caller's tensor, not the cache's
+    again = dec.embed[torch.tensor([9, 3, 3, 4])]
+    assert torch.equal(again, full[[9, 3, 3, 4]]) and decoded == [[3, 9], [4]]
+    assert dec.embed[torch.tensor([], dtype=torch.long)].shape == (0, full.shape[1])
+    with pytest.raises(IndexError):
+        dec.embed[torch.tensor([2, v + 3])]
+    lazy = dec.embed._lazy
+    assert isinstance(lazy, LazyWeight)
+    monkeypatch.setattr(lazy, "_row_cap", 5)
+    decoded.clear()
+    got = dec.embed[torch.tensor([10, 11, 12])]  # 3 cached + 3 > 5: cleared, then these three kept
+    assert torch.equal(got, full[[10, 11, 12]]) and set(lazy._row_cache) == {10, 11, 12} and decoded == [[10, 11, 12]]
 
 
 def test_lazy_weights_follow_moves_and_dtype_changes(block_file, monkeypatch):

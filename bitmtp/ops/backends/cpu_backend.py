@@ -223,6 +223,21 @@ class CpuBackend:
                                   self._isa())
         return tok, prob
 
+    def rms_norm(self, x, weight, eps):
+        """The fused layers' RMSNorm (csrc/cpu/layers.cpp) on float32 rows that need no gradient, bit-exact with
+        the reference (which runs everything else)."""
+        f32 = torch.float32
+        if x.dtype != f32 or weight.dtype != f32 or (torch.is_grad_enabled() and (x.requires_grad or
+                                                                                  weight.requires_grad)):
+            return reference.rms_norm_reference(x, weight, eps)
+        x, weight = x.contiguous(), weight.contiguous()
+        y = torch.empty_like(x)
+        n = x.shape[-1]
+        rows = x.numel() // n if n else 0
+        if rows:
+            self._ext.rms_norm(x.data_ptr(), rows, n, weight.data_ptr(), eps, y.data_ptr())
+        return y
+
     def dense_linear(self, x, weight, bias=None):
         """float32 multi-token GEMV (csrc/cpu/dense_*.cpp): each weight row streamed once for all
         tokens, a fixed summation order per (row, token) — independent of the number of tokens.

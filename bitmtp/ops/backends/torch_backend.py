@@ -44,3 +44,6 @@ class TorchBackend:
 
     def argmax_prob(self, logits):
         return reference.argmax_prob_reference(logits)
+
+    def rms_norm(self, x, weight, eps):
+        return reference.rms_norm_reference(x, weight, eps)
