@@ -8,7 +8,7 @@ down to a cubin for sm_80 and sm_90 with ``triton.compile(ASTSource(...), target
 
 Reference: bitmtp.ops.reference.w2a8_linear_q_reference
 Reference: bitmtp.ops.reference.attention_reference (the kernels it compiles)
-Reference: bitmtp.model.layers.rms_norm (the fused GPU step's kernels, triton_kernels/layers.py)
+Reference: bitmtp.ops.reference.rms_norm_reference (the fused GPU step's kernels, triton_kernels/layers.py)
 Test: .ci/run (CI compiles every kernel for sm_80 and sm_90)
 """
 

@@ -7,7 +7,7 @@ on the width it ran in. Integer accumulators are exact whatever the order (split
 integer atomics); float reductions run in a fixed order over fixed tiles. That is invariant (1) of the design
 by construction: a verify row equals the AR row bit for bit.
 
-* :func:`norm_quant` — RMSNorm (float64 sum of squares, as ``bitmtp.model.layers.rms_norm``) and the
+* :func:`norm_quant` — RMSNorm (float64 sum of squares, as ``bitmtp.ops.reference.rms_norm_reference``) and the
   per-token int8 quantization (``bitmtp.formats.quantize.quantize_activations``) of a row, in one program
   per row; either part may be off (the final norm stores floats).
 * :func:`w2a8_fused` — W2A8 on int8 ``tl.dot`` (tensor cores on a GPU; codes decoded once per tile), split-K
@@ -23,7 +23,7 @@ by construction: a verify row equals the AR row bit for bit.
   with the first argmax, its softmax probability and the runner-up fused (a vocabulary block per program,
   then one program per row over the blocks in order).
 
-Reference: bitmtp.model.layers.rms_norm, bitmtp.model.layers.silu, bitmtp.model.layers.relu2
+Reference: bitmtp.ops.reference.rms_norm_reference, bitmtp.model.layers.silu, bitmtp.model.layers.relu2
 Reference: bitmtp.model.layers.apply_rope, bitmtp.formats.quantize.quantize_activations
 Reference: bitmtp.ops.reference.w2a8_linear_q_reference, bitmtp.ops.reference.attention_reference
 Reference: bitmtp.ops.choose.argmax_prob

@@ -2,7 +2,7 @@
 // Rows of length D at stride D: whole hidden rows, BitNet's sub-norm rows, or Qwen3's per-head q/k rows
 // (rows = M * heads, D = head_dim, weight shared by every head). One workgroup per row.
 //
-// Reference: bitmtp.model.layers.rms_norm
+// Reference: bitmtp.ops.reference.rms_norm_reference
 // Test: tests/wgsl_fallback/test_norm.py
 
 struct Params { rows: u32, D: u32, eps: f32, _p: u32 }

@@ -1,4 +1,4 @@
-"""norm.wgsl: RMSNorm (bitmtp.model.layers.rms_norm) within 1e-5.
+"""norm.wgsl: RMSNorm (bitmtp.ops.reference.rms_norm_reference) within 1e-5.
 
 Shared fixtures (``wg``: the device runner and its ops) and helpers: tests/wgsl_fallback/conftest.py,
 tests/support/wgsl.py. Runs on any Vulkan adapter (Mesa lavapipe in CI); skipped without one unless
