@@ -63,9 +63,8 @@ def server():
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded
     try:
         import bitmtp
-        from bitmtp.serve import create_app, run_in_thread
-
         from bitmtp.runtime.calibration import load_cost_table
+        from bitmtp.serve import create_app, run_in_thread
 
         model = bitmtp.load(smollm2_path(), capacity=512)
         # the idle-measured step costs the serve tests' model planned with (tests/serve/conftest.py), or measured
