@@ -12,7 +12,8 @@ from bitmtp.errors import ShapeError
 from bitmtp.ops import registry
 
 
-def argmax_prob(logits: torch.Tensor, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_prob(logits: torch.Tensor, *, backend: str | None = None,
+                out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tok int64[M], prob float32[M])`` of ``logits[M, V]`` (V >= 1): each row's argmax and its softmax
     probability ``1 / sum(exp(logits - max))``.
 
@@ -21,8 +22,26 @@ def argmax_prob(logits: torch.Tensor, *, backend: str | None = None) -> tuple[to
     backend (csrc/cpu/argmax_prob.h) runs on the extension's thread team with the same bits whatever
     the thread count or the number of rows; the ``torch`` reference is ``softmax(logits).max(-1)`` in
     float32, which can pick a later index only where softmax rounds two different logits to one
-    probability.
+    probability. ``out``: ``(tok, prob)`` to write into (a step's static output buffers), returned.
     """
     if logits.dim() != 2 or logits.shape[1] == 0 or not logits.dtype.is_floating_point:
         raise ShapeError(f"logits: expected a floating [M, V >= 1] tensor, got {logits.dtype} {tuple(logits.shape)}")
-    return registry.select("argmax_prob", logits.device, backend)(logits)
+    impl = registry.select("argmax_prob", logits.device, backend)
+    if out is None:
+        return impl(logits)
+    tok, prob = out
+    m = logits.shape[0]
+    if (tok.dtype, prob.dtype, tuple(tok.shape), tuple(prob.shape)) != (torch.long, torch.float32, (m,), (m,)):
+        raise ShapeError(f"out: expected (int64 [{m}], float32 [{m}]), got ({tok.dtype} {tuple(tok.shape)}, "
+                         f"{prob.dtype} {tuple(prob.shape)})")
+    if getattr(impl, "__name__", "") == "argmax_prob" and _takes_out(impl):
+        return impl(logits, out=out)  # written in place (the cpu backend: no temporaries, no copies)
+    t, p = impl(logits)
+    tok.copy_(t)
+    prob.copy_(p)
+    return tok, prob
+
+
+def _takes_out(impl) -> bool:
+    """Whether a backend's ``argmax_prob`` writes into ``out=`` itself."""
+    return bool(getattr(getattr(impl, "__self__", None), "argmax_prob_out", False))

@@ -64,6 +64,8 @@ from bitmtp.runtime.output import DecodeStats, GenerationResult, Output
 #: a sequence's KV range starts at a multiple of this many rows (module docstring: batch invariance needs a
 #: multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
 ALIGN = 256
+#: how long closing a sequence waits for a running step before leaving its rows to the next step (seconds)
+CANCEL_WAIT_S = 5.0
 #: the most sequences one forward pass decodes (a row each: the width-invariant kernels' widest step)
 MAX_BATCH = 16
 #: prompt rows one step takes at most, beside its decode rows: on 2 CPU cores prefill runs ~2.3 ms a token
@@ -251,16 +253,15 @@ class BatchEngine:
         """A step's device inputs: tokens, positions, KV slots (base + position) and the mask — each row sees
         its own sequence's rows [base, base + reach] of the store's smallest covering segment (``reach``: its
         position, except a mask row's, which sees its whole block: the block's last position)."""
-        dev = self.decoder.device
-        tok = torch.tensor(tokens, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        base = torch.tensor(bases, dtype=torch.long, device=dev)
-        slots = base + pos
-        seg = self.kv.segment_for(max(b + p for b, p in zip(bases, positions, strict=True)) + 1)
-        kv = self.kv_index[None, :seg]
-        last = slots if reach is None else base + torch.tensor(reach, dtype=torch.long, device=dev)
-        mask = (kv >= base[:, None]) & (kv <= last[:, None])
-        return tok, pos, slots, mask
+        # one host tensor for every per-row list, one copy to the device: each torch op costs tens of µs with the
+        # caches cold after a step's layers (bench/glue.py)
+        slots = [b + p for b, p in zip(bases, positions, strict=True)]
+        last = slots if reach is None else [b + r for b, r in zip(bases, reach, strict=True)]
+        rows = torch.tensor([tokens, positions, slots, bases, last], dtype=torch.long).to(self.decoder.device)
+        tok, pos, slot, base, end = rows
+        kv = self.kv_index[None, : self.kv.segment_for(max(slots) + 1)]
+        mask = (kv >= base[:, None]) & (kv <= end[:, None])
+        return tok, pos, slot, mask
 
     def _forward(self, tokens: list[int], positions: list[int], bases: list[int],
                  heads: list[int] | None = None, reach: list[int] | None = None, mask_rows: int = 0,
@@ -276,7 +277,7 @@ class BatchEngine:
         with torch.no_grad(), step_threads(dev):
             step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block)
             hidden = self.decoder.hidden_states(step, self.kv)
-            if heads is not None:
+            if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose
                     return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
@@ -455,7 +456,11 @@ class BatchEngine:
 
     def cancel(self, seq: _Seq) -> None:
         seq.cancelled = True
-        if self._lock.acquire(blocking=False):  # free the rows now if no step is running; else the next step
+        # free the rows now, after the step another thread may be running (its pass uses them): a sequence only
+        # marked while another thread steps kept its rows until some later step — none, when that thread's own
+        # sequence was its last (a serve test saw 256 rows held after every client was answered). A step that
+        # takes longer than CANCEL_WAIT_S leaves the mark to the next step.
+        if self._lock.acquire(timeout=CANCEL_WAIT_S):
             try:
                 if seq in self._waiting:
                     self._waiting.remove(seq)

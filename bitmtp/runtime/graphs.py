@@ -98,14 +98,16 @@ class StepRunner:
     def _take(self, logits: torch.Tensor) -> None:
         """A decode / verify / prefill step's choice from its rows' logits: argmax or the sampler."""
         if self.sampler is None:
-            tok, prob = argmax_prob(logits)
+            # straight into the static outputs (no temporaries, no copies: bench/glue.py)
+            tok, prob = argmax_prob(logits, out=(self.out_token, self.out_prob))
         else:
             # prefill rows' history is the prompt, counted already; ar and verify rows are AR-causal over
             # this step's tokens (the guesses among them count as the history of the rows after them)
             ar_rows = 0 if self.state.role == "prefill" else self.state.width
             tok, prob = self.sampler.select(logits, self.positions, self.tokens, ar_rows, self.fresh_from)
-        self.out_token.copy_(tok)
-        self.out_prob.copy_(prob)
+        if tok is not self.out_token:
+            self.out_token.copy_(tok)
+            self.out_prob.copy_(prob)
         if self.logits is not None and logits.data_ptr() != self.logits.data_ptr():
             self.logits.copy_(logits)
 

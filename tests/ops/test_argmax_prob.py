@@ -192,3 +192,26 @@ def test_cpu_choice_does_not_go_through_torch_softmax(monkeypatch, rng):
     monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or real(*a, **k))
     tok, _ = argmax_prob(_logits(rng, 2, 49152))
     assert not calls and tok.shape == (2,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_out_buffers_get_the_same_choice(backend, m, rng):
+    """``out=(tok, prob)``: a step's static output buffers receive exactly what the plain call returns (poisoned
+    first, so an unwritten row shows); strided buffers and other dtypes still get it; a wrong buffer is refused."""
+    logits = _logits(rng, m, 1003)
+    want_t, want_p = argmax_prob(logits, backend=backend)
+    tok, prob = torch.full((m,), -7, dtype=torch.long), torch.full((m,), float("nan"))
+    got = argmax_prob(logits, backend=backend, out=(tok, prob))
+    assert got[0] is tok and got[1] is prob
+    assert torch.equal(tok, want_t) and torch.equal(prob, want_p)
+    wide_t, wide_p = torch.full((m, 2), -7, dtype=torch.long), torch.full((m, 2), float("nan"))
+    argmax_prob(logits, backend=backend, out=(wide_t[:, 0], wide_p[:, 0]))  # strided views
+    assert torch.equal(wide_t[:, 0], want_t) and torch.equal(wide_p[:, 0], want_p)
+    half_t, half_p = torch.empty(m, dtype=torch.long), torch.empty(m)
+    argmax_prob(logits.double(), backend=backend, out=(half_t, half_p))
+    assert torch.equal(half_t, argmax_prob(logits.double(), backend=backend)[0])
+    with pytest.raises(ShapeError, match="out"):
+        argmax_prob(logits, backend=backend, out=(torch.empty(m + 1, dtype=torch.long), prob))
+    with pytest.raises(ShapeError, match="out"):
+        argmax_prob(logits, backend=backend, out=(tok, torch.empty(m, dtype=torch.float64)))

@@ -413,3 +413,26 @@ def test_the_step_cost_model_uses_each_widths_own_time_once_seen():
     line = cost.seconds(7)
     assert line is not None and 13.6e-3 < line < 16e-3  # past the seen widths: the fitted line
     assert cost.marginal(6) == pytest.approx(line / 13.6e-3 - 1)
+
+
+def test_closing_while_another_thread_steps_frees_the_rows_after_that_step(models):
+    """A sequence closed while another thread runs a step gives its rows back as soon as that step ends — not at
+    some later step, which may never come when the stepping thread's own sequence was its last."""
+    import time
+
+    eng = BatchEngine(models["bitnet"].decoder, capacity=300, max_batch=4)
+    keep, leave = (eng.submit(p, max_new_tokens=NEW) for p in _prompts(2, seed=31, longest=20))
+    next(keep)
+    next(leave)
+    before, steps = eng.rows_in_use, eng.steps
+    eng._lock.acquire()  # a step in progress on "another thread"
+    closer = threading.Thread(target=leave.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive() and eng.rows_in_use == before  # its rows are in the running step's pass
+    eng._lock.release()
+    closer.join(timeout=30)
+    assert not closer.is_alive()
+    assert eng.rows_in_use < before and eng.running == 1 and eng.steps == steps  # freed without another step
+    keep.close()
+    assert eng.rows_in_use == 0

@@ -207,17 +207,33 @@ class CpuBackend:
                             half)
         return out
 
-    def argmax_prob(self, logits):
+    #: ``argmax_prob`` writes into ``out=`` (``ops.choose``)
+    argmax_prob_out = True
+
+    def argmax_prob(self, logits, out=None):
         """Each row's first argmax and softmax probability on the extension's thread team
         (csrc/cpu/argmax_prob.h): torch's own softmax/max at a large vocabulary run as OpenMP regions whose
         spinning workers slowed the next step's kernels (a SmolLM2 width-1 step 8.4 -> 11.6 ms). Other
         dtypes go to the torch reference."""
+        if out is not None and not (out[0].is_contiguous() and out[1].is_contiguous()):
+            tok, prob = self.argmax_prob(logits)  # computed as without out=, then copied into the strided buffers
+            out[0].copy_(tok)
+            out[1].copy_(prob)
+            return out
         if logits.dtype != torch.float32:
-            return reference.argmax_prob_reference(logits)
+            tok, prob = reference.argmax_prob_reference(logits)
+            if out is None:
+                return tok, prob
+            out[0].copy_(tok)
+            out[1].copy_(prob)
+            return out
         logits = logits.contiguous()
         m, v = logits.shape
-        tok = torch.empty(m, dtype=torch.long)
-        prob = torch.empty(m, dtype=torch.float32)
+        if out is None:
+            tok = torch.empty(m, dtype=torch.long)
+            prob = torch.empty(m, dtype=torch.float32)
+        else:
+            tok, prob = out
         if m:
             self._ext.argmax_prob(logits.data_ptr(), m, v, tok.data_ptr(), prob.data_ptr(), kernel_threads(),
                                   self._isa())
