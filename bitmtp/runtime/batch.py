@@ -19,8 +19,9 @@ outputs, a seed gives the same text). Each row attends through its mask to its o
 **Who steps.** There is no scheduler thread: a consumer that needs its sequence's next chunk takes the
 engine's lock and, if nothing is queued for it yet, runs one step for every sequence (leader/follower). So
 ``generate(prompts=[...])`` drives the batch from the calling thread, and in ``serve`` whichever request
-thread asks first steps for all of them. Dropping or closing a :class:`BatchGeneration` frees its rows at the
-next step.
+thread asks first steps for all of them. Closing a :class:`BatchGeneration` frees its rows at once, or when
+the step another thread is running ends; dropping one unclosed frees them at the next step (a finalizer takes
+no lock).
 
 **Policies.** ``policy="ar"`` and ``"auto"`` decode batched, both exactly AR's output (greedy, or sampled with
 the same seed). ``auto`` adds guess rows to a step — prompt-lookup continuations of a sequence, verified in the

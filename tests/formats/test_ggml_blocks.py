@@ -77,9 +77,11 @@ def test_dequantize_matches_gguf_py(fmt, rng):
 def test_pack_lossless_recovers_gguf_blocks(fmt, n, k, rng):
     w, blocks = _gguf_weight(fmt, n, k, rng)
     bw = gb.pack_lossless(w)
-    assert bw is not None and bw.fmt == fmt
-    assert np.array_equal(bw.data.numpy(), blocks)  # the file's own bytes
-    assert torch.equal(gb.dequantize(bw).view(torch.int32), w.view(torch.int32))
+    assert bw is not None and torch.equal(gb.dequantize(bw).view(torch.int32), w.view(torch.int32))
+    if bw.fmt == fmt:
+        assert np.array_equal(bw.data.numpy(), blocks)  # the file's own bytes
+    else:  # its values are exactly an earlier-tried format's too (seen: a one-block q4_1 weight that q4_0 holds)
+        assert n * k <= 64 and gb.FORMATS.index(bw.fmt) < gb.FORMATS.index(fmt), (bw.fmt, fmt)
 
 
 def test_pack_lossless_refuses_what_it_cannot_reproduce(rng):
