@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import contextvars
 import dataclasses
+import inspect
 import logging
 import numbers
 import os
@@ -883,7 +884,8 @@ def decoding_config(model: BitMTPModel, *, max_new_tokens: int = 128, policy: st
 
 
 #: decoding_config's options and their defaults: generate(..., config=...) refuses any other value beside it
-_OPTION_DEFAULTS: dict[str, Any] = {}
+_OPTION_DEFAULTS: dict[str, Any] = {k: p.default for k, p in inspect.signature(decoding_config).parameters.items()
+                                    if p.kind is p.KEYWORD_ONLY}
 
 
 def _config_of(model: BitMTPModel, config: Any, options: dict[str, Any]) -> DecodingConfig:
@@ -894,11 +896,6 @@ def _config_of(model: BitMTPModel, config: Any, options: dict[str, Any]) -> Deco
     if not isinstance(config, DecodingConfig):
         raise BitMTPError(f"config: expected a DecodingConfig (bitmtp.decoding_config(model, ...)), got "
                           f"{_describe(config)}")
-    if not _OPTION_DEFAULTS:
-        import inspect
-
-        _OPTION_DEFAULTS.update((k, p.default) for k, p in inspect.signature(decoding_config).parameters.items()
-                                if p.kind is p.KEYWORD_ONLY)
     given = [k for k, v in options.items()
              if not (v is _OPTION_DEFAULTS[k] or (type(v) is type(_OPTION_DEFAULTS[k]) and v == _OPTION_DEFAULTS[k]))]
     if given:

@@ -62,11 +62,21 @@ class _Patch:
         #: the decoding config every patched call decodes with (``bitmtp.decoding_config``: the bound policy, its
         #: block size and drafter); each call sets its own sampling, max_new_tokens and EOS ids on a copy
         self.config = config
-        self.drafter = config.drafter
-        self.policy, self.block_size = config.policy.name, config.block_size
         self.warned: set[str] = set()
         self.last_stats = None
         self.calls = {"bitmtp": 0, "transformers": 0}
+
+    @property
+    def policy(self) -> str:
+        return self.config.policy.name
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def drafter(self) -> Any:
+        return self.config.drafter
 
     def fall_through(self, why: str) -> None:
         self.calls["transformers"] += 1

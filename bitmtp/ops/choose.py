@@ -34,14 +34,10 @@ def argmax_prob(logits: torch.Tensor, *, backend: str | None = None,
     if (tok.dtype, prob.dtype, tuple(tok.shape), tuple(prob.shape)) != (torch.long, torch.float32, (m,), (m,)):
         raise ShapeError(f"out: expected (int64 [{m}], float32 [{m}]), got ({tok.dtype} {tuple(tok.shape)}, "
                          f"{prob.dtype} {tuple(prob.shape)})")
-    if getattr(impl, "__name__", "") == "argmax_prob" and _takes_out(impl):
-        return impl(logits, out=out)  # written in place (the cpu backend: no temporaries, no copies)
-    t, p = impl(logits)
-    tok.copy_(t)
-    prob.copy_(p)
+    # a backend that writes into out= (the cpu one: no temporaries, no copies) may still return new tensors
+    takes_out = getattr(getattr(impl, "__self__", None), "argmax_prob_out", False)
+    t, p = impl(logits, out=out) if takes_out else impl(logits)
+    if t is not tok:
+        tok.copy_(t)
+        prob.copy_(p)
     return tok, prob
-
-
-def _takes_out(impl) -> bool:
-    """Whether a backend's ``argmax_prob`` writes into ``out=`` itself."""
-    return bool(getattr(getattr(impl, "__self__", None), "argmax_prob_out", False))

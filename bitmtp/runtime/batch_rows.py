@@ -55,7 +55,7 @@ class StepRows:
         their ``drafts`` (by ``id``)."""
         r = cls()
         for seq, rows in fill:
-            r._add(seq, seq.ids[seq.n : seq.n + rows], seq.n, 0)
+            r._add(seq, seq.ids[seq.n : seq.n + rows], seq.n)
             if seq.n + rows == len(seq.ids):  # its last prompt row: the first token (prefill rows are not AR rows)
                 r.groups.append(Group(seq, len(r.tokens) - 1, [seq.ids[-1]], [len(seq.ids) - 1], 0))
         r.prompt_rows = len(r.tokens)
@@ -63,14 +63,14 @@ class StepRows:
             d = drafts.get(id(seq), NO_DRAFT)
             rows = [seq.pending, *d.guesses]
             r.groups.append(Group(seq, len(r.tokens), rows, list(range(seq.n, seq.n + len(rows))), len(rows), d))
-            r._add(seq, rows, seq.n, 0)
+            r._add(seq, rows, seq.n)
         for g in r.groups:
             g.head = len(r.heads)
             r.heads += range(g.first, g.first + g.read_rows)
         r._add_mask_rows([g for g in r.groups if g.draft.mask_rows])
         return r
 
-    def _add(self, seq: Any, tokens: list[int], at: int, extra: int) -> None:
+    def _add(self, seq: Any, tokens: list[int], at: int) -> None:
         self.tokens += tokens
         self.positions += range(at, at + len(tokens))
         self.bases += [seq.base] * len(tokens)

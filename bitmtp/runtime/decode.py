@@ -30,7 +30,7 @@ from bitmtp.decoding.sampling import SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.output import DecodeStats, GenerationResult, Output
 from bitmtp.runtime.pass_layouts import pass_layout
-from bitmtp.runtime.two_pass import _check_block, two_pass_loop
+from bitmtp.runtime.two_pass import check_block, two_pass_loop
 
 #: generations asking for fewer new tokens than this plan ``auto`` with the prior step costs instead of
 #: calibrating first (``runtime.calibration``): the ~5 s measurement pays off over longer generations
@@ -63,7 +63,7 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     pol = resolve_policy(policy, tau=tau, min_prefix=min_prefix, schedule=schedule).bind(d)
     one_pass = pol.drafts and pol.decode_schedule in ONE_PASS_SCHEDULES
     if pol.drafts:
-        _check_block(engine, d, drafter, pol)
+        check_block(engine, d, drafter, pol)
         _check_drafter(engine, drafter, pol)
     stats = DecodeStats(pol.name, d if pol.drafts else 1, schedule=pol.decode_schedule if pol.drafts else "")
     stats.notes.extend(notes)
@@ -239,7 +239,8 @@ def _pass_step(engine, loop: _PassLoop) -> list[int]:
         # the relative cost of a width changes with the context (attention) and with what the steps are
         # observed to cost: refreshed every 8 iterations (~60 us each, against ~10 ms steps)
         ctx.costs = costs.relative(n)
-        ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST) if loop.fused == "heads" else ctx.draft_cost
+        if loop.fused == "heads":
+            ctx.draft_cost = costs.draft_cost(HEADS_DRAFT_COST)
         loop.next_costs = stats.iterations + 8
     layout = pass_layout(loop.planner.plan(ctx), n, engine.kv.rows, loop.fused, loop.offsets)
     logprobs = loop.out.logprobs is not None

@@ -151,7 +151,7 @@ class MaskPass(PlainPass):
 
     def advance(self, kv: Any, v: list[int], a: int, runner_up: bool) -> tuple[int, int]:
         if not runner_up:
-            return a + 1, v[a]
+            return super().advance(kv, v, a, runner_up)
         # its KV row, written to its scratch slot (the same bits as at n + 1: onepass.runner_up_slot), becomes
         # position n + 1's
         kv.move_row(self.alt_slot, self.n + 1)

@@ -36,7 +36,7 @@ from bitmtp.runtime.states import ReplayState
 from bitmtp.runtime.verify_prep import prepare_verify, resolve_verify
 
 
-def _check_block(engine, d: int, drafter, policy: Policy) -> None:
+def check_block(engine, d: int, drafter, policy: Policy) -> None:
     """A draft step of block size ``d`` with ``drafter`` fits the engine (m_max) and the drafter."""
     if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= 16:
         raise BitMTPError(f"plan: policy {policy.name!r} planned a block size of {d!r}; a draft step's block "
@@ -95,7 +95,7 @@ def two_pass_loop(engine, out: Output, stats: DecodeStats, ids: list[int], first
         nxt = policy.plan(d, stats)
         use = drafter if nxt.drafter is None else nxt.drafter
         if nxt.block != d or use is not drafter:
-            _check_block(engine, nxt.block, use, policy)
+            check_block(engine, nxt.block, use, policy)
         if not isinstance(nxt.verify, Verify):
             raise BitMTPError(f"plan: policy {policy.name!r} planned verify={nxt.verify!r}; expected a "
                               "bitmtp.decoding.Verify member")
@@ -206,4 +206,4 @@ def two_pass_loop(engine, out: Output, stats: DecodeStats, ids: list[int], first
     engine.n = n
 
 
-__all__ = ["two_pass_loop"]
+__all__ = ["check_block", "two_pass_loop"]

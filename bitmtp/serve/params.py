@@ -1,7 +1,7 @@
 """OpenAI request bodies → one ``bitmtp.generate`` call.
 
 :func:`parse_request` checks a ``/v1/completions`` or ``/v1/chat/completions`` body and returns a
-:class:`Request`: the prompt's token ids and the keyword arguments of ``bitmtp.generate``.
+:class:`Request`: the prompt's token ids and its decoding options, validated (``bitmtp.decoding_config``).
 :func:`sampling_kwargs` is the one place the OpenAI field names map to ``generate``'s.
 
 Fields a client leaves out take ``bitmtp.generate``'s defaults — temperature 0, i.e. greedy decoding,
@@ -64,8 +64,6 @@ class Request:
 
     chat: bool
     input_ids: list[int]
-    #: the decoding options as ``bitmtp.generate`` keywords (what :attr:`config` was built from)
-    kwargs: dict[str, Any]
     stream: bool = False
     include_usage: bool = False
     #: return the chosen tokens' log-probabilities
@@ -74,7 +72,7 @@ class Request:
     model: str | None = None
     #: send each piece of text with the origins of its tokens (``"bitmtp": {"origins": true}``)
     origins: bool = False
-    #: ``kwargs`` validated into the decoding config the request decodes with (``bitmtp.decoding_config``)
+    #: the request's decoding options, validated (``bitmtp.decoding_config``)
     config: Any = None
 
 
@@ -263,7 +261,7 @@ def parse_request(body: Any, *, chat: bool, model: Any, model_name: str) -> Requ
     except BitMTPError as exc:
         field_name = str(exc).split(":", 1)[0]
         raise APIError(400, str(exc), param=field_name if field_name in _SAMPLING else None) from None
-    return Request(chat=chat, input_ids=ids, kwargs=kwargs, stream=stream, include_usage=include_usage,
+    return Request(chat=chat, input_ids=ids, stream=stream, include_usage=include_usage,
                    logprobs=logprobs, model=name, origins=origins, config=config)
 
 

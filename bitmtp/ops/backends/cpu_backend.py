@@ -207,33 +207,24 @@ class CpuBackend:
                             half)
         return out
 
-    #: ``argmax_prob`` writes into ``out=`` (``ops.choose``)
+    #: ``argmax_prob`` may write into ``out=`` (``ops.choose`` copies whatever it returns instead)
     argmax_prob_out = True
 
     def argmax_prob(self, logits, out=None):
         """Each row's first argmax and softmax probability on the extension's thread team
         (csrc/cpu/argmax_prob.h): torch's own softmax/max at a large vocabulary run as OpenMP regions whose
         spinning workers slowed the next step's kernels (a SmolLM2 width-1 step 8.4 -> 11.6 ms). Other
-        dtypes go to the torch reference."""
-        if out is not None and not (out[0].is_contiguous() and out[1].is_contiguous()):
-            tok, prob = self.argmax_prob(logits)  # computed as without out=, then copied into the strided buffers
-            out[0].copy_(tok)
-            out[1].copy_(prob)
-            return out
+        dtypes go to the torch reference. ``out``: contiguous ``(tok, prob)`` buffers the kernel writes
+        into (checked by ``ops.choose``); strided ones are ignored (new tensors are returned)."""
         if logits.dtype != torch.float32:
-            tok, prob = reference.argmax_prob_reference(logits)
-            if out is None:
-                return tok, prob
-            out[0].copy_(tok)
-            out[1].copy_(prob)
-            return out
+            return reference.argmax_prob_reference(logits)
         logits = logits.contiguous()
         m, v = logits.shape
-        if out is None:
+        if out is not None and out[0].is_contiguous() and out[1].is_contiguous():
+            tok, prob = out
+        else:
             tok = torch.empty(m, dtype=torch.long)
             prob = torch.empty(m, dtype=torch.float32)
-        else:
-            tok, prob = out
         if m:
             self._ext.argmax_prob(logits.data_ptr(), m, v, tok.data_ptr(), prob.data_ptr(), kernel_threads(),
                                   self._isa())
