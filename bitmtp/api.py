@@ -42,6 +42,7 @@ from bitmtp.model.args import ModelArgs
 from bitmtp.model.decoder import Decoder
 from bitmtp.model.loaders import from_safetensors_dir, from_transformers
 from bitmtp.runtime.batch import BatchEngine
+from bitmtp.runtime.calibration import CostTable
 from bitmtp.runtime.decode import DecodeStats, GenerationResult
 from bitmtp.runtime.engine import Engine, Generation
 
@@ -224,6 +225,17 @@ class BitMTPModel:
     def decoding_config(self, **options: Any) -> DecodingConfig:
         """:func:`decoding_config` for this model: the decoding options of :func:`generate`, validated once."""
         return decoding_config(self, **options)
+
+    def calibrate(self, *, rebuild: bool = False, progress: bool = False) -> CostTable:
+        """Measure (or read from the cache) the step costs ``policy="auto"`` plans with, now.
+
+        The first ``auto`` generation of 64 tokens or more on a machine measures them itself (~5 s on 2 CPU
+        cores, then cached under ``bitmtp.runtime.calibration.cache_dir()``); call this first — ``bitmtp serve``
+        does at startup — so that no request pays for it. ``rebuild=True`` measures again even with a cached
+        table (the machine changed load, a new build); ``progress`` shows a progress bar. Returns the
+        :class:`~bitmtp.runtime.calibration.CostTable` (``bitmtp info --calibrate`` prints it). Waits while a
+        generation runs on this model in another thread (the measurement uses its KV store)."""
+        return self.engine.calibrate(rebuild=rebuild, progress=progress)
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
         """``(policy, block_size)`` to decode with when the caller left them open (None): ``"auto"`` —

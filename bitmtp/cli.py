@@ -120,14 +120,14 @@ def _print_costs(model, args: argparse.Namespace) -> None:
     """The step-cost table policy="auto" plans with: measured (--calibrate) or as cached."""
     import torch
 
-    from bitmtp.runtime.calibration import cache_path, calibration_key, format_cost_table, load_cost_table
+    from bitmtp.runtime.calibration import cache_path, calibration_key, format_cost_table
 
     if args.threads:
         torch.set_num_threads(args.threads)
     key = calibration_key(model.engine)
     path = cache_path(key)
     if args.calibrate or path.is_file():
-        table = load_cost_table(model.engine, rebuild=args.calibrate, progress=args.calibrate)
+        table = model.calibrate(rebuild=args.calibrate, progress=args.calibrate)
         print(f"  step costs (policy auto; {torch.get_num_threads()} threads; cache {path}):")
         print("    " + format_cost_table(table).replace("\n", "\n    "))
     else:

@@ -78,7 +78,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
     app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size,
                      body_timeout=args.body_timeout, stream_interval=args.stream_interval, max_batch=args.max_batch,
-                     solo_when_idle=not args.no_solo)
+                     solo_when_idle=not args.no_solo, calibrate=not args.no_calibrate)
     how = (f"up to {args.max_batch} requests decoded together" if args.max_batch
            else f"{args.sessions} KV store(s), one request each")
     print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({how}, queue "
@@ -99,7 +99,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
                    "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
                   queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout,
-                  stream_interval=args.stream_interval, max_batch=args.max_batch, solo_when_idle=not args.no_solo)
+                  stream_interval=args.stream_interval, max_batch=args.max_batch, solo_when_idle=not args.no_solo,
+                  calibrate=not args.no_calibrate)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -265,6 +266,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--no-solo", action="store_true",
                        help="every request joins the batch (default: one that arrives while nothing decodes runs "
                             "alone with policy auto, drafting where it pays)")
+    serve.add_argument("--no-calibrate", action="store_true",
+                       help="start without measuring the step costs policy auto plans with (default: measured "
+                            "before the server listens, ~5 s on 2 CPU cores the first time on a machine, then read "
+                            "from the cache; without it the first request of 64 tokens or more pays for them)")
     checked(serve.add_argument("--sessions", type=int, default=1, metavar="N",
                                help="with --max-batch 0: requests decoding at once, each on its own KV store (per "
                                     "replica; default 1)"),

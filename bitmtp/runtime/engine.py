@@ -217,6 +217,19 @@ class Engine:
             raise BitMTPError(f"{what}: a generation owns this engine's KV store; finish or close it first "
                               "(or step a separate Engine / model.session())")
 
+    def calibrate(self, *, rebuild: bool = False, progress: bool = False) -> Any:
+        """The step-cost table ``policy="auto"`` plans with (``runtime.calibration.load_cost_table``): cached
+        or memoised, else measured now (~5 s on 2 CPU cores), so that no generation pays the measurement.
+        Takes the KV store like a generation (the measurement overwrites its rows): waits for one that another
+        thread runs, refuses one this thread holds open."""
+        from bitmtp.runtime.calibration import load_cost_table
+
+        self._acquire()
+        try:
+            return load_cost_table(self, rebuild=rebuild, progress=progress)
+        finally:
+            self._release()
+
     def reset(self) -> None:
         """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied)."""
         self.n = 0

@@ -24,6 +24,7 @@ in the ``x-bitmtp-replica`` header.
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (the request type,
 # imported inside create_app because FastAPI is an optional extra) as objects
 import asyncio
+import logging
 import math
 import os
 import socket
@@ -70,6 +71,7 @@ DEFAULT_MAX_BATCH = 8
 CHAT_PAGE = Path(__file__).with_name("static") / "chat.html"
 
 T = TypeVar("T")
+log = logging.getLogger("bitmtp")
 
 
 def require_serve() -> None:
@@ -94,8 +96,10 @@ class _State:
 
     def __init__(self, model_or_loader: Any, model_name: str | None, sessions: int, queue_size: int,
                  replica_id: str | Callable[[], str] | None, body_timeout: float | None,
-                 stream_interval: float = STREAM_INTERVAL, max_batch: int = 0, solo_when_idle: bool = True):
+                 stream_interval: float = STREAM_INTERVAL, max_batch: int = 0, solo_when_idle: bool = True,
+                 calibrate: bool = True):
         self.source = model_or_loader
+        self.calibrate = calibrate
         self.model: Any = None
         self.model_name = model_name
         #: requests decoded together in one batch (0: each alone on one of ``sessions`` KV stores); the places
@@ -151,10 +155,14 @@ class _State:
             raise BitMTPError(f"model_or_loader: {model.source} has no tokenizer; the server takes text prompts")
         if self.model_name is None:
             self.model_name = Path(str(model.source)).stem or "bitmtp"
-        self.pool = SessionPool(model, self.sessions, self.queue_size, batch=bool(self.max_batch))
+        pool = SessionPool(model, self.sessions, self.queue_size, batch=bool(self.max_batch))
         if self.max_batch:
             self.batch = model.batcher(self.max_batch)
             self.solo = model.session() if self.solo_when_idle else None
+        solo_store = self.solo if self.max_batch else pool.sessions[0]
+        if self.calibrate and solo_store is not None:  # before the pool is set: /health says 503 until then
+            await loop.run_in_executor(None, _calibrate, solo_store)
+        self.pool = pool
         # one thread per session: a generation never waits for a thread, only for a session
         self.executor = ThreadPoolExecutor(max_workers=self.sessions, thread_name_prefix="bitmtp-serve")
         self.parse_executor = ThreadPoolExecutor(max_workers=PARSE_THREADS, thread_name_prefix="bitmtp-parse")
@@ -172,6 +180,20 @@ class _State:
                                 "the server must run); retry in a few seconds (GET /health says when it is ready)",
                            code="model_loading")
         return self.pool
+
+
+def _calibrate(session: Any) -> None:
+    """The step costs a request decoded alone with policy auto plans with, measured (or read from the cache)
+    before the server reports ready: else the first such request of 64 tokens or more measures them itself
+    (~5 s on 2 CPU cores: one client's first answer at 0.37x llama-server's speed, its next ones at 1.18x).
+    A failed measurement is logged; requests then plan with the prior costs, corrected by the steps they see."""
+    t0 = time.monotonic()
+    try:
+        session.calibrate()
+    except BitMTPError as exc:
+        log.warning("bitmtp serve: could not measure the step costs (%s); policy auto plans with prior costs", exc)
+        return
+    log.info("bitmtp serve: step costs ready in %.1f s", time.monotonic() - t0)
 
 
 def _parse(raw: bytes, chat: bool, model: Any, model_name: str) -> Request:
@@ -338,7 +360,7 @@ class _ReplicaHeader:
 def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions: int = 1, queue_size: int = 16,
                replica_id: str | Callable[[], str] | None = None, body_timeout: float | None = BODY_TIMEOUT,
                stream_interval: float = STREAM_INTERVAL, max_batch: int = DEFAULT_MAX_BATCH,
-               solo_when_idle: bool = True) -> Any:
+               solo_when_idle: bool = True, calibrate: bool = True) -> Any:
     """An OpenAI-compatible FastAPI app serving one model.
 
     Args:
@@ -354,6 +376,10 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
             (drafting where it pays: ~1.0x AR on chat, 1.6x on code on 2 CPU cores) on a KV store of its own; the
             requests that arrive meanwhile batch beside it, sharing the cores (8 clients arriving at once: ~13 %
             fewer tokens/s than one batch of 8). False: every request joins the batch.
+        calibrate: measure the step costs a request decoded alone with policy auto plans with at startup
+            (:meth:`bitmtp.BitMTPModel.calibrate`; ~5 s on 2 CPU cores, read from the cache after the first time
+            on a machine), before the app reports ready, so that no request pays for it. False: the first such
+            request of 64 tokens or more measures them.
         sessions: with ``max_batch=0``, KV stores decoding at once (``model.session()`` views sharing the
             weights); requests never share one.
         queue_size: requests that may wait for a place in the batch (or a KV store); one more gets 429.
@@ -395,10 +421,11 @@ def create_app(model_or_loader: Any, *, model_name: str | None = None, sessions:
             or not math.isfinite(stream_interval) or not 0 <= stream_interval <= 10):
         raise BitMTPError(f"stream_interval: must be a number of seconds in [0, 10] (0: every step's text at once), "
                           f"got {stream_interval!r}")
-    if not isinstance(solo_when_idle, bool):
-        raise BitMTPError(f"solo_when_idle: must be True or False, got {solo_when_idle!r}")
+    for name, value in (("solo_when_idle", solo_when_idle), ("calibrate", calibrate)):
+        if not isinstance(value, bool):
+            raise BitMTPError(f"{name}: must be True or False, got {value!r}")
     state = _State(model_or_loader, model_name, sessions, queue_size, replica_id, body_timeout,
-                   float(stream_interval), max_batch, solo_when_idle)
+                   float(stream_interval), max_batch, solo_when_idle, calibrate)
 
     class SafeJSONResponse(JSONResponse):
         """JSON that is always JSON: NaN / infinity as null (see bitmtp.serve.body.dumps)."""

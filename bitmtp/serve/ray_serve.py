@@ -47,7 +47,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             queue_size: int = 16, load_kwargs: dict[str, Any] | None = None,
             ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp",
             body_timeout: float | None = BODY_TIMEOUT, stream_interval: float = STREAM_INTERVAL,
-            max_batch: int = DEFAULT_MAX_BATCH, solo_when_idle: bool = True) -> Any:
+            max_batch: int = DEFAULT_MAX_BATCH, solo_when_idle: bool = True, calibrate: bool = True) -> Any:
     """A Ray Serve application serving ``model`` from ``replicas`` replicas; each replica batches the requests
     it decodes (``max_batch``).
 
@@ -56,8 +56,9 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             :func:`bitmtp.load` (plus ``load_kwargs``, e.g. ``{"capacity": 4096}``).
         replicas: Ray Serve replicas (each a process with its own copy of the model).
         model_name: the name clients give as ``model`` (default: the file's stem).
-        max_batch, solo_when_idle, sessions, queue_size: per replica, as :func:`bitmtp.serve.create_app`'s; Ray
-            sends a replica at most ``(max_batch or sessions) + queue_size`` requests at once and queues the rest.
+        max_batch, solo_when_idle, calibrate, sessions, queue_size: per replica, as
+            :func:`bitmtp.serve.create_app`'s; Ray sends a replica at most ``(max_batch or sessions) + queue_size``
+            requests at once and queues the rest.
         ray_actor_options: Ray resources per replica (default ``{"num_cpus": 1}``).
         deployment_name: the deployment's name in Ray Serve.
         body_timeout: as :func:`bitmtp.serve.create_app`'s (seconds a request body may take to arrive).
@@ -91,7 +92,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
 
         return create_app(load, model_name=name, sessions=sessions, queue_size=queue_size, replica_id=_replica_id,
                           body_timeout=body_timeout, stream_interval=stream_interval, max_batch=max_batch,
-                          solo_when_idle=solo_when_idle)
+                          solo_when_idle=solo_when_idle, calibrate=calibrate)
 
     deployment = serve.deployment(serve.ingress(build)(), name=deployment_name, num_replicas=replicas,
                                   max_ongoing_requests=(max_batch or sessions) + queue_size,

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import bitmtp
+from bitmtp.errors import BitMTPError
 from bitmtp.runtime import calibration as cal
 from bitmtp.runtime.calibration import CalibrationError, CostTable
 from tests.support.hf_models import VARIED, tiny_model
@@ -593,3 +594,24 @@ def test_prior_table_covers_m_max_and_is_linear():
     t = cal.prior_cost_table(_E)
     assert t.widths[-1] == 31 and t.relative(1, 500) == 1.0
     assert t.relative(5, 128) == pytest.approx(2.0) and t.relative(31, 4000) == pytest.approx(8.5)
+
+
+def test_model_calibrate_measures_once_then_a_long_generation_does_not(model, engine, fake_measure, cache):
+    """``model.calibrate()`` (what ``bitmtp serve`` runs at startup) measures now and caches: the first long auto
+    generation then measures nothing; ``rebuild=True`` measures again; a stream this thread holds open on the
+    model is refused with the fix named (the measurement writes its KV rows)."""
+    from bitmtp.runtime.decode import CALIBRATE_MIN_NEW_TOKENS
+
+    table = model.calibrate()
+    assert isinstance(table, CostTable) and fake_measure == [engine] and list(cache.iterdir())
+    assert model.calibrate() is table and len(fake_measure) == 1  # memoised
+    bitmtp.generate(model, input_ids=prompt(), max_new_tokens=CALIBRATE_MIN_NEW_TOKENS, eos_token_id=[],
+                    block_size=4)
+    assert len(fake_measure) == 1 and not engine.busy
+    assert model.calibrate(rebuild=True) is not table and len(fake_measure) == 2
+    generation = engine.decode(prompt(), max_new_tokens=4)
+    next(generation)
+    with pytest.raises(BitMTPError, match="a stream on this model is still open in this thread"):
+        model.calibrate()
+    generation.close()
+    assert not engine.busy and len(fake_measure) == 2

@@ -164,3 +164,42 @@ def test_bad_batch_options(smollm2):
         create_app(smollm2, max_batch=-1)
     with pytest.raises(BitMTPError, match=r"^solo_when_idle: must be True or False"):
         create_app(smollm2, solo_when_idle="no")
+    with pytest.raises(BitMTPError, match=r"^calibrate: must be True or False, got 1"):
+        create_app(smollm2, calibrate=1)
+
+
+@pytest.fixture
+def counted_calibration(monkeypatch, tmp_path):
+    """Step-cost measurements counted (each one quick: the prior table) in an empty cache, nothing memoised;
+    the memo is emptied again afterwards, so later tests plan with the table measured for them."""
+    from bitmtp.runtime import calibration
+
+    measured: list[int] = []
+
+    def measure(engine, **kwargs):
+        measured.append(id(engine))
+        return calibration.prior_cost_table(engine)
+
+    monkeypatch.setenv("BITMTP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_cost_table", measure)
+    calibration.clear_memo()
+    yield measured
+    calibration.clear_memo()
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_the_server_measures_step_costs_before_its_first_request(smollm2, counted_calibration, calibrate):
+    """A server calibrates at startup on the KV store lone requests decode on, so that the first auto request
+    of 64 tokens or more does not pay ~5 s for it (one client's first answer ran at 0.37x llama-server's speed);
+    calibrate=False leaves the measurement to that request."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    app = create_app(smollm2, model_name=MODEL, max_batch=2, calibrate=calibrate)
+    with run_in_thread(app) as srv:
+        state = app.state.bitmtp
+        assert counted_calibration == ([id(state.solo.engine)] if calibrate else [])
+        r = httpx.post(srv.url + "/v1/completions", timeout=120,
+                       json={"model": MODEL, "prompt": "def fib(n):", "max_tokens": 64})
+        assert r.status_code == 200, r.text
+        assert state.solo_requests == 1
+        assert counted_calibration == [id(state.solo.engine)]  # measured once, by the server or by the request
