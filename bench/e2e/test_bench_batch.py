@@ -62,10 +62,10 @@ def _step_cost(eng, width: int, reps: int) -> float:
     from bitmtp.runtime.batch import ALIGN
 
     ids, pos, bases = [5] * width, [150] * width, [i * ALIGN for i in range(width)]
-    eng._forward(ids, pos, bases)
+    eng.passes.forward(ids, pos, bases)
     t0 = time.perf_counter()
     for _ in range(reps):
-        eng._forward(ids, pos, bases)
+        eng.passes.forward(ids, pos, bases)
     return (time.perf_counter() - t0) / reps
 
 
@@ -85,7 +85,7 @@ def test_batch_over_solo(benchmark):
         t0 = time.perf_counter()
         solo = [bitmtp.generate(model, p, **kw) for p in prompts]
         solo_tps.append(sum(len(o.token_ids) for o in solo) / (time.perf_counter() - t0))
-        inside, steps0, real = [0.0], eng.steps + eng.forwards, eng._forward
+        inside, steps0, real = [0.0], eng.steps + eng.forwards, eng.passes.forward
 
         def timed(*a, real=real, inside=inside, **k):  # the forward passes' own time: the rest is the host loop
             t = time.perf_counter()
@@ -94,11 +94,11 @@ def test_batch_over_solo(benchmark):
             finally:
                 inside[0] += time.perf_counter() - t
 
-        eng._forward = timed
+        eng.passes.forward = timed
         t0 = time.perf_counter()
         outs = bitmtp.generate(model, prompts=prompts, max_batch=BATCH, **kw)
         wall = time.perf_counter() - t0
-        del eng._forward
+        del eng.passes.forward
         batch_tps.append(sum(len(o.token_ids) for o in outs) / wall)
         host_ms.append((wall - inside[0]) / max(eng.steps + eng.forwards - steps0, 1) * 1e3)
         assert [o.token_ids for o in outs] == [o.token_ids for o in solo]  # batch invariance, on the real model

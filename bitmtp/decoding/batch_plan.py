@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from bitmtp.decoding import origins as origin
 from bitmtp.decoding.auto import DRAFT_MARGIN, EXPLORE_EVERY, LOOKUP_PRIOR, MASK_MARGIN, MASK_PRIOR, mask_bucket
 from bitmtp.decoding.lookup import LookupIndex
 
@@ -46,7 +47,11 @@ class StepCost:
         self.n = self.sw = self.st = self.sww = self.swt = 0.0
         self.seen: dict[int, tuple[float, int]] = {}  # width -> (running mean seconds, steps)
 
-    def observe(self, width: int, seconds: float) -> None:
+    def observe(self, width: int, seconds: float, prompt_rows: int = 0) -> None:
+        """A decode step of ``width`` rows took ``seconds``; one that also ran ``prompt_rows`` prompt rows says
+        nothing of what decode rows cost (ignored)."""
+        if prompt_rows:
+            return
         decay = 0.98
         self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
         self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
@@ -87,6 +92,17 @@ class Draft:
     p_all: float = 1.0  # the chance every guess is accepted
     mask_rows: int = 0  # mask rows drafting its next guesses
     ngram: int = 1  # lookup guesses: the length of the n-gram match they came from
+
+    @property
+    def choice(self) -> str:
+        """The step's kind in ``DecodeStats.choices`` (as a solo step's: ``"ar"`` without guesses, ``+masks``
+        with mask rows)."""
+        return (self.source or "ar") + ("+masks" if self.mask_rows else "")
+
+    @property
+    def origin(self) -> str:
+        """Where its accepted guesses came from (``decoding.origins``)."""
+        return origin.MASK if self.source == "masks" else origin.LOOKUP
 
 
 NO_DRAFT = Draft()
@@ -141,11 +157,12 @@ class BatchPlanner:
         return SeqDrafting(LookupIndex(ids, ngram_max=5), dict(self.lookup_alpha), list(self.mask_alpha),
                            list(self.mask_pos), block)
 
-    def drafts(self, seqs: list[tuple[int, SeqDrafting | None, Room]], prompt_rows: int,
-               masks_ok: bool = True) -> dict[int, Draft]:
-        """Guess rows and mask rows for a step of ``prompt_rows`` prompt rows and the decoding sequences ``seqs``
-        (key, drafting state or None for a sequence that does not draft, room), by key (module docstring);
-        ``masks_ok``: mask rows may run (not under the fused GPU step). At most ``max_rows`` rows a step."""
+    def drafts(self, decoding: list[Any], prompt_rows: int, masks_ok: bool = True) -> dict[int, Draft]:
+        """Guess rows and mask rows for a step of ``prompt_rows`` prompt rows and the ``decoding`` sequences (each
+        with its ``drafting`` state — None for one that does not draft — and its :class:`Room`), by ``id`` of the
+        sequence (module docstring); ``masks_ok``: mask rows may run (not under the fused GPU step). At most
+        ``max_rows`` rows a step."""
+        seqs = [(id(s), s.drafting, s.room) for s in decoding]
         width = prompt_rows + len(seqs)
         expected = float(len(seqs))
         offers = []  # (expected tokens of the row, sequence, its draft up to its j-th guess)

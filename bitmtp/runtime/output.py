@@ -107,8 +107,7 @@ class DecodeStats:
         self.committed.append(a)
         self.verified.append(bool(guesses))
         self.widths[width] += 1
-        if guesses or draft.mask_rows:
-            self.choices[(draft.source or "ar") + ("+masks" if draft.mask_rows else "")] += 1
+        self.choices[draft.choice] += 1
         self.verifier_calls += bool(guesses)
         self.guesses += len(guesses)
         self.accepted += a - 1

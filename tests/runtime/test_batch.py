@@ -144,7 +144,7 @@ def test_one_forward_pass_per_step_whatever_the_batch(models, monkeypatch):
     gens = [eng.submit(p, max_new_tokens=10) for p in _prompts(8, seed=1, longest=40)]
     for g in gens:  # prefill all eight (one chunk each), the first token each
         next(g)
-    while eng._running and any(s.n < len(s.ids) for s in eng._running):
+    while eng.schedule.running and any(s.n < len(s.ids) for s in eng.schedule.running):
         with eng._lock:
             eng.step()
     calls.clear()

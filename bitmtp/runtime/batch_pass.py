@@ -1,0 +1,124 @@
+"""A batched step's forward pass and its one read (``runtime/batch.py``).
+
+:class:`BatchPass` turns a step's rows (``runtime.batch_rows.StepRows``) into device inputs — tokens, positions,
+KV slots (a sequence's base + position) and the mask that lets each row see its own sequence's KV rows only —
+runs ONE forward pass over them (per op, or the fused GPU step where a solo step of those rows would take it),
+lets sampled sequences choose from their rows' logits, and reads every chosen token and probability at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bitmtp.model.decoder import GPU_STEP, StepInputs
+from bitmtp.ops.choose import argmax_prob
+from bitmtp.ops.threads import step_threads
+from bitmtp.runtime.batch_rows import StepRows
+from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
+from bitmtp.runtime.gpu_step import Launcher
+from bitmtp.runtime.kv import KVStore
+
+
+class BatchPass:
+    """Forward passes over the rows of a batch's steps, on ``decoder`` and the batch's KV store ``kv``.
+
+    ``forwards`` counts the passes run (tests: one a step whatever the batch), ``syncs`` the reads,
+    ``launcher`` the fused GPU step's launches (``runtime.gpu_step``)."""
+
+    def __init__(self, decoder: Any, kv: KVStore):
+        self.decoder, self.kv = decoder, kv
+        self.kv_index = torch.arange(kv.rows, device=decoder.device)
+        self.launcher = Launcher()
+        self.forwards = 0
+        self.syncs = 0
+
+    def run(self, rows: StepRows, prompts: int, fused: Any = None) -> tuple[list[int], list[float]]:
+        """ONE pass over ``rows`` (``prompts``: how many sequences' prompt rows it holds) and its one read: the
+        chosen token and its probability for each row whose choice is read (``rows.heads``), in order.
+        ``fused``: the fused GPU step's plan when it is on."""
+        toks, probs, logits = self._pass(rows, prompts, fused)
+        self._choose_sampled(rows, toks, probs, logits)
+        self.syncs += 1
+        return toks.tolist(), probs.tolist()
+
+    def _pass(self, rows: StepRows, prompts: int, fused: Any) -> tuple[torch.Tensor, ...]:
+        """The step's forward pass: the chosen tokens and probabilities of the rows read, and their logits."""
+        # the fused step takes a pass of decode rows only or one solo prefill chunk, of ≤ 16 rows (as solo)
+        if fused is not None and len(rows.tokens) <= GPU_ROWS and not (prompts and (rows.decode_rows or prompts > 1)):
+            sampled = any(g.seq.sampler is not None for g in rows.groups)
+            return self.fused(fused, rows.tokens, rows.positions, rows.bases, rows.heads, sampled=sampled)
+        # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
+        solo_like = bool(prompts) and fused is not None
+        logits = self.forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
+                              rows.mask_rows, rows.block)
+        logits = logits[rows.heads] if solo_like else logits
+        toks, probs = argmax_prob(logits)  # every row: row-independent, each row's bits alone
+        return toks, probs, logits
+
+    @staticmethod
+    def _choose_sampled(rows: StepRows, toks: torch.Tensor, probs: torch.Tensor, logits: torch.Tensor) -> None:
+        """Sampled sequences choose from their rows' logits (the solo runner's call), over the argmax."""
+        for g in rows.groups:
+            if g.seq.sampler is not None:
+                at, r, dev = g.head, g.read_rows, logits.device
+                t, p = g.seq.sampler.select(logits[at : at + r], torch.tensor(g.positions[:r], device=dev),
+                                            torch.tensor(g.tokens[:r], device=dev), g.ar_rows, 1)
+                toks[at : at + r], probs[at : at + r] = t, p
+
+    def inputs(self, tokens: list[int], positions: list[int], bases: list[int],
+               reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step's device inputs: tokens, positions, KV slots (base + position) and the mask — each row sees
+        its own sequence's rows [base, base + reach] of the store's smallest covering segment (``reach``: its
+        position, except a mask row's, which sees its whole block: the block's last position)."""
+        # one host tensor for every per-row list, one copy to the device: each torch op costs tens of µs with the
+        # caches cold after a step's layers (bench/glue.py)
+        slots = [b + p for b, p in zip(bases, positions, strict=True)]
+        last = slots if reach is None else [b + r for b, r in zip(bases, reach, strict=True)]
+        rows = torch.tensor([tokens, positions, slots, bases, last], dtype=torch.long).to(self.decoder.device)
+        tok, pos, slot, base, end = rows
+        kv = self.kv_index[None, : self.kv.segment_for(max(slots) + 1)]
+        mask = (kv >= base[:, None]) & (kv <= end[:, None])
+        return tok, pos, slot, mask
+
+    def forward(self, tokens: list[int], positions: list[int], bases: list[int], heads: list[int] | None = None,
+                reach: list[int] | None = None, mask_rows: int = 0, block: Any = None) -> torch.Tensor:
+        """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
+        base + position and attends to its own sequence's rows [base, base + position] (``reach``: see
+        :meth:`inputs`); the last ``mask_rows`` rows are ``block``'s mask rows (its mask embedding and gated
+        LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
+        choice is read)."""
+        dev = self.decoder.device
+        tok, pos, slots, mask = self.inputs(tokens, positions, bases, reach)
+        self.forwards += 1
+        with torch.no_grad(), step_threads(dev):
+            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block)
+            hidden = self.decoder.hidden_states(step, self.kv)
+            if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
+                if not heads:  # prompt rows only, none a prompt's last: nothing to choose
+                    return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
+                hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
+            return self.decoder.logits(hidden)
+
+    def fused(self, plan: Any, tokens: list[int], positions: list[int], bases: list[int], heads: list[int],
+              sampled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step through the fused GPU kernels: the argmax tokens, probabilities and (only when some row
+        samples) logits of rows ``heads``. The rows attend to their own KV ranges (the mask); the split-KV
+        attention splits at absolute multiples of 256 rows, which ``batch_schedule.ALIGN`` keeps, so a row has
+        its solo bits."""
+        dev = self.decoder.device
+        m = len(tokens)
+        tok, pos, slots, mask = self.inputs(tokens, positions, bases)
+        out_tok = torch.empty(GPU_ROWS, dtype=torch.long, device=dev)
+        out_prob = torch.empty(GPU_ROWS, dtype=torch.float32, device=dev)
+        logits = plan.logits_rows(m) if sampled else None
+        self.forwards += 1
+        with torch.no_grad():
+            plan.step(self.launcher, tok, pos, slots, mask, out_tok, out_prob, m=m, logits=logits)
+        self.decoder._took(GPU_STEP, "")
+        at = torch.tensor(heads, dtype=torch.long, device=dev)
+        return out_tok[at], out_prob[at], logits[at] if logits is not None else out_prob[:0]
+
+
+__all__ = ["BatchPass"]

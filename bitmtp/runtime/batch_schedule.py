@@ -1,0 +1,150 @@
+"""Who runs in a batched step (``runtime/batch.py``): admission by KV rows, the prompt rows a step takes, retiring.
+
+:class:`BatchSchedule` holds the sequences waiting for a place and those admitted (prefilling or decoding). Each
+admitted sequence owns a contiguous range of KV rows of the batch's one store, reserved for prompt +
+max_new_tokens at admission (:class:`RowAllocator`, first fit in blocks of :data:`ALIGN` rows) and freed when it
+ends (finish, error or cancel). :meth:`BatchSchedule.parts` says what the next step runs: the prompt rows it
+takes (oldest first, at most ``prefill_rows``) and the sequences that decode.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from bitmtp.errors import BitMTPError
+from bitmtp.runtime.batch_seq import BatchSeq
+
+#: a sequence's KV range starts at a multiple of this many rows (``runtime/batch.py``'s docstring: batch invariance
+#: needs a multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
+ALIGN = 256
+
+
+class RowAllocator:
+    """Contiguous KV row ranges in blocks of :data:`ALIGN` rows, first fit."""
+
+    def __init__(self, rows: int):
+        self.blocks = rows // ALIGN
+        if self.blocks < 1:
+            raise BitMTPError(f"kv_rows: the batch store needs at least {ALIGN} rows, got {rows}")
+        self._used = bytearray(self.blocks)
+
+    @staticmethod
+    def blocks_for(rows: int) -> int:
+        return -(-rows // ALIGN)
+
+    def alloc(self, rows: int) -> int | None:
+        """The first row of a free range of ``rows`` rows (rounded up to blocks), or None when none is free."""
+        need = self.blocks_for(rows)
+        run = 0
+        for b in range(self.blocks):
+            run = run + 1 if not self._used[b] else 0
+            if run == need:
+                first = b - need + 1
+                self._used[first : b + 1] = b"\x01" * need
+                return first * ALIGN
+        return None
+
+    def free(self, base: int, rows: int) -> None:
+        first = base // ALIGN
+        self._used[first : first + self.blocks_for(rows)] = bytes(self.blocks_for(rows))
+
+    @property
+    def rows_in_use(self) -> int:
+        return sum(self._used) * ALIGN
+
+
+#: one step's work: the prompt rows it takes ((sequence, rows), oldest first) and the sequences it decodes
+Part = tuple[list[tuple[BatchSeq, int]], list[BatchSeq]]
+
+
+class BatchSchedule:
+    """The waiting and admitted sequences of a batch over a store of ``rows`` KV rows (module docstring).
+
+    Args:
+        rows: KV rows of the store (whole :data:`ALIGN` blocks are used).
+        max_batch: most sequences admitted at once.
+        capacity: most committed tokens of one sequence.
+        prefill_rows: prompt rows a step takes at most.
+        vocab_size, device: what an admitted sequence's sampler is made for.
+    """
+
+    def __init__(self, rows: int, *, max_batch: int, capacity: int, prefill_rows: int, vocab_size: int,
+                 device: Any):
+        self.alloc = RowAllocator(rows)
+        self.max_batch, self.capacity, self.prefill_rows = max_batch, capacity, prefill_rows
+        self.vocab_size, self.device = vocab_size, device
+        self.waiting: collections.deque[BatchSeq] = collections.deque()
+        self.running: list[BatchSeq] = []  # admitted: prefilling or decoding
+
+    def admit(self) -> None:
+        """Move waiting sequences into the batch, first come first served, while places and rows are free."""
+        while self.waiting and len(self.running) < self.max_batch:
+            seq = self.waiting[0]
+            if seq.cancelled:
+                self.waiting.popleft()
+                continue
+            # the rows its KV may take: prompt + output, at most the capacity (the last token needs none)
+            need = min(len(seq.ids) + seq.max_new_tokens, self.capacity)
+            base = self.alloc.alloc(need)
+            if base is None:
+                return  # waits for a sequence to finish (first come first served: no overtaking)
+            self.waiting.popleft()
+            seq.admitted(base, need, self.capacity, self.vocab_size, self.device)
+            self.running.append(seq)
+
+    def retire(self, seq: BatchSeq) -> None:
+        """``seq`` leaves the batch (finished, failed or cancelled): its rows are free."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.alloc.free(seq.base, seq.rows)
+
+    def drop(self, seq: BatchSeq) -> None:
+        """``seq`` was cancelled: out of the queue or the batch."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.retire(seq)
+
+    def fail(self, fill: list[tuple[BatchSeq, int]], decoding: list[BatchSeq], exc: BaseException) -> None:
+        """A step over ``fill``'s prompt rows and the ``decoding`` sequences failed: they end with ``exc`` (the
+        others go on)."""
+        for seq in [s for s, _ in fill] + decoding:
+            seq.error = exc
+            self.retire(seq)
+
+    def parts(self, chunk: int = 0) -> list[Part]:
+        """What the next step runs, after retiring cancelled sequences and admitting waiting ones: one part — the
+        prompt rows it takes (:meth:`prompt_rows`) and every decoding sequence — or, with ``chunk`` (the fused GPU
+        step: its rows' bits depend on how rows are grouped into launches), each whole solo-sized prompt chunk a
+        part of its own, then the decoding sequences by themselves. Empty when nothing runs."""
+        for seq in [s for s in self.running if s.cancelled]:
+            self.retire(seq)
+        self.admit()
+        filling = [s for s in self.running if s.n < len(s.ids)]
+        decoding = [s for s in self.running if s.n >= len(s.ids) and s.out.tokens]
+        if not chunk:
+            return [(self.prompt_rows(filling), decoding)] if filling or decoding else []
+        return [([c], []) for c in self.prompt_rows(filling, chunk)] + ([([], decoding)] if decoding else [])
+
+    def prompt_rows(self, filling: list[BatchSeq], chunk: int = 0) -> list[tuple[BatchSeq, int]]:
+        """The prompt rows a step takes: (sequence, rows), oldest first, :attr:`prefill_rows` at most — any
+        split of a prompt (rows are independent of what else is in the pass), or with ``chunk`` whole chunks at
+        the solo engine's offsets (at least one)."""
+        budget, plan = self.prefill_rows, []
+        for seq in filling:
+            if budget <= 0:
+                break
+            left = len(seq.ids) - seq.n
+            rows = min(chunk - seq.n % chunk, left) if chunk else min(budget, left)
+            if plan and rows > budget:
+                break
+            plan.append((seq, rows))
+            budget -= rows
+        return plan
+
+    @property
+    def rows_in_use(self) -> int:
+        return self.alloc.rows_in_use
+
+
+__all__ = ["ALIGN", "BatchSchedule", "Part", "RowAllocator"]
