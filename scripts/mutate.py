@@ -305,6 +305,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "pass",
            ("tests/train/test_answer_only.py", "-k", "run_trains"),
            "train --answer-only computes the masks but every block counts"),
+    # -- the prompt-prefix cache ------------------------------------------------------------------------
+    Mutant("prefix-cache-reuses-partial-chunks", "bitmtp/runtime/engine.py",
+           "                common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk",
+           "                common = common",
+           ("tests/runtime/test_prefix_cache.py", "-k", "whole_prefill_chunks"),
+           "without width-invariant rows, rows of a partial prefill chunk or of generated tokens are reused"),
+    Mutant("prefix-cache-keeps-unverified-rows", "bitmtp/runtime/decode.py",
+           "    if not pol.drafts or pol.lossless:  # rows [0, n) hold the prompt and the tokens committed after it",
+           "    if True:  # rows [0, n) hold the prompt and the tokens committed after it",
+           ("tests/runtime/test_prefix_cache.py", "-k", "hybrid"),
+           "a lossy policy's unverified tokens' KV rows are reused as if a prefill had written them"),
     # -- batching: many sequences in one step ---------------------------------------------------------
     Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch_schedule.py", "ALIGN = 256", "ALIGN = 48",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),

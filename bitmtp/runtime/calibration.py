@@ -445,7 +445,7 @@ def measure_cost_table(engine: Any, *, widths: Any = None, contexts: Any = None,
                 for cell in (cells if r % 2 == 0 else cells[::-1]):
                     samples[cell].append(step(cell))
     finally:
-        engine.n = 0
+        engine.reset()  # n = 0, and no prompt prefix is reused: these steps wrote rows anywhere
         engine.syncs = syncs
         if bar is not None:
             bar.close()

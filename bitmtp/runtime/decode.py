@@ -93,16 +93,18 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
                           "schedule='one-pass'")
     params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
     sampler = engine.pool.set_sampling(params)
-    engine.reset()
     ids = list(input_ids)
+    # the prompt's longest prefix whose KV rows the store still holds exactly (the prompt-prefix cache)
+    stats.prompt_cached = engine.resume(ids)
     if sampler is not None:
         sampler.start(params.seed, ids)
     t0 = time.perf_counter()
     if logprobs:
-        first, first_p = engine._prefill(ids, with_prob=True)
+        first, first_p = engine._prefill(ids[stats.prompt_cached :], with_prob=True)
     else:
-        first, first_p = engine._prefill(ids), None
+        first, first_p = engine._prefill(ids[stats.prompt_cached :]), None
     t1 = time.perf_counter()
+    engine.keep(ids, len(ids))
     # committed tokens may reach capacity + 1: the last one needs no KV row
     out = Output(max_new_tokens, set(int(e) for e in eos), engine.capacity + 1 - len(ids), sampler, logprobs)
     if report is not None:  # what a caller that stops early (a stop string) still needs
@@ -126,6 +128,8 @@ def decode(engine, input_ids: Sequence[int], *, max_new_tokens: int, eos: Sequen
     elif out.reason is None:
         yield from two_pass_loop(engine, out, stats, ids, first, pol, d, drafter)
     t2 = time.perf_counter()
+    if not pol.drafts or pol.lossless:  # rows [0, n) hold the prompt and the tokens committed after it
+        engine.keep((ids + out.tokens)[: engine.n], len(ids))
     stats.syncs = engine.syncs - syncs0
     stats.seconds = t2 - t1
     stats.tokens = len(out.tokens)

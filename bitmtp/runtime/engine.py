@@ -177,6 +177,11 @@ class Engine:
         #: what policies learn across this engine's generations (auto's running acceptance estimates, the
         #: step costs); only the generation that owns the store touches it
         self.memory = DecodeMemory()
+        #: the prompt-prefix cache: tokens whose KV rows [0, len) the store holds with the bits a fresh prefill
+        #: gives them (:meth:`resume`), and how many of them a fresh prefill's whole chunks computed (what a
+        #: step whose rows depend on its width may reuse)
+        self._kept: list[int] = []
+        self._kept_chunks = 0
         # static helpers of the decode loop, allocated once (no allocation in the loop)
         self.arange = torch.arange(max(m_max, prefill_chunk) + 1, device=decoder.device)
         self._staging = torch.zeros(4 * (m_max + 1), dtype=torch.float64, device=decoder.device)
@@ -231,8 +236,43 @@ class Engine:
             self._release()
 
     def reset(self) -> None:
-        """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied)."""
+        """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied), and the
+        prefix cache with it (low-level steps may write any row from here on)."""
         self.n = 0
+        self._kept, self._kept_chunks = [], 0
+
+    @property
+    def rows_width_invariant(self) -> bool:
+        """Whether a KV row's bits are independent of the width of the step that wrote it: the native CPU layers
+        (``docs/kernels.md``: integer-exact linears, the attention's fixed chunks). Then every row a generation
+        wrote equals a fresh prefill's and may be reused; else only whole prefill chunks at the same offsets."""
+        return self.runtime == "torch" and self.decoder.device.type == "cpu" and self.decoder.fused_plan() is not None
+
+    def resume(self, ids: list[int]) -> int:
+        """Start a sequence ``ids``, reusing the KV rows of its longest prefix the store still holds from the
+        previous generation (the prompt-prefix cache): sets :attr:`n` to that many rows and returns it. The rows
+        reused have exactly the bits a fresh prefill would give them, so every output is the one a fresh engine
+        gives: with width-invariant rows (:attr:`rows_width_invariant`) any prefix of the previous prompt and
+        the tokens generated after it, else only whole prefill chunks of the previous prompt (the same
+        computation at the same offsets). The prompt's last row always runs (its choice is the first token);
+        the Vulkan runtime reuses nothing."""
+        common = 0
+        if self.runtime == "torch":
+            limit = min(len(ids) - 1, len(self._kept))
+            while common < limit and ids[common] == self._kept[common]:
+                common += 1
+            if not self.rows_width_invariant:
+                common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk
+        self.n = common
+        self._kept, self._kept_chunks = [], 0  # until the prefill has written the new rows
+        return common
+
+    def keep(self, tokens: list[int], prompt: int) -> None:
+        """After a prefill of ``tokens[:prompt]`` (or a generation whose KV rows [0, len(tokens)) hold
+        ``tokens``): what :meth:`resume` may reuse next (without width-invariant rows, only the prompt's whole
+        prefill chunks)."""
+        self._kept = list(tokens)
+        self._kept_chunks = prompt // self.prefill_chunk * self.prefill_chunk
 
     def _step(self, role: str, tokens: torch.Tensor | int, start: int):
         """Fill the static inputs of the state's runner in place (an int fills a width-1 step without
@@ -251,6 +291,7 @@ class Engine:
     def prefill(self, ids: Iterable[int]) -> int:
         """Materialize the KV of ``ids`` from position ``self.n`` on; return the argmax after the last one."""
         self._check_free("prefill")
+        self._kept, self._kept_chunks = [], 0
         return self._prefill(ids)
 
     def _prefill(self, ids: Iterable[int], with_prob: bool = False) -> int | tuple[int, float]:
@@ -275,6 +316,7 @@ class Engine:
     def ar_step(self, token: int) -> int:
         """Feed one committed token at position ``n`` (its KV is written, n += 1); return the next argmax."""
         self._check_free("ar_step")
+        self._kept, self._kept_chunks = [], 0
         return self._ar_step(token)
 
     def _ar_step(self, token: int, with_prob: bool = False) -> int | tuple[int, float]:

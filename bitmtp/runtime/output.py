@@ -58,6 +58,9 @@ class DecodeStats:
     runner_ups_accepted: int = 0
     #: what the caller should know about how it decoded (e.g. "auto: no adapter, lookup drafts only")
     notes: list[str] = field(default_factory=list)
+    #: prompt tokens whose KV rows the store still held from the previous generation (``Engine.resume``: the
+    #: prompt-prefix cache), not prefilled again
+    prompt_cached: int = 0
 
     @property
     def iterations(self) -> int:
@@ -132,7 +135,7 @@ class DecodeStats:
                 "choices": dict(sorted(self.choices.items())), "guesses": self.guesses, "accepted": self.accepted,
                 "position_checked": list(self.position_checked), "position_accepted": list(self.position_accepted),
                 "runner_ups": self.runner_ups, "runner_ups_accepted": self.runner_ups_accepted,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "prompt_cached": self.prompt_cached}
 
 
 @dataclass

@@ -288,9 +288,11 @@ def _logprobs_field(model: Any, out: Any, *, chat: bool) -> dict[str, Any] | Non
     return {"tokens": texts, "token_logprobs": list(values), "top_logprobs": None, "text_offset": offsets}
 
 
-def _usage(out: Any) -> dict[str, int]:
+def _usage(out: Any) -> dict[str, Any]:
+    # OpenAI's prompt_tokens_details.cached_tokens: the prompt's prefix whose KV rows were reused (Engine.resume)
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.token_ids),
-            "total_tokens": out.prompt_tokens + len(out.token_ids)}
+            "total_tokens": out.prompt_tokens + len(out.token_ids),
+            "prompt_tokens_details": {"cached_tokens": out.stats.prompt_cached}}
 
 
 def _origins(spans: list) -> list[dict[str, Any]]:

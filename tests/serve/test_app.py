@@ -429,3 +429,21 @@ def test_chat_page_is_served(server):
     r = httpx.get(server.url + "/", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "/v1/chat/completions" in r.text and "<script" in r.text
+
+
+def test_a_repeated_prompt_reuses_its_kv_rows_and_says_so(smollm2, server):
+    """The second of two lone requests with one prompt reuses the first's KV rows (the prompt-prefix cache,
+    ``Engine.resume``): the same answer, ``usage.prompt_tokens_details.cached_tokens`` = all its prompt but the
+    last token; a request sharing only the chat template's start reuses that much."""
+    body = {"model": MODEL, "messages": _chat(PROMPTS[2]), "max_tokens": NEW}
+    first = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    again = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    prompt = first["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt - 1}
+    other = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                       json={**body, "messages": _chat(PROMPTS[3])}).json()
+    shared = len(smollm2.encode(_chat("")))  # at most the template's turn start is shared
+    assert 0 < other["usage"]["prompt_tokens_details"]["cached_tokens"] < shared
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), max_new_tokens=NEW)
+    assert other["choices"][0]["message"]["content"] == ref.text
