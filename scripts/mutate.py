@@ -316,6 +316,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if True:  # rows [0, n) hold the prompt and the tokens committed after it",
            ("tests/runtime/test_prefix_cache.py", "-k", "hybrid"),
            "a lossy policy's unverified tokens' KV rows are reused as if a prefill had written them"),
+    Mutant("batch-prefix-cache-keeps-overwritten-ranges", "bitmtp/runtime/batch_schedule.py",
+           "            del self.kept[b]", "            pass",
+           ("tests/runtime/test_batch.py", "-k", "starts_like_a_finished"),
+           "a kept range another sequence's rows overwrote is reused as if it still held its tokens"),
     # -- batching: many sequences in one step ---------------------------------------------------------
     Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch_schedule.py", "ALIGN = 256", "ALIGN = 48",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),

@@ -55,6 +55,7 @@ from bitmtp.runtime.batch_pass import BatchPass
 from bitmtp.runtime.batch_rows import Group, StepRows
 from bitmtp.runtime.batch_schedule import ALIGN, BatchSchedule, RowAllocator
 from bitmtp.runtime.batch_seq import BatchSeq
+from bitmtp.runtime.engine import rows_width_invariant
 from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
 from bitmtp.runtime.gpu_step import plan_for
 from bitmtp.runtime.kv import KVStore
@@ -154,6 +155,9 @@ class BatchEngine:
         fused GPU step on, each solo-sized prompt chunk a pass of its own: ``BatchSchedule.parts``); a failed
         pass fails the sequences in it, the others go on."""
         fused = plan_for(self.decoder, self.kv)  # the fused GPU step (opt-in), or None
+        # a finished sequence's rows are reused by a prompt that starts with its tokens only where a row's bits do
+        # not depend on the pass that wrote it (the native CPU layers, not the fused GPU step)
+        self.schedule.reuse = rows_width_invariant(self.decoder, self.kv)
         for fill, decoding in self.schedule.parts(self.solo_chunk if fused is not None else 0):
             try:
                 self._run_step(fill, decoding, fused)

@@ -45,6 +45,14 @@ class RowAllocator:
                 return first * ALIGN
         return None
 
+    def alloc_at(self, base: int, rows: int) -> bool:
+        """Take the range of ``rows`` rows (rounded up to blocks) at ``base`` when all of it is free."""
+        first, need = base // ALIGN, self.blocks_for(rows)
+        if first + need > self.blocks or any(self._used[first : first + need]):
+            return False
+        self._used[first : first + need] = b"\x01" * need
+        return True
+
     def free(self, base: int, rows: int) -> None:
         first = base // ALIGN
         self._used[first : first + self.blocks_for(rows)] = bytes(self.blocks_for(rows))
@@ -70,12 +78,16 @@ class BatchSchedule:
     """
 
     def __init__(self, rows: int, *, max_batch: int, capacity: int, prefill_rows: int, vocab_size: int,
-                 device: Any):
+                 device: Any, reuse: bool = False):
         self.alloc = RowAllocator(rows)
         self.max_batch, self.capacity, self.prefill_rows = max_batch, capacity, prefill_rows
         self.vocab_size, self.device = vocab_size, device
         self.waiting: collections.deque[BatchSeq] = collections.deque()
         self.running: list[BatchSeq] = []  # admitted: prefilling or decoding
+        #: the prompt-prefix cache (``reuse``: rows whose bits do not depend on the pass that wrote them): by the
+        #: first row of a range a finished sequence held, the tokens whose KV rows it left there
+        self.reuse = reuse
+        self.kept: dict[int, list[int]] = {}
 
     def admit(self) -> None:
         """Move waiting sequences into the batch, first come first served, while places and rows are free."""
@@ -86,18 +98,41 @@ class BatchSchedule:
                 continue
             # the rows its KV may take: prompt + output, at most the capacity (the last token needs none)
             need = min(len(seq.ids) + seq.max_new_tokens, self.capacity)
-            base = self.alloc.alloc(need)
+            base, cached = self._place(seq.ids, need)
             if base is None:
                 return  # waits for a sequence to finish (first come first served: no overtaking)
             self.waiting.popleft()
             seq.admitted(base, need, self.capacity, self.vocab_size, self.device)
+            seq.n = seq.stats.prompt_cached = cached
             self.running.append(seq)
 
+    def _place(self, ids: list[int], need: int) -> tuple[int | None, int]:
+        """Where a prompt's ``need`` rows go, and how many of its first rows are there already: the free range
+        left by a finished sequence that shares the longest prefix with it (its rows reused; the prompt's last row
+        always runs), else the first free range. Cached ranges the new one overlaps are forgotten."""
+        scored = sorted(((_common(ids, toks), b) for b, toks in self.kept.items()), reverse=True)
+        for cached, b in scored:
+            if cached and self.alloc.alloc_at(b, need):
+                self._forget(b, need)
+                return b, cached
+        base = self.alloc.alloc(need)
+        if base is not None:
+            self._forget(base, need)
+        return base, 0
+
+    def _forget(self, base: int, rows: int) -> None:
+        end = base + RowAllocator.blocks_for(rows) * ALIGN
+        for b in [b for b, toks in self.kept.items() if b < end and base < b + max(len(toks), 1)]:
+            del self.kept[b]
+
     def retire(self, seq: BatchSeq) -> None:
-        """``seq`` leaves the batch (finished, failed or cancelled): its rows are free."""
+        """``seq`` leaves the batch (finished, failed or cancelled): its rows are free; unless its step failed, the
+        tokens of its rows [0, n) are kept for a later prompt that starts with them (with ``reuse``)."""
         if seq in self.running:
             self.running.remove(seq)
             self.alloc.free(seq.base, seq.rows)
+            if self.reuse and seq.error is None and seq.n:
+                self.kept[seq.base] = (seq.ids + seq.out.tokens)[: seq.n]
 
     def drop(self, seq: BatchSeq) -> None:
         """``seq`` was cancelled: out of the queue or the batch."""
@@ -145,6 +180,14 @@ class BatchSchedule:
     @property
     def rows_in_use(self) -> int:
         return self.alloc.rows_in_use
+
+
+def _common(ids: list[int], kept: list[int]) -> int:
+    """How many first tokens of ``ids`` ``kept`` starts with, leaving the last (its row gives the first token)."""
+    n, limit = 0, min(len(ids) - 1, len(kept))
+    while n < limit and ids[n] == kept[n]:
+        n += 1
+    return n
 
 
 __all__ = ["ALIGN", "BatchSchedule", "Part", "RowAllocator"]

@@ -27,6 +27,7 @@ from bitmtp.decoding.onepass import DecodeMemory
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import Decoder
 from bitmtp.runtime.decode import DecodeStats, GenerationResult, decode
+from bitmtp.runtime.gpu_step import plan_for
 from bitmtp.runtime.graphs import GraphPool
 from bitmtp.runtime.kv import KVStore
 from bitmtp.runtime.protocols import StepPool
@@ -44,6 +45,13 @@ KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: torch's default capture mode forbids; engines that capture take this lock for each decode step,
 #: so sessions on one GPU interleave their iterations instead of overlapping them.
 _CAPTURE_STEP_LOCK = threading.Lock()
+
+
+def rows_width_invariant(decoder: Decoder, kv: KVStore) -> bool:
+    """Whether the KV rows ``decoder`` writes into ``kv`` have bits independent of the step that wrote them (its
+    width, the other rows in it): the native CPU layers, unless the fused GPU step (opt-in; its rows' bits depend on
+    how rows are grouped into launches) runs the steps. What lets a store's rows be reused by a later prompt."""
+    return decoder.device.type == "cpu" and decoder.fused_plan() is not None and plan_for(decoder, kv) is None
 
 
 class Generation(Iterator[list[int]]):
@@ -244,9 +252,10 @@ class Engine:
     @property
     def rows_width_invariant(self) -> bool:
         """Whether a KV row's bits are independent of the width of the step that wrote it: the native CPU layers
-        (``docs/kernels.md``: integer-exact linears, the attention's fixed chunks). Then every row a generation
+        (``docs/kernels.md``: integer-exact linears, the attention's fixed chunks), not the fused GPU step (its
+        rows' bits depend on how rows are grouped into launches). Then every row a generation
         wrote equals a fresh prefill's and may be reused; else only whole prefill chunks at the same offsets."""
-        return self.runtime == "torch" and self.decoder.device.type == "cpu" and self.decoder.fused_plan() is not None
+        return rows_width_invariant(self.decoder, self.kv) and self.runtime == "torch"
 
     def resume(self, ids: list[int]) -> int:
         """Start a sequence ``ids``, reusing the KV rows of its longest prefix the store still holds from the

@@ -18,6 +18,7 @@ import torch
 import bitmtp
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.batch import ALIGN, BatchEngine, RowAllocator
+from bitmtp.runtime.engine import rows_width_invariant
 from tests.support.hf_models import tiny_model
 
 pytest.importorskip("transformers")
@@ -435,4 +436,48 @@ def test_closing_while_another_thread_steps_frees_the_rows_after_that_step(model
     assert not closer.is_alive()
     assert eng.rows_in_use < before and eng.running == 1 and eng.steps == steps  # freed without another step
     keep.close()
+    assert eng.rows_in_use == 0
+
+
+@pytest.mark.parametrize("policy", ["ar", "auto"])
+def test_a_prompt_that_starts_like_a_finished_one_reuses_its_rows(models, masked, policy):
+    """The batch's prompt-prefix cache: a sequence admitted after one that finished takes that one's KV range
+    when its prompt starts with the finished sequence's tokens (its prompt and the output committed after it),
+    and prefills only the rest — its output still equals its solo output (greedy, and sampled with a seed);
+    ``stats.prompt_cached`` says how many rows it reused. A range another sequence took meanwhile is
+    forgotten."""
+    from bitmtp.decoding.sampling import SamplingParams
+
+    model = masked if policy == "auto" else models["qwen3"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=2, kv_rows=3 * ALIGN)
+    assert rows_width_invariant(model.decoder, eng.kv)
+    auto = dict(draft=True, masks=model.drafter.block) if policy == "auto" else {}
+    new = 12
+
+    def run(prompt, seed=None):
+        params = SamplingParams(temperature=0.9, seed=seed) if seed is not None else None
+        gen = eng.submit(prompt, max_new_tokens=new, eos=[], sampling=params, **auto)
+        res = _drain(gen)
+        ref = bitmtp.generate(model, input_ids=prompt, policy=policy, eos_token_id=[], max_new_tokens=new,
+                              temperature=0.9 if seed is not None else 0.0, seed=seed)
+        assert res.tokens == ref.token_ids
+        return res, gen._seq.base
+
+    short, long = [10, 11, 12], list(range(20, 80))
+    gens = [eng.submit(p, max_new_tokens=new, eos=[], **auto) for p in (short, long)]
+    (_, out_long) = [_drain(g) for g in gens]
+    assert [g._seq.base for g in gens] == [0, ALIGN] and sorted(eng.schedule.kept) == [0, ALIGN]
+    # the next turn of the long one: its whole prompt and answer but the last token's row
+    res, base = run(long + out_long.tokens + [7, 8, 9])
+    assert base == ALIGN and res.stats.prompt_cached >= len(long) + new - 1
+    res, base = run(long[:30] + [11, 12], seed=3)  # part of it, sampled
+    assert base == ALIGN and res.stats.prompt_cached == 30
+    res, base = run([5] * 5)  # unrelated: the first free range, whose rows (the short prompt's) are forgotten
+    assert base == 0 and res.stats.prompt_cached == 0
+    res, base = run(short + [13])
+    assert res.stats.prompt_cached == 0
+    res, base = run([6] * 250)  # two blocks over both kept ranges: both forgotten
+    assert base == 0 and sorted(eng.schedule.kept) == [0]
+    res, base = run(long[:30] + [9])
+    assert res.stats.prompt_cached == 0
     assert eng.rows_in_use == 0
