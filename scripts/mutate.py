@@ -307,8 +307,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "train --answer-only computes the masks but every block counts"),
     # -- the prompt-prefix cache ------------------------------------------------------------------------
     Mutant("prefix-cache-reuses-partial-chunks", "bitmtp/runtime/engine.py",
-           "                common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk",
-           "                common = common",
+           "            common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk",
+           "            common = common",
            ("tests/runtime/test_prefix_cache.py", "-k", "whole_prefill_chunks"),
            "without width-invariant rows, rows of a partial prefill chunk or of generated tokens are reused"),
     Mutant("prefix-cache-keeps-unverified-rows", "bitmtp/runtime/decode.py",

@@ -14,6 +14,7 @@ from typing import Any
 
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.batch_seq import BatchSeq
+from bitmtp.runtime.kv import reusable_prefix
 
 #: a sequence's KV range starts at a multiple of this many rows (``runtime/batch.py``'s docstring: batch invariance
 #: needs a multiple of the CPU attention's 128-row softmax chunk and of the fused GPU attention's 256-row split)
@@ -110,7 +111,7 @@ class BatchSchedule:
         """Where a prompt's ``need`` rows go, and how many of its first rows are there already: the free range
         left by a finished sequence that shares the longest prefix with it (its rows reused; the prompt's last row
         always runs), else the first free range. Cached ranges the new one overlaps are forgotten."""
-        scored = sorted(((_common(ids, toks), b) for b, toks in self.kept.items()), reverse=True)
+        scored = sorted(((reusable_prefix(ids, toks), b) for b, toks in self.kept.items()), reverse=True)
         for cached, b in scored:
             if cached and self.alloc.alloc_at(b, need):
                 self._forget(b, need)
@@ -180,14 +181,6 @@ class BatchSchedule:
     @property
     def rows_in_use(self) -> int:
         return self.alloc.rows_in_use
-
-
-def _common(ids: list[int], kept: list[int]) -> int:
-    """How many first tokens of ``ids`` ``kept`` starts with, leaving the last (its row gives the first token)."""
-    n, limit = 0, min(len(ids) - 1, len(kept))
-    while n < limit and ids[n] == kept[n]:
-        n += 1
-    return n
 
 
 __all__ = ["ALIGN", "BatchSchedule", "Part", "RowAllocator"]

@@ -29,7 +29,7 @@ from bitmtp.model.decoder import Decoder
 from bitmtp.runtime.decode import DecodeStats, GenerationResult, decode
 from bitmtp.runtime.gpu_step import plan_for
 from bitmtp.runtime.graphs import GraphPool
-from bitmtp.runtime.kv import KVStore
+from bitmtp.runtime.kv import KVStore, reusable_prefix
 from bitmtp.runtime.protocols import StepPool
 from bitmtp.runtime.states import ReplayState
 
@@ -247,6 +247,9 @@ class Engine:
         """Forget the sequence (rows are overwritten by the next prefill; nothing is cleared or copied), and the
         prefix cache with it (low-level steps may write any row from here on)."""
         self.n = 0
+        self._forget_prefix()
+
+    def _forget_prefix(self) -> None:
         self._kept, self._kept_chunks = [], 0
 
     @property
@@ -265,15 +268,11 @@ class Engine:
         the tokens generated after it, else only whole prefill chunks of the previous prompt (the same
         computation at the same offsets). The prompt's last row always runs (its choice is the first token);
         the Vulkan runtime reuses nothing."""
-        common = 0
-        if self.runtime == "torch":
-            limit = min(len(ids) - 1, len(self._kept))
-            while common < limit and ids[common] == self._kept[common]:
-                common += 1
-            if not self.rows_width_invariant:
-                common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk
+        common = reusable_prefix(ids, self._kept) if self.runtime == "torch" else 0
+        if not self.rows_width_invariant:
+            common = min(common, self._kept_chunks) // self.prefill_chunk * self.prefill_chunk
         self.n = common
-        self._kept, self._kept_chunks = [], 0  # until the prefill has written the new rows
+        self._forget_prefix()  # until the prefill has written the new rows
         return common
 
     def keep(self, tokens: list[int], prompt: int) -> None:
@@ -300,7 +299,7 @@ class Engine:
     def prefill(self, ids: Iterable[int]) -> int:
         """Materialize the KV of ``ids`` from position ``self.n`` on; return the argmax after the last one."""
         self._check_free("prefill")
-        self._kept, self._kept_chunks = [], 0
+        self._forget_prefix()
         return self._prefill(ids)
 
     def _prefill(self, ids: Iterable[int], with_prob: bool = False) -> int | tuple[int, float]:
@@ -325,7 +324,7 @@ class Engine:
     def ar_step(self, token: int) -> int:
         """Feed one committed token at position ``n`` (its KV is written, n += 1); return the next argmax."""
         self._check_free("ar_step")
-        self._kept, self._kept_chunks = [], 0
+        self._forget_prefix()
         return self._ar_step(token)
 
     def _ar_step(self, token: int, with_prob: bool = False) -> int | tuple[int, float]:

@@ -100,3 +100,14 @@ class KVStore:
         for buf in (*self.k, *self.v):
             buf[:, dst].copy_(buf[:, src])
         self.rows_copied += 1
+
+
+def reusable_prefix(ids: list[int], kept: list[int]) -> int:
+    """How many first tokens of the prompt ``ids`` have their KV rows among rows holding ``kept``: the tokens they
+    share, leaving the prompt's last (its row's choice is the first token, so it always runs). The prompt-prefix
+    cache's rule, for the solo engine (``Engine.resume``) and the batch (``BatchSchedule``)."""
+    n, limit = 0, min(len(ids) - 1, len(kept))
+    while n < limit and ids[n] == kept[n]:
+        n += 1
+    return n
+
