@@ -109,6 +109,7 @@ class BatchEngine:
                                       prefill_rows=int(prefill_rows), vocab_size=a.vocab_size, device=decoder.device)
         self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, self.schedule.alloc.blocks * ALIGN, 1,
                           dtype=kv_dtype or decoder.dtype, device=decoder.device)
+        self.schedule.copy_rows = self.kv.copy_rows  # prompt prefixes shared between ranges
         #: the steps' forward passes and reads
         self.passes = BatchPass(decoder, self.kv)
         self._lock = threading.Lock()

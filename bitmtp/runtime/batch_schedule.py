@@ -5,11 +5,18 @@ admitted sequence owns a contiguous range of KV rows of the batch's one store, r
 max_new_tokens at admission (:class:`RowAllocator`, first fit in blocks of :data:`ALIGN` rows) and freed when it
 ends (finish, error or cancel). :meth:`BatchSchedule.parts` says what the next step runs: the prompt rows it
 takes (oldest first, at most ``prefill_rows``) and the sequences that decode.
+
+**Prompt prefixes** (where a KV row's bits do not depend on the pass that wrote it, ``reuse``): a new sequence
+takes the range a finished one left when its prompt starts with that one's tokens (those rows stay), and before
+its prompt rows run it copies the rows of its next tokens from any range that holds them at the same positions —
+a running sequence's, or a finished one's kept range (:meth:`BatchSchedule.share`). Eight chat requests arriving
+together share their template's system turn: the first prefills it, the others copy it.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from bitmtp.errors import BitMTPError
@@ -89,6 +96,9 @@ class BatchSchedule:
         #: first row of a range a finished sequence held, the tokens whose KV rows it left there
         self.reuse = reuse
         self.kept: dict[int, list[int]] = {}
+        #: copies KV rows between ranges (``KVStore.copy_rows(src, dst, count)``; set by the engine): prefixes shared
+        #: between sequences' ranges (:meth:`share`)
+        self.copy_rows: Callable[[int, int, int], None] | None = None
 
     def admit(self) -> None:
         """Move waiting sequences into the batch, first come first served, while places and rows are free."""
@@ -165,11 +175,16 @@ class BatchSchedule:
     def prompt_rows(self, filling: list[BatchSeq], chunk: int = 0) -> list[tuple[BatchSeq, int]]:
         """The prompt rows a step takes: (sequence, rows), oldest first, :attr:`prefill_rows` at most — any
         split of a prompt (rows are independent of what else is in the pass), or with ``chunk`` whole chunks at
-        the solo engine's offsets (at least one)."""
+        the solo engine's offsets (at least one). With ``reuse``, a prompt first takes the rows another range
+        holds for its next tokens (:meth:`share`), and one whose next rows a sequence planned before it in this
+        step is writing waits a step to copy them instead of computing them twice (prompts arriving together
+        behind one chat template's system turn)."""
         budget, plan = self.prefill_rows, []
         for seq in filling:
             if budget <= 0:
                 break
+            if self.reuse and self.share(seq, plan):
+                continue
             left = len(seq.ids) - seq.n
             rows = min(chunk - seq.n % chunk, left) if chunk else min(budget, left)
             if plan and rows > budget:
@@ -177,6 +192,28 @@ class BatchSchedule:
             plan.append((seq, rows))
             budget -= rows
         return plan
+
+    def share(self, seq: BatchSeq, plan: list[tuple[BatchSeq, int]]) -> bool:
+        """Copy into ``seq``'s range the rows of the longest prefix of its prompt past its own written rows that
+        another range holds — a running sequence's written rows (its prompt and the tokens committed after it),
+        a finished one's kept rows — at the same positions, so exactly the rows a prefill would write (``reuse``:
+        a row's bits do not depend on the pass that wrote it). Returns whether ``seq`` should wait a step: a
+        sequence in ``plan`` writes more of its prefix in this step."""
+        best, src = seq.n, -1
+        for base, toks in self._holders(seq):
+            k = reusable_prefix(seq.ids, toks)
+            if k > best:
+                best, src = k, base
+        if src >= 0 and self.copy_rows is not None:
+            self.copy_rows(src + seq.n, seq.base + seq.n, best - seq.n)
+            seq.stats.prompt_cached += best - seq.n
+            seq.n = best
+        return any(reusable_prefix(seq.ids, s.ids[: s.n + r]) > seq.n for s, r in plan)
+
+    def _holders(self, seq: BatchSeq) -> list[tuple[int, list[int]]]:
+        """(first row, tokens whose KV rows it holds from there) of every range but ``seq``'s own."""
+        held = [(s.base, (s.ids + s.out.tokens)[: s.n]) for s in self.running if s is not seq and s.n > seq.n]
+        return held + list(self.kept.items())
 
     @property
     def rows_in_use(self) -> int:

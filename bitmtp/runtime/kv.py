@@ -4,10 +4,11 @@ Layout per layer: ``[kv_heads, capacity + M_max, head_dim]``. A step writes its 
 their absolute positions (``index_copy_`` with a device tensor of positions — no host sync, graph
 capturable) and reads rows ``[0, L)`` where L is the step's segment length. Rows a step wrote
 but the policy rejected are simply overwritten by the next step that owns those positions. There is
-no promotion, compaction or segment migration: the one copy is :meth:`move_row`, which the ``top2``
-schedule uses when it accepts the runner-up of a first guess (that row was written to a scratch slot
-beside the first guess's): one row per layer, counted in ``rows_copied``, which every other schedule
-leaves at zero (tests assert it, and that the buffers never move).
+no promotion, compaction or segment migration: the one copy within a generation is :meth:`move_row`, which the
+``top2`` schedule uses when it accepts the runner-up of a first guess (that row was written to a scratch slot
+beside the first guess's): one row per layer, counted in ``rows_copied``, which every other schedule leaves at
+zero (tests assert it, and that the buffers never move). The batch store also copies whole prompt prefixes between
+sequences' ranges before a step (:meth:`copy_rows`, counted in ``rows_shared``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class KVStore:
             self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.rows_copied = 0  # rows moved by move_row (the top2 schedule's accepted runner-ups); else 0
+        self.rows_shared = 0  # rows copied by copy_rows (the batch's shared prompt prefixes)
         self.segments = self._segments()
 
     def _segments(self) -> list[int]:
@@ -100,6 +102,21 @@ class KVStore:
         for buf in (*self.k, *self.v):
             buf[:, dst].copy_(buf[:, src])
         self.rows_copied += 1
+
+    def copy_rows(self, src: int, dst: int, count: int) -> None:
+        """Copy rows ``[src, src + count)`` onto rows ``[dst, dst + count)`` in every layer (K and V), ranges that
+        must not overlap: the batch's prompt-prefix sharing (``runtime.batch_schedule``) gives a new sequence the
+        rows another sequence wrote for the same first tokens at the same positions. SmolLM2: 60 slice copies,
+        ~0.3 ms, against ~2.4 ms a row to prefill them. Counted in ``rows_shared``."""
+        if count <= 0:
+            return
+        if not (0 <= src and src + count <= self.rows and 0 <= dst and dst + count <= self.rows):
+            raise BitMTPError(f"kv: copy_rows({src}, {dst}, {count}) outside the store's {self.rows} rows")
+        if src < dst + count and dst < src + count:
+            raise BitMTPError(f"kv: copy_rows({src}, {dst}, {count}): the ranges overlap")
+        for buf in (*self.k, *self.v):
+            buf[:, dst : dst + count].copy_(buf[:, src : src + count])
+        self.rows_shared += count
 
 
 def reusable_prefix(ids: list[int], kept: list[int]) -> int:

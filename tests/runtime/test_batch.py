@@ -481,3 +481,66 @@ def test_a_prompt_that_starts_like_a_finished_one_reuses_its_rows(models, masked
     res, base = run(long[:30] + [9])
     assert res.stats.prompt_cached == 0
     assert eng.rows_in_use == 0
+
+
+@pytest.mark.parametrize("policy", ["ar", "auto"])
+def test_prompts_that_share_a_prefix_copy_its_rows_instead_of_prefilling_them(models, masked, policy):
+    """Prompts arriving together behind one prefix (a chat template's system turn): the first prefills it, the
+    others wait a step and copy its KV rows into their own ranges (``BatchSchedule.share``); a prompt that
+    continues a running sequence's prompt and output copies those rows too. Every output still equals its solo
+    output (greedy and sampled, tokens and logprobs), ``stats.prompt_cached`` counts the copied rows, and the
+    step computes the shared rows once."""
+    from bitmtp.decoding.sampling import SamplingParams
+
+    model = masked if policy == "auto" else models["qwen3"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=6, prefill_rows=64)
+    auto = dict(draft=True, masks=model.drafter.block) if policy == "auto" else {}
+    rng = random.Random(5)
+    system = [rng.randrange(3, 90) for _ in range(40)]
+    prompts = [system + [rng.randrange(3, 90) for _ in range(rng.randrange(1, 9))] for _ in range(4)]
+    seeds = [None, 7, None, 9]
+    gens = [eng.submit(p, max_new_tokens=NEW, eos=[], logprobs=True,
+                       sampling=SamplingParams(temperature=0.9, seed=s) if s is not None else None, **auto)
+            for p, s in zip(prompts, seeds, strict=True)]
+    first = next(gens[0])  # one step: the first prompt's rows only (the others wait to copy them)
+    assert [g._seq.n for g in gens] == [len(prompts[0]), 0, 0, 0] and eng.kv.rows_shared == 0
+    next(gens[0])  # its first token's row is written: the others copied the shared rows and prefilled the rest
+    # a prompt continuing the first one's prompt and its first token, while that one decodes
+    follow = prompts[0] + first + [4, 5]
+    gens.append(eng.submit(follow, max_new_tokens=NEW, eos=[], logprobs=True, **auto))
+    results = [_drain(g) for g in gens]
+    assert [r.stats.prompt_cached for r in results] == [0, 40, 40, 40, len(prompts[0]) + 1]
+    assert eng.kv.rows_shared == 3 * 40 + len(prompts[0]) + 1
+    for p, s, res in zip(prompts + [follow], seeds + [None], results, strict=True):
+        ref = bitmtp.generate(model, input_ids=p, policy=policy, eos_token_id=[], max_new_tokens=NEW, logprobs=True,
+                              temperature=0.9 if s is not None else 0.0, seed=s)
+        assert res.tokens == ref.token_ids and res.logprobs == ref.logprobs
+    assert eng.rows_in_use == 0
+
+
+def test_no_rows_are_shared_where_a_rows_bits_depend_on_its_pass(models):
+    """Without ``reuse`` (the fused GPU step, Vulkan: ``engine.rows_width_invariant``) every prompt prefills
+    its own rows."""
+    model = models["bitnet"]
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=4)
+    prompts = [[9] * 30 + [k] for k in (3, 4, 5)]
+    eng.step = _without_reuse(eng)
+    gens = [eng.submit(p, max_new_tokens=4, eos=[]) for p in prompts]
+    results = [_drain(g) for g in gens]
+    assert [r.stats.prompt_cached for r in results] == [0, 0, 0] and eng.kv.rows_shared == 0
+    assert max(max(r.stats.widths) for r in results) > 1  # they ran together
+
+
+def _without_reuse(eng):
+    step = BatchEngine.step.__get__(eng)
+
+    def run():
+        import bitmtp.runtime.batch as batch
+
+        real = batch.rows_width_invariant
+        batch.rows_width_invariant = lambda *a: False
+        try:
+            step()
+        finally:
+            batch.rows_width_invariant = real
+    return run
