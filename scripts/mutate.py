@@ -329,6 +329,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "if self.reuse and self.share(seq, plan):", "if self.share(seq, plan):",
            ("tests/runtime/test_batch.py", "-k", "bits_depend"),
            "prompts copy rows whose bits depend on the pass that wrote them (the fused GPU step)"),
+    Mutant("batch-prompt-rows-priced-alike-at-every-depth", "bitmtp/runtime/batch_schedule.py",
+           "    each = 1 + depth / scale", "    each = 1.0",
+           ("tests/runtime/test_batch.py", "-k", "shrink_with_depth"),
+           "a long prompt's deep rows cost a step as much as its first ones: running streams stall as it goes"),
     # -- batching: many sequences in one step ---------------------------------------------------------
     Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch_schedule.py", "ALIGN = 256", "ALIGN = 48",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),

@@ -53,7 +53,7 @@ from bitmtp.decoding.sampling import SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.runtime.batch_pass import BatchPass
 from bitmtp.runtime.batch_rows import Group, StepRows
-from bitmtp.runtime.batch_schedule import ALIGN, BatchSchedule, RowAllocator
+from bitmtp.runtime.batch_schedule import ALIGN, BatchSchedule, RowAllocator, attention_depth
 from bitmtp.runtime.batch_seq import BatchSeq
 from bitmtp.runtime.engine import rows_width_invariant
 from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
@@ -106,7 +106,8 @@ class BatchEngine:
                               f"({per_seq} rows); give at least that many")
         #: the waiting and admitted sequences, and the KV rows they own
         self.schedule = BatchSchedule(rows, max_batch=max_batch, capacity=self.capacity,
-                                      prefill_rows=int(prefill_rows), vocab_size=a.vocab_size, device=decoder.device)
+                                      prefill_rows=int(prefill_rows), vocab_size=a.vocab_size, device=decoder.device,
+                                      depth=attention_depth(a))
         self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, self.schedule.alloc.blocks * ALIGN, 1,
                           dtype=kv_dtype or decoder.dtype, device=decoder.device)
         self.schedule.copy_rows = self.kv.copy_rows  # prompt prefixes shared between ranges

@@ -544,3 +544,41 @@ def _without_reuse(eng):
         finally:
             batch.rows_width_invariant = real
     return run
+
+
+def test_a_long_prompt_comes_in_pieces_that_shrink_with_depth(models):
+    """A prompt row at depth d costs ~1 + d / ``attention_depth`` rows at depth 0 (its attention's multiply-adds
+    against its linear layers'), so a long prompt's pieces shrink as it goes and a step that takes one keeps its
+    time — running sequences their inter-token latency — from the first piece to the last; the prompt's output is
+    still its solo output."""
+    from bitmtp.runtime.batch_schedule import attention_depth, rows_within
+
+    model = models["bitnet"]
+    a = model.decoder.args
+    depth = attention_depth(a)
+    q = a.num_heads * a.head_dim
+    per_layer = a.hidden_size * (2 * q + 2 * a.num_kv_heads * a.head_dim + 3 * a.intermediate_size)
+    assert depth == per_layer / (2 * q)  # multiply-adds: linear layers / (QK^T + PV per KV row)
+    assert rows_within(64, 0, 1000, depth) == (64, 64)
+    assert rows_within(64, 0, 10, depth) == (10, 10)  # what is left
+    for d in (1, 17, 250):
+        rows, cost = rows_within(64, d, 1000, depth)
+        assert cost <= 64 < cost + 1 + d / depth and rows == int(64 / (1 + d / depth))
+    assert rows_within(0.5, 3, 9, depth)[0] == 0
+
+    eng = BatchEngine(model.decoder, capacity=300, max_batch=2, prefill_rows=24)
+    rng = random.Random(9)
+    other, long = [rng.randrange(3, 90) for _ in range(5)], [rng.randrange(3, 90) for _ in range(280)]
+    g_other = eng.submit(other, max_new_tokens=40, eos=[], logprobs=True)
+    next(g_other)
+    g_long = eng.submit(long, max_new_tokens=4, eos=[], logprobs=True)
+    pieces = []
+    while g_long._seq.n < len(long):
+        n0 = g_long._seq.n
+        next(g_other)  # one step each: the running sequence keeps decoding while the prompt comes in
+        pieces.append(g_long._seq.n - n0)
+    assert pieces == sorted(pieces, reverse=True) and pieces[0] == 24 and pieces[-2] < 24 and sum(pieces) == len(long)
+    res = _drain(g_long)
+    _drain(g_other)
+    solo = _solo(model, [long], max_new_tokens=4)[0]
+    assert res.tokens == solo.token_ids and res.logprobs == solo.logprobs
