@@ -97,6 +97,9 @@ class StepInputs:
     ``slots``: the KV row each row writes (None: its position). Rows of a tree step share positions
     (mask blocks after several rows), so all but one of them write to scratch slots past the step's
     other rows; the mask decides who reads what. Positions still drive RoPE.
+
+    ``rope``: the rows' RoPE ``(cos, sin)`` ``[M, head_dim]`` when the caller looked them up already (the batch's
+    host inputs do, by numpy: ``runtime.batch_pass.HostInputs``); None: the decoder looks them up.
     """
 
     tokens: torch.Tensor
@@ -105,6 +108,7 @@ class StepInputs:
     mask_rows: int = 0
     mask_block: Any = None
     slots: torch.Tensor | None = None
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class Decoder(nn.Module):
@@ -296,19 +300,26 @@ class Decoder(nn.Module):
         else:
             x = self.embed[step.tokens]  # [M, hidden]
         # the final norm through ops (native on the CPU: one call instead of nine small torch ops a step)
-        return ops_rms_norm(self.run_layers(x, step, kv, range(len(self.layers))), self.norm, a.rms_norm_eps)
+        # x is a fresh tensor of this step's: the native layers may run on it in place
+        hidden = self.run_layers(x, step, kv, range(len(self.layers)), overwrite=True)
+        return ops_rms_norm(hidden, self.norm, a.rms_norm_eps)
 
-    def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers) -> torch.Tensor:
+    def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers, *, overwrite: bool = False) -> torch.Tensor:
         """Run decoder ``layers`` (indices, in order) on the step's rows ``x [M, hidden]`` — all of them
-        for :meth:`hidden_states`; the CPU-offloaded tail when earlier layers ran on another device."""
+        for :meth:`hidden_states`; the CPU-offloaded tail when earlier layers ran on another device.
+        ``overwrite``: ``x`` is the caller's to give up (the native layers run on it in place)."""
         a = self.args
         m = step.tokens.shape[0]
         r = step.mask_rows
-        cos = self.rope_cos[step.positions].to(x.dtype)
-        sin = self.rope_sin[step.positions].to(x.dtype)
+        if step.rope is not None:
+            cos, sin = step.rope
+        else:
+            cos, sin = self.rope_cos[step.positions], self.rope_sin[step.positions]
+        if cos.dtype != x.dtype:  # (no call when they match: each costs 10-30 µs a step, bench/glue.py)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         plan = self.fused_plan()
         if plan is not None:
-            out, why = self._run_fused(plan, x, step, kv, layers, cos, sin)
+            out, why = self._run_fused(plan, x, step, kv, layers, cos, sin, overwrite)
             if out is not None:
                 self._took(FUSED, "")
                 return out
@@ -365,8 +376,8 @@ class Decoder(nn.Module):
             self._logged_reasons.add(reason)
             log.debug("bitmtp: a step ran the per-op layers instead of the fused CPU layers: %s", reason)
 
-    def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos,
-                   sin) -> tuple[torch.Tensor | None, str]:
+    def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos, sin,
+                   overwrite: bool = False) -> tuple[torch.Tensor | None, str]:
         """All ``layers`` in one native call: ``(hidden, "")``, or ``(None, why)`` when this KV store or
         mask block cannot take it (the caller runs the per-op path and records ``why``)."""
         try:
@@ -388,7 +399,7 @@ class Decoder(nn.Module):
         at = step.positions if step.slots is None else step.slots
         return plan.run(x, at, cos, sin, step.mask, kv.k, kv.v, list(layers),
                         attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
-                        lora_scaling=scaling, kv_table=table), ""
+                        lora_scaling=scaling, kv_table=table, overwrite=overwrite), ""
 
     @staticmethod
     def _fused_lora(plan: FusedPlan, block) -> tuple[torch.Tensor, float]:

@@ -78,6 +78,10 @@ def changes_tensors(fn) -> bool:
         return True
 
 
+#: integer dtypes token ids come in
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
+
+
 def _row_index(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], tuple] | None:
     """``(rows int64 [R], leading output shape, index left for the columns)`` of ``tensor[index]`` on an ``[n, K]``
     tensor, for the indices an embedding lookup uses (ints, slices, integer or boolean tensors, lists); None for
@@ -104,7 +108,8 @@ def _row_index(index: Any, n: int) -> tuple[torch.Tensor, tuple[int, ...], tuple
             return rows, (rows.numel(),), rest
         if index.is_floating_point() or index.is_complex():
             return None
-        return index.reshape(-1).cpu(), tuple(index.shape), rest
+        flat = index if index.dim() == 1 else index.reshape(-1)  # (no call a step's 1-d ids do not need)
+        return flat if flat.device.type == "cpu" else flat.cpu(), tuple(index.shape), rest
     return None
 
 
@@ -155,7 +160,11 @@ class LazyWeight:
         exists)."""
         if self._tensor is not None:
             return self._tensor[index]
-        parsed = _row_index(index, self.blocks.shape[0])
+        if isinstance(index, torch.Tensor) and index.dtype in _ID_DTYPES and index.dim() == 1 \
+                and index.device.type == "cpu":  # a step's ids (no parsing)
+            parsed = (index, (index.shape[0],), ())
+        else:
+            parsed = _row_index(index, self.blocks.shape[0])
         if parsed is None:
             return self.materialize()[index]
         rows, lead, rest = parsed

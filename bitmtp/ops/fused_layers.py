@@ -96,14 +96,17 @@ def fused_enabled(device: torch.device, backend: str | None = None) -> tuple[boo
 
 
 def _f32(name: str, t: torch.Tensor | None, shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+    # no torch call where none is needed (detach, contiguous): each costs 10-30 µs a step with the caches cold
+    # after the layers (bench/glue.py), and a step runs this four times
     if t is None:
         return None
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype != torch.float32 or t.device.type != "cpu":
         raise FusedUnsupported(f"{name}: needs float32 CPU tensors, got {t.dtype} on {t.device}")
     if shape is not None and tuple(t.shape) != shape:
         raise FusedUnsupported(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-    return t.contiguous()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 class FusedPlan:
@@ -181,13 +184,17 @@ class FusedPlan:
     def run(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             mask: torch.Tensor, kv_k: list[torch.Tensor], kv_v: list[torch.Tensor], layers: list[int],
             *, attn_scale: float, lora: torch.Tensor | None = None, lora_first_row: int = 0,
-            lora_scaling: float = 1.0, kv_table: torch.Tensor | None = None) -> torch.Tensor:
-        """Run ``layers`` on ``x [M, hidden]`` (a new tensor is returned; ``x`` is not modified),
-        writing each row's K/V at its position of ``kv_k/kv_v[layer]`` (``[kv_heads, S, head_dim]``).
-        ``kv_table``: a cached :func:`kv_pointer_table` of those buffers."""
+            lora_scaling: float = 1.0, kv_table: torch.Tensor | None = None, overwrite: bool = False) -> torch.Tensor:
+        """Run ``layers`` on ``x [M, hidden]`` (a new tensor is returned; ``x`` is not modified, unless
+        ``overwrite``: a fresh tensor the caller gives up, which is then returned), writing each row's K/V at its
+        position of ``kv_k/kv_v[layer]`` (``[kv_heads, S, head_dim]``). ``kv_table``: a cached
+        :func:`kv_pointer_table` of those buffers."""
         d = self.dims
         m = x.shape[0]
-        x = _f32("x", x, (m, d.hidden)).clone()
+        given = x
+        x = _f32("x", x, (m, d.hidden))
+        if x is given and not overwrite:
+            x = x.clone()
         s = kv_k[0].shape[1]
         if kv_table is None:
             kv_table = kv_pointer_table(kv_k, kv_v, d)
@@ -196,8 +203,12 @@ class FusedPlan:
                               f"buffers, got {kv_table.shape[0]}")
         if tuple(mask.shape[:1]) != (m,) or mask.shape[1] > s:
             raise BitMTPError(f"mask: expected [{m}, L <= {s}], got {tuple(mask.shape)}")
-        mask_u8 = mask.contiguous().view(torch.uint8)
-        pos = positions.to(torch.int64).contiguous()
+        if mask.dtype not in (torch.bool, torch.uint8):
+            raise BitMTPError(f"mask: expected a bool or uint8 tensor, got {mask.dtype}")
+        mask_u8 = mask if mask.is_contiguous() else mask.contiguous()  # one byte a flag either way: its pointer
+        pos = positions
+        if pos.dtype != torch.int64 or not pos.is_contiguous():
+            pos = pos.to(torch.int64).contiguous()
         cos, sin = _f32("cos", cos, (m, d.head_dim)), _f32("sin", sin, (m, d.head_dim))
         key = tuple(int(i) for i in layers)  # Python ints: checking them reads nothing back from a tensor
         ids = self._layer_ids.get(key)

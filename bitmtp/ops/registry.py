@@ -63,6 +63,7 @@ class NativeKernelsMissing(ImportError):
 
 def register_backend(name: str, loader: Callable[[], Backend]) -> None:
     """Register a backend lazily: ``loader`` is called (once) the first time it is needed."""
+    _CHOSEN.clear()
     _LOADERS[name] = loader
     _BACKENDS.pop(name, None)
     _LOAD_ERRORS.pop(name, None)
@@ -118,7 +119,7 @@ def availability(name: str, device: torch.device | str = "cpu") -> tuple[bool, s
     backend = _load(name)
     if backend is None:
         return False, f"failed to load: {_LOAD_ERRORS[name]}"
-    return backend.availability(torch.device(device))
+    return backend.availability(device if isinstance(device, torch.device) else torch.device(device))
 
 
 def available_backends(device: torch.device | str = "cpu") -> dict[str, tuple[bool, str]]:
@@ -133,9 +134,31 @@ def _requested(backend: str | None) -> str | None:
     return env or None
 
 
+#: the automatic choice per (op, device) — what :func:`select` returns with no backend requested — made once: a
+#: step selects ~5 ops, each choice ~10-25 µs of Python with the caches cold after the layers (bench/glue.py).
+#: Cleared whenever what it depends on changes (a backend registered or loaded, an override entered or left).
+_CHOSEN: dict[tuple[str, torch.device], tuple[tuple, Callable[..., Any]]] = {}
+
+
 def select(op: str, device: torch.device, backend: str | None = None) -> Callable[..., Any]:
     """The callable implementing ``op`` for tensors on ``device``."""
     name = _requested(backend)
+    if name is None:
+        state = _state()
+        got = _CHOSEN.get((op, device))
+        if got is None or got[0] != state:
+            got = _CHOSEN[(op, device)] = (state, _select(op, device, None))
+        return got[1]
+    return _select(op, device, name, backend)
+
+
+def _state() -> tuple:
+    """What the automatic choice depends on (tests swap the tables themselves: a new dict or a popped entry)."""
+    return (id(_BACKENDS), len(_BACKENDS), id(_LOADERS), len(_LOADERS), len(_LOAD_ERRORS), len(_OVERRIDES),
+            tuple(PREFERENCE.get("cpu", ())), tuple(PREFERENCE.get("cuda", ())))
+
+
+def _select(op: str, device: torch.device, name: str | None, backend: str | None = None) -> Callable[..., Any]:
     source = "backend=" if backend is not None else f"{ENV_VAR}"
     if name is not None:
         if name not in _LOADERS:
@@ -195,9 +218,11 @@ def override(backend: str, op: str, fn: Callable[..., Any]) -> Iterator[None]:
     key = (backend, op)
     previous = _OVERRIDES.get(key)
     _OVERRIDES[key] = fn
+    _CHOSEN.clear()
     try:
         yield
     finally:
+        _CHOSEN.clear()
         if previous is None:
             _OVERRIDES.pop(key, None)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from bitmtp.model.decoder import GPU_STEP, StepInputs
@@ -21,6 +22,62 @@ from bitmtp.runtime.gpu_step import Launcher
 from bitmtp.runtime.kv import KVStore
 
 
+class HostInputs:
+    """A CPU step's inputs — tokens, positions, KV slots and the mask — written by numpy into buffers reused from
+    step to step, seen by torch through views made once per (rows, segment) shape. A step's host glue is mostly
+    its torch calls, 10-90 µs each with the caches cold after the layers against 1-20 µs for a numpy call
+    (``bench/glue.py``): the torch path's eight calls here cost ~140 µs a step at batch 1 on 2 CPU cores.
+    The views are valid until the next step writes the buffers (the engine runs one step at a time)."""
+
+    #: (rows, segment) shapes whose views are kept (a step's shape recurs: its rows and its KV segment)
+    KEEP = 64
+
+    def __init__(self, kv_rows: int, rope: tuple[torch.Tensor, torch.Tensor]):
+        self.kv_index = np.arange(kv_rows, dtype=np.int64)
+        self.head_dim = rope[0].shape[1]
+        self._ints = np.zeros(0, dtype=np.int64)
+        self._mask = np.zeros(0, dtype=np.bool_)
+        self._rope = np.zeros(0, dtype=np.float32)
+        self._tables: tuple[int, np.ndarray, np.ndarray] | None = None  # (data_ptr, cos, sin) of the decoder's
+        self._views: dict[tuple[int, int], tuple] = {}
+
+    def fill(self, rows: list[list[int]], seg: int, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+        """``rows`` = [tokens, positions, slots, bases, ends] (one entry per row): the token, position and slot
+        tensors, the mask (row i sees KV rows [bases[i], ends[i]] of the first ``seg``) and the rows' RoPE
+        ``(cos, sin)`` from the tables ``rope`` (float32 ``[positions, head_dim]``)."""
+        m = len(rows[0])
+        views = self._views.get((m, seg))
+        if views is None:
+            views = self._make(m, seg)
+        ints, mask, cos, sin, tensors = views
+        ints[:] = rows
+        np.greater_equal(self.kv_index[:seg], ints[3, :, None], out=mask)
+        mask &= self.kv_index[:seg] <= ints[4, :, None]
+        tables = self._tables
+        if tables is None or tables[0] != rope[0].data_ptr():  # the decoder's tables moved (made once otherwise)
+            tables = self._tables = (rope[0].data_ptr(), rope[0].numpy(), rope[1].numpy())
+        np.take(tables[1], ints[1], axis=0, out=cos)
+        np.take(tables[2], ints[1], axis=0, out=sin)
+        return tensors
+
+    def _make(self, m: int, seg: int) -> tuple:
+        d = self.head_dim
+        if self._ints.size < 5 * m or self._mask.size < m * seg or self._rope.size < 2 * m * d:
+            # grow: the views of the old buffers go
+            self._ints = np.zeros(max(self._ints.size, 5 * m), dtype=np.int64)
+            self._mask = np.zeros(max(self._mask.size, m * seg), dtype=np.bool_)
+            self._rope = np.zeros(max(self._rope.size, 2 * m * d), dtype=np.float32)
+            self._views.clear()
+        if len(self._views) >= self.KEEP:
+            self._views.clear()
+        ints, mask = self._ints[: 5 * m].reshape(5, m), self._mask[: m * seg].reshape(m, seg)
+        cos, sin = self._rope[: m * d].reshape(m, d), self._rope[m * d : 2 * m * d].reshape(m, d)
+        t = torch.from_numpy(ints)
+        tensors = (t[0], t[1], t[2], torch.from_numpy(mask), (torch.from_numpy(cos), torch.from_numpy(sin)))
+        views = self._views[(m, seg)] = (ints, mask, cos, sin, tensors)
+        return views
+
+
 class BatchPass:
     """Forward passes over the rows of a batch's steps, on ``decoder`` and the batch's KV store ``kv``.
 
@@ -30,6 +87,10 @@ class BatchPass:
     def __init__(self, decoder: Any, kv: KVStore):
         self.decoder, self.kv = decoder, kv
         self.kv_index = torch.arange(kv.rows, device=decoder.device)
+        #: on the CPU, a step's inputs are written into reused host buffers by numpy (:class:`HostInputs`)
+        rope = (decoder.rope_cos, decoder.rope_sin)
+        cpu = torch.device(decoder.device).type == "cpu" and all(t.dtype == torch.float32 for t in rope)
+        self.host = HostInputs(kv.rows, rope) if cpu else None
         self.launcher = Launcher()
         self.forwards = 0
         self.syncs = 0
@@ -68,19 +129,24 @@ class BatchPass:
                 toks[at : at + r], probs[at : at + r] = t, p
 
     def inputs(self, tokens: list[int], positions: list[int], bases: list[int],
-               reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A step's device inputs: tokens, positions, KV slots (base + position) and the mask — each row sees
+               reach: list[int] | None = None) -> tuple:
+        """A step's device inputs: tokens, positions, KV slots (base + position), the mask — each row sees
         its own sequence's rows [base, base + reach] of the store's smallest covering segment (``reach``: its
-        position, except a mask row's, which sees its whole block: the block's last position)."""
-        # one host tensor for every per-row list, one copy to the device: each torch op costs tens of µs with the
-        # caches cold after a step's layers (bench/glue.py)
+        position, except a mask row's, which sees its whole block: the block's last position) — and the rows'
+        RoPE ``(cos, sin)`` on the CPU (None: the decoder looks them up)."""
         slots = [b + p for b, p in zip(bases, positions, strict=True)]
         last = slots if reach is None else [b + r for b, r in zip(bases, reach, strict=True)]
-        rows = torch.tensor([tokens, positions, slots, bases, last], dtype=torch.long).to(self.decoder.device)
+        seg = self.kv.segment_for(max(slots) + 1)
+        dec = self.decoder
+        if self.host is not None and dec.rope_cos.device.type == "cpu":
+            return self.host.fill([tokens, positions, slots, bases, last], seg, (dec.rope_cos, dec.rope_sin))
+        # one host tensor for every per-row list, one copy to the device: each torch op costs tens of µs with the
+        # caches cold after a step's layers (bench/glue.py)
+        rows = torch.tensor([tokens, positions, slots, bases, last], dtype=torch.long).to(dec.device)
         tok, pos, slot, base, end = rows
-        kv = self.kv_index[None, : self.kv.segment_for(max(slots) + 1)]
+        kv = self.kv_index[None, :seg]
         mask = (kv >= base[:, None]) & (kv <= end[:, None])
-        return tok, pos, slot, mask
+        return tok, pos, slot, mask, None
 
     def forward(self, tokens: list[int], positions: list[int], bases: list[int], heads: list[int] | None = None,
                 reach: list[int] | None = None, mask_rows: int = 0, block: Any = None) -> torch.Tensor:
@@ -90,10 +156,10 @@ class BatchPass:
         LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
         choice is read)."""
         dev = self.decoder.device
-        tok, pos, slots, mask = self.inputs(tokens, positions, bases, reach)
+        tok, pos, slots, mask, rope = self.inputs(tokens, positions, bases, reach)
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
-            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block)
+            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block, rope=rope)
             hidden = self.decoder.hidden_states(step, self.kv)
             if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose
@@ -109,7 +175,7 @@ class BatchPass:
         its solo bits."""
         dev = self.decoder.device
         m = len(tokens)
-        tok, pos, slots, mask = self.inputs(tokens, positions, bases)
+        tok, pos, slots, mask, _ = self.inputs(tokens, positions, bases)
         out_tok = torch.empty(GPU_ROWS, dtype=torch.long, device=dev)
         out_prob = torch.empty(GPU_ROWS, dtype=torch.float32, device=dev)
         logits = plan.logits_rows(m) if sampled else None
@@ -121,4 +187,4 @@ class BatchPass:
         return out_tok[at], out_prob[at], logits[at] if logits is not None else out_prob[:0]
 
 
-__all__ = ["BatchPass"]
+__all__ = ["BatchPass", "HostInputs"]
