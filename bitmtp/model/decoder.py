@@ -136,6 +136,8 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.rope_theta, args.rope_scaling, n_pos)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self._rope_host: tuple[int, Any, Any] | None = None
+        self.rope_host()  # (made here, outside any decode loop: the loop's instrumented reads count .numpy())
         self._fused: FusedPlan | None = None
         self._fused_unsupported: str | None = None  # why this model cannot build a plan
         #: why the last step did not use the fused CPU layers ("" when it did, None before any step)
@@ -366,6 +368,18 @@ class Decoder(nn.Module):
             x = x + y
         return x
 
+    def rope_host(self) -> tuple[Any, Any] | None:
+        """The RoPE tables ``(cos, sin)`` as numpy arrays sharing their memory, when they are float32 CPU tensors
+        (None otherwise): the CPU runners look a step's rows up by numpy (``runtime.graphs.HostCausal``,
+        ``runtime.batch_pass.HostInputs``). Made again only when the tables moved."""
+        cos, sin = self.rope_cos, self.rope_sin
+        if cos.device.type != "cpu" or cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            return None
+        held = self.__dict__.get("_rope_host")
+        if held is None or held[0] != cos.data_ptr():
+            held = self.__dict__["_rope_host"] = (cos.data_ptr(), cos.numpy(), sin.numpy())
+        return held[1], held[2]
+
     def _took(self, path: str, reason: str) -> None:
         """Record the path a step ran (:attr:`last_path`, :attr:`path_counts`, :attr:`fused_reason`); the
         per-op path is logged once per reason at debug level, so a fallback is never silent."""
@@ -422,7 +436,8 @@ class Decoder(nn.Module):
         return adapt
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        out = self.lm_head(hidden)
+        return out if out.dtype == torch.float32 else out.float()  # (no call when it is: bench/glue.py)
 
     def forward(self, step: StepInputs, kv) -> torch.Tensor:
         """Logits ``[M, vocab]`` (float32) of the step's rows."""

@@ -32,19 +32,18 @@ class HostInputs:
     #: (rows, segment) shapes whose views are kept (a step's shape recurs: its rows and its KV segment)
     KEEP = 64
 
-    def __init__(self, kv_rows: int, rope: tuple[torch.Tensor, torch.Tensor]):
+    def __init__(self, kv_rows: int, head_dim: int):
         self.kv_index = np.arange(kv_rows, dtype=np.int64)
-        self.head_dim = rope[0].shape[1]
+        self.head_dim = head_dim
         self._ints = np.zeros(0, dtype=np.int64)
         self._mask = np.zeros(0, dtype=np.bool_)
         self._rope = np.zeros(0, dtype=np.float32)
-        self._tables: tuple[int, np.ndarray, np.ndarray] | None = None  # (data_ptr, cos, sin) of the decoder's
         self._views: dict[tuple[int, int], tuple] = {}
 
-    def fill(self, rows: list[list[int]], seg: int, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+    def fill(self, rows: list[list[int]], seg: int, tables: tuple[np.ndarray, np.ndarray]) -> tuple:
         """``rows`` = [tokens, positions, slots, bases, ends] (one entry per row): the token, position and slot
         tensors, the mask (row i sees KV rows [bases[i], ends[i]] of the first ``seg``) and the rows' RoPE
-        ``(cos, sin)`` from the tables ``rope`` (float32 ``[positions, head_dim]``)."""
+        ``(cos, sin)`` from the decoder's ``tables`` (``Decoder.rope_host``)."""
         m = len(rows[0])
         views = self._views.get((m, seg))
         if views is None:
@@ -53,11 +52,8 @@ class HostInputs:
         ints[:] = rows
         np.greater_equal(self.kv_index[:seg], ints[3, :, None], out=mask)
         mask &= self.kv_index[:seg] <= ints[4, :, None]
-        tables = self._tables
-        if tables is None or tables[0] != rope[0].data_ptr():  # the decoder's tables moved (made once otherwise)
-            tables = self._tables = (rope[0].data_ptr(), rope[0].numpy(), rope[1].numpy())
-        np.take(tables[1], ints[1], axis=0, out=cos)
-        np.take(tables[2], ints[1], axis=0, out=sin)
+        np.take(tables[0], ints[1], axis=0, out=cos)
+        np.take(tables[1], ints[1], axis=0, out=sin)
         return tensors
 
     def _make(self, m: int, seg: int) -> tuple:
@@ -88,9 +84,8 @@ class BatchPass:
         self.decoder, self.kv = decoder, kv
         self.kv_index = torch.arange(kv.rows, device=decoder.device)
         #: on the CPU, a step's inputs are written into reused host buffers by numpy (:class:`HostInputs`)
-        rope = (decoder.rope_cos, decoder.rope_sin)
-        cpu = torch.device(decoder.device).type == "cpu" and all(t.dtype == torch.float32 for t in rope)
-        self.host = HostInputs(kv.rows, rope) if cpu else None
+        cpu = torch.device(decoder.device).type == "cpu" and decoder.rope_host() is not None
+        self.host = HostInputs(kv.rows, decoder.args.head_dim) if cpu else None
         self.launcher = Launcher()
         self.forwards = 0
         self.syncs = 0
@@ -138,8 +133,9 @@ class BatchPass:
         last = slots if reach is None else [b + r for b, r in zip(bases, reach, strict=True)]
         seg = self.kv.segment_for(max(slots) + 1)
         dec = self.decoder
-        if self.host is not None and dec.rope_cos.device.type == "cpu":
-            return self.host.fill([tokens, positions, slots, bases, last], seg, (dec.rope_cos, dec.rope_sin))
+        tables = dec.rope_host() if self.host is not None else None
+        if tables is not None:
+            return self.host.fill([tokens, positions, slots, bases, last], seg, tables)
         # one host tensor for every per-row list, one copy to the device: each torch op costs tens of µs with the
         # caches cold after a step's layers (bench/glue.py)
         rows = torch.tensor([tokens, positions, slots, bases, last], dtype=torch.long).to(dec.device)

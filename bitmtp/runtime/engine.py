@@ -288,11 +288,7 @@ class Engine:
         m = 1 if isinstance(tokens, int) else tokens.numel()
         state = ReplayState(m, self.kv.segment_for(start + m), role)
         runner = self.pool.get(state)
-        if isinstance(tokens, int):
-            runner.tokens.fill_(tokens)
-        else:
-            runner.tokens.copy_(tokens, non_blocking=True)
-        torch.arange(start, start + m, out=runner.positions)
+        runner.feed(tokens, start)
         runner.run()
         return runner
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from bitmtp.decoding.sampling import Sampler, SamplingParams
@@ -47,6 +48,30 @@ def eager_forced() -> bool:
     return os.environ.get("BITMTP_EAGER", "") == "1"
 
 
+class HostCausal:
+    """A CPU runner's causal mask and RoPE rows, computed by numpy from its own positions buffer (a numpy-backed
+    tensor, whoever filled it) into buffers made once: a step's host glue is mostly its torch calls, 10-90 µs
+    each with the caches cold after the layers against 1-20 µs for a numpy call (``bench/glue.py``); the torch
+    mask and RoPE lookups were five of them."""
+
+    def __init__(self, ints: np.ndarray, segment: int, head_dim: int):
+        m = ints.shape[1]
+        self.ints, self.pos = ints, ints[1]  # [tokens, positions]: the runner's input tensors' memory
+        self.kv_index = np.arange(segment, dtype=np.int64)
+        self._mask = np.zeros((m, segment), dtype=np.bool_)
+        self._rope = np.zeros((2, m, head_dim), dtype=np.float32)
+        self.mask = torch.from_numpy(self._mask)
+        self.rope = (torch.from_numpy(self._rope[0]), torch.from_numpy(self._rope[1]))
+
+    def inputs(self, tables: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The mask (row i sees KV rows j <= its position) and the rows' RoPE ``(cos, sin)`` from the decoder's
+        ``tables`` (``Decoder.rope_host``)."""
+        np.less_equal(self.kv_index[None, :], self.pos[:, None], out=self._mask)
+        np.take(tables[0], self.pos, axis=0, out=self._rope[0])
+        np.take(tables[1], self.pos, axis=0, out=self._rope[1])
+        return self.mask, self.rope
+
+
 class StepRunner:
     """The torch runtime's step runner (``runtime.protocols.StepRunner``): a decoder step, a draft body,
     eager or as a captured CUDA graph."""
@@ -67,6 +92,12 @@ class StepRunner:
         self.fresh_from = torch.ones((), dtype=torch.long, device=dev)
         self.tokens = torch.zeros(m, dtype=torch.long, device=dev)
         self.positions = torch.zeros(m, dtype=torch.long, device=dev)
+        #: on the CPU with float32 RoPE tables, the causal mask and RoPE rows by numpy (:class:`HostCausal`)
+        self.host: HostCausal | None = None
+        if dev.type == "cpu" and decoder.rope_host() is not None:
+            ints = np.zeros((2, m), dtype=np.int64)
+            self.tokens, self.positions = torch.from_numpy(ints[0]), torch.from_numpy(ints[1])
+            self.host = HostCausal(ints, state.segment, decoder.args.head_dim)
         #: KV slot of each row (the tree role: rows that share a position write to scratch slots)
         self.slots = torch.zeros(m, dtype=torch.long, device=dev)
         self.out_token = torch.zeros(m, dtype=torch.long, device=dev)
@@ -82,6 +113,23 @@ class StepRunner:
         #: counts the kernels the fused GPU step launches (``bitmtp.runtime.gpu_step``)
         self.launcher = Launcher()
 
+    def feed(self, tokens: torch.Tensor | int, start: int) -> None:
+        """``runtime.protocols.StepRunner.feed``: by numpy on the CPU (no torch call: ``HostCausal``)."""
+        m = self.state.width
+        if self.host is not None:
+            ints = self.host.ints
+            if isinstance(tokens, int):
+                ints[0] = tokens
+            else:
+                self.tokens.copy_(tokens)  # (a prompt chunk's: once a chunk, not a decode step)
+            ints[1] = range(start, start + m) if m > 1 else start
+            return
+        if isinstance(tokens, int):
+            self.tokens.fill_(tokens)
+        else:
+            self.tokens.copy_(tokens, non_blocking=True)
+        torch.arange(start, start + m, out=self.positions)
+
     @torch.no_grad()
     def _body(self) -> None:
         plan = self._gpu_step()
@@ -92,8 +140,12 @@ class StepRunner:
         if self.drafter is not None:
             self.drafter.draft(self)
             return
-        mask = self.mask_fn(self.state, self.positions, self.kv_index)
-        self._take(self.decoder(StepInputs(self.tokens, self.positions, mask), self.kv))
+        rope, tables = None, self.decoder.rope_host() if self.host is not None else None
+        if tables is not None and self.mask_fn is causal_mask:
+            mask, rope = self.host.inputs(tables)
+        else:
+            mask = self.mask_fn(self.state, self.positions, self.kv_index)
+        self._take(self.decoder(StepInputs(self.tokens, self.positions, mask, rope=rope), self.kv))
 
     def _take(self, logits: torch.Tensor) -> None:
         """A decode / verify / prefill step's choice from its rows' logits: argmax or the sampler."""

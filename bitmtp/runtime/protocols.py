@@ -45,6 +45,9 @@ class StepRunner(Protocol):
     out_token: torch.Tensor
     out_prob: torch.Tensor
 
+    def feed(self, tokens: torch.Tensor | int, start: int) -> None:
+        """Fill ``tokens`` (all M, or an int for every row) and positions ``start .. start + M - 1`` in place."""
+
     def run(self) -> None:
         """Run the step on its current inputs (enqueue it; outputs are valid after the pool's ``flush``)."""
 

@@ -295,6 +295,14 @@ class VulkanStepRunner:
         self._last: Recording | None = None
         self._capturable = not eager_forced()
 
+    def feed(self, tokens: torch.Tensor | int, start: int) -> None:
+        """``runtime.protocols.StepRunner.feed``."""
+        if isinstance(tokens, int):
+            self.tokens.fill_(tokens)
+        else:
+            self.tokens.copy_(tokens)
+        torch.arange(start, start + self.state.width, out=self.positions)
+
     @property
     def device_verify(self) -> bool:
         """The verify bookkeeping runs on the device unless the pool has CPU-offloaded layers."""

@@ -1,0 +1,75 @@
+"""The CPU steps' host inputs by numpy (``runtime.batch_pass.HostInputs``, ``runtime.graphs.HostCausal``).
+
+Rule: equal, element for element, to the torch expressions they replace — the batch mask (row i sees KV rows
+[base_i, end_i]), the causal mask (row i sees rows j <= position_i), the RoPE rows ``rope_cos[positions]`` /
+``rope_sin[positions]`` — on awkward shapes, over buffers a previous step of another shape and other values
+wrote (reused buffers must not leak a stale element), and views that track the buffers they are made over.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from bitmtp.runtime.batch_pass import HostInputs
+from bitmtp.runtime.graphs import HostCausal, causal_mask
+from bitmtp.runtime.states import ReplayState
+
+HEAD_DIM = 24
+
+
+def _tables(n: int = 700) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, HEAD_DIM, generator=g), torch.randn(n, HEAD_DIM, generator=g)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 15, 16])
+@pytest.mark.parametrize("seg", [256, 300, 641])
+def test_batch_host_inputs_equal_the_torch_expressions(m, seg):
+    cos, sin = _tables()
+    host = HostInputs(1000, HEAD_DIM)
+    rng = random.Random(m * 1000 + seg)
+    for _ in range(3):  # the same shape again and after others: the reused buffers hold the last step's values
+        for shape_m in (m, rng.randrange(1, 20), m):
+            bases = [rng.randrange(0, seg) for _ in range(shape_m)]
+            ends = [rng.randrange(b, seg) for b in bases]
+            positions = [rng.randrange(0, 600) for _ in range(shape_m)]
+            tokens = [rng.randrange(0, 50000) for _ in range(shape_m)]
+            slots = [rng.randrange(0, seg) for _ in range(shape_m)]
+            tok, pos, slot, mask, (c, s) = host.fill([tokens, positions, slots, bases, ends], seg,
+                                                     (cos.numpy(), sin.numpy()))
+            kv = torch.arange(seg)[None, :]
+            b, e = torch.tensor(bases)[:, None], torch.tensor(ends)[:, None]
+            assert tok.tolist() == tokens and pos.tolist() == positions and slot.tolist() == slots
+            assert tok.dtype == pos.dtype == slot.dtype == torch.long and mask.dtype == torch.bool
+            assert torch.equal(mask, (kv >= b) & (kv <= e)) and mask.is_contiguous()
+            p = torch.tensor(positions)
+            assert torch.equal(c, cos[p]) and torch.equal(s, sin[p]) and c.is_contiguous() and s.is_contiguous()
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 15, 16])
+def test_runner_host_causal_mask_and_rope_equal_the_torch_ones(m):
+    cos, sin = _tables()
+    seg = 513
+    ints = np.full((2, m), -7, dtype=np.int64)  # poisoned: every element is written before it is read
+    host = HostCausal(ints, seg, HEAD_DIM)
+    host._mask[:] = True
+    host._rope[:] = np.nan
+    rng = random.Random(m)
+    for _ in range(3):
+        start = rng.randrange(0, seg - m)
+        ints[1] = range(start, start + m)
+        mask, (c, s) = host.inputs((cos.numpy(), sin.numpy()))
+        positions = torch.from_numpy(ints[1])
+        assert torch.equal(mask, causal_mask(ReplayState(m, seg, "ar"), positions, torch.arange(seg)))
+        assert torch.equal(c, cos[positions]) and torch.equal(s, sin[positions])
+
+
+def test_positions_past_the_rope_tables_raise_as_torch_indexing_does():
+    cos, sin = _tables(50)
+    host = HostInputs(300, HEAD_DIM)
+    with pytest.raises(IndexError):
+        host.fill([[1], [60], [60], [0], [60]], 256, (cos.numpy(), sin.numpy()))
