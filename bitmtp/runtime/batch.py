@@ -65,8 +65,9 @@ from bitmtp.runtime.output import DecodeStats
 CANCEL_WAIT_S = 5.0
 #: the most sequences one forward pass decodes (a row each: the width-invariant kernels' widest step)
 MAX_BATCH = 16
-#: prompt rows one step takes at most, beside its decode rows: on 2 CPU cores prefill runs ~2.3 ms a token
-#: (SmolLM2), so 64 rows hold the running sequences' next token back ~150 ms while prompts come in
+#: prompt rows one step takes at most (at depth 0; a deeper row counts more: ``batch_schedule.rows_within``),
+#: beside its decode rows: on 2 CPU cores prefill runs ~2.1 ms a row at depth 0 and ~5 ms at depth 3.5k (SmolLM2),
+#: so a step holds the running sequences' next token back ~150 ms while prompts come in, however deep
 PREFILL_ROWS = 64
 
 
