@@ -383,9 +383,11 @@ class Decoder(nn.Module):
     def _took(self, path: str, reason: str) -> None:
         """Record the path a step ran (:attr:`last_path`, :attr:`path_counts`, :attr:`fused_reason`); the
         per-op path is logged once per reason at debug level, so a fallback is never silent."""
-        self.last_path = path
+        # plain attributes set past nn.Module.__setattr__'s parameter / module / buffer checks: this runs every step
+        d = self.__dict__
+        d["last_path"] = path
         self.path_counts[path] += 1
-        self.fused_reason = reason
+        d["fused_reason"] = reason
         if path == PER_OP and reason not in self._logged_reasons:
             self._logged_reasons.add(reason)
             log.debug("bitmtp: a step ran the per-op layers instead of the fused CPU layers: %s", reason)

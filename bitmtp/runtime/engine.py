@@ -47,11 +47,18 @@ KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CAPTURE_STEP_LOCK = threading.Lock()
 
 
-def rows_width_invariant(decoder: Decoder, kv: KVStore) -> bool:
+#: (what :func:`rows_width_invariant` is told when its caller has not asked for the fused GPU step's plan)
+_ASK = object()
+
+
+def rows_width_invariant(decoder: Decoder, kv: KVStore, gpu_plan: Any = _ASK) -> bool:
     """Whether the KV rows ``decoder`` writes into ``kv`` have bits independent of the step that wrote them (its
     width, the other rows in it): the native CPU layers, unless the fused GPU step (opt-in; its rows' bits depend on
-    how rows are grouped into launches) runs the steps. What lets a store's rows be reused by a later prompt."""
-    return decoder.device.type == "cpu" and decoder.fused_plan() is not None and plan_for(decoder, kv) is None
+    how rows are grouped into launches) runs the steps. What lets a store's rows be reused by a later prompt.
+    ``gpu_plan``: ``plan_for(decoder, kv)`` when the caller has it already (a batched step asks once)."""
+    if gpu_plan is _ASK:
+        gpu_plan = plan_for(decoder, kv)
+    return gpu_plan is None and decoder.device.type == "cpu" and decoder.fused_plan() is not None
 
 
 class Generation(Iterator[list[int]]):

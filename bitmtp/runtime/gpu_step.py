@@ -318,11 +318,13 @@ def plan_for(decoder: Any, kv: Any) -> GpuStepPlan | None:
     ``decoder.gpu_step_reason`` — when it is off or does not cover this model."""
     ok, why = enabled(decoder.device)
     if not ok:
-        decoder.gpu_step_reason = why
+        if decoder.gpu_step_reason != why:  # (every step asks: no nn.Module.__setattr__ when nothing changed)
+            decoder.gpu_step_reason = why
         return None
     cached = getattr(kv, "_gpu_step_plan", None)
     if cached is not None and cached[0] is decoder:
-        decoder.gpu_step_reason = cached[2]
+        if decoder.gpu_step_reason != cached[2]:
+            decoder.gpu_step_reason = cached[2]
         return cached[1]
     try:
         plan, reason = GpuStepPlan(decoder, kv), ""
