@@ -73,3 +73,31 @@ def test_positions_past_the_rope_tables_raise_as_torch_indexing_does():
     host = HostInputs(300, HEAD_DIM)
     with pytest.raises(IndexError):
         host.fill([[1], [60], [60], [0], [60]], 256, (cos.numpy(), sin.numpy()))
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 15, 16])
+def test_a_batched_steps_inputs_are_the_same_by_numpy_and_by_torch(m):
+    """``BatchPass.inputs``: the numpy path (CPU) and the torch path (other devices, here run on the CPU) give the
+    same tokens, positions, slots and mask for rows of several sequences (bases on the 256-row grid, mask rows
+    reaching past their position); the torch path leaves RoPE to the decoder."""
+    import bitmtp
+    from bitmtp.runtime.batch_pass import BatchPass
+    from bitmtp.runtime.kv import KVStore
+    from tests.support.hf_models import tiny_model
+
+    model = bitmtp.load(tiny_model("bitnet", seed=3), capacity=300, quantize="ternary")
+    a = model.decoder.args
+    kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, 4 * 256, 1)
+    by_numpy, by_torch = BatchPass(model.decoder, kv), BatchPass(model.decoder, kv)
+    by_torch.host = None
+    rng = random.Random(m)
+    for _ in range(3):
+        bases = [256 * rng.randrange(0, 3) for _ in range(m)]
+        positions = [rng.randrange(0, 200) for _ in range(m)]
+        reach = [p + rng.randrange(0, 3) for p in positions]
+        tokens = [rng.randrange(0, a.vocab_size) for _ in range(m)]
+        one, two = by_numpy.inputs(tokens, positions, bases, reach), by_torch.inputs(tokens, positions, bases, reach)
+        for x, y in zip(one[:4], two[:4], strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        p = torch.tensor(positions)
+        assert two[4] is None and torch.equal(one[4][0], model.decoder.rope_cos[p])
