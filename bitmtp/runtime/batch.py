@@ -105,13 +105,12 @@ class BatchEngine:
         if rows < per_seq:
             raise BitMTPError(f"kv_rows: {rows} rows cannot hold one sequence of capacity {capacity} "
                               f"({per_seq} rows); give at least that many")
+        self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, rows // ALIGN * ALIGN, 1,
+                          dtype=kv_dtype or decoder.dtype, device=decoder.device)
         #: the waiting and admitted sequences, and the KV rows they own
         self.schedule = BatchSchedule(rows, max_batch=max_batch, capacity=self.capacity,
                                       prefill_rows=int(prefill_rows), vocab_size=a.vocab_size, device=decoder.device,
-                                      depth=attention_depth(a))
-        self.kv = KVStore(a.num_layers, a.num_kv_heads, a.head_dim, self.schedule.alloc.blocks * ALIGN, 1,
-                          dtype=kv_dtype or decoder.dtype, device=decoder.device)
-        self.schedule.copy_rows = self.kv.copy_rows  # prompt prefixes shared between ranges
+                                      copy_rows=self.kv.copy_rows, depth=attention_depth(a))
         #: the steps' forward passes and reads
         self.passes = BatchPass(decoder, self.kv)
         self._lock = threading.Lock()

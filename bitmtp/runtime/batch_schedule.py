@@ -104,10 +104,13 @@ class BatchSchedule:
         prefill_rows: prompt rows a step takes at most (at depth 0; deeper ones count more).
         depth: :func:`attention_depth` of the model (default: rows count alike at every depth).
         vocab_size, device: what an admitted sequence's sampler is made for.
+        copy_rows: copies KV rows between ranges (``KVStore.copy_rows(src, dst, count)`` of the batch's store): the
+            prompt prefixes sequences share (:meth:`share`).
     """
 
     def __init__(self, rows: int, *, max_batch: int, capacity: int, prefill_rows: int, vocab_size: int,
-                 device: Any, reuse: bool = False, depth: float = math.inf):
+                 device: Any, copy_rows: Callable[[int, int, int], None], reuse: bool = False,
+                 depth: float = math.inf):
         self.alloc = RowAllocator(rows)
         self.max_batch, self.capacity, self.prefill_rows, self.depth = max_batch, capacity, prefill_rows, depth
         self.vocab_size, self.device = vocab_size, device
@@ -117,9 +120,7 @@ class BatchSchedule:
         #: first row of a range a finished sequence held, the tokens whose KV rows it left there
         self.reuse = reuse
         self.kept: dict[int, list[int]] = {}
-        #: copies KV rows between ranges (``KVStore.copy_rows(src, dst, count)``; set by the engine): prefixes shared
-        #: between sequences' ranges (:meth:`share`)
-        self.copy_rows: Callable[[int, int, int], None] | None = None
+        self.copy_rows = copy_rows
 
     def admit(self) -> None:
         """Move waiting sequences into the batch, first come first served, while places and rows are free."""
@@ -229,7 +230,7 @@ class BatchSchedule:
             k = reusable_prefix(seq.ids, toks)
             if k > best:
                 best, src = k, base
-        if src >= 0 and self.copy_rows is not None:
+        if src >= 0:
             self.copy_rows(src + seq.n, seq.base + seq.n, best - seq.n)
             seq.stats.prompt_cached += best - seq.n
             seq.n = best

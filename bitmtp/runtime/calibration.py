@@ -429,8 +429,7 @@ def measure_cost_table(engine: Any, *, widths: Any = None, contexts: Any = None,
             (ci, wi), runner = cell, runners[cell]
             c, w = cs[ci], ws[wi]
             t0 = time.perf_counter()
-            runner.tokens.copy_(ids[:w])
-            torch.arange(c, c + w, out=runner.positions)
+            runner.feed(ids[:w], c)
             runner.run()
             engine.read(runner.out_token[:w])
             dt = time.perf_counter() - t0

@@ -140,11 +140,11 @@ class StepRunner:
         if self.drafter is not None:
             self.drafter.draft(self)
             return
-        rope, tables = None, self.decoder.rope_host() if self.host is not None else None
-        if tables is not None and self.mask_fn is causal_mask:
+        tables = self.decoder.rope_host() if self.host is not None and self.mask_fn is causal_mask else None
+        if tables is not None:
             mask, rope = self.host.inputs(tables)
         else:
-            mask = self.mask_fn(self.state, self.positions, self.kv_index)
+            mask, rope = self.mask_fn(self.state, self.positions, self.kv_index), None
         self._take(self.decoder(StepInputs(self.tokens, self.positions, mask, rope=rope), self.kv))
 
     def _take(self, logits: torch.Tensor) -> None:
