@@ -148,3 +148,26 @@ def test_move_row_copies_one_row_in_every_layer_and_counts_it(rng):
         with pytest.raises(BitMTPError, match="move_row"):
             kv.move_row(src, dst)
     assert kv.rows_copied == 1
+
+
+def test_copy_rows_copies_a_range_in_every_layer_and_refuses_bad_ranges(rng):
+    """``copy_rows`` (the batch's shared prompt prefixes) copies rows [src, src + n) onto [dst, dst + n) in every
+    layer's K and V, touches no other row, counts them in ``rows_shared`` (``rows_copied`` stays 0), and refuses
+    ranges outside the store or overlapping each other with a BitMTPError, changing nothing."""
+    kv = KVStore(3, 2, 8, capacity=40, m_max=9)
+    for t in kv.k + kv.v:
+        t.copy_(torch.randn(t.shape, generator=rng))
+    before = [t.clone() for t in kv.k + kv.v]
+    kv.copy_rows(30, 3, 7)
+    for old, new in zip(before, kv.k + kv.v, strict=True):
+        assert torch.equal(new[:, 3:10], old[:, 30:37])
+        keep = [r for r in range(kv.rows) if not 3 <= r < 10]
+        assert torch.equal(new[:, keep], old[:, keep])
+    assert kv.rows_shared == 7 and kv.rows_copied == 0
+    kv.copy_rows(0, 20, 0)  # nothing to copy
+    after = [t.clone() for t in kv.k + kv.v]
+    for args, what in (((45, 0, 5), "outside"), ((0, 47, 3), "outside"), ((-1, 10, 2), "outside"),
+                       ((10, 12, 5), "overlap")):
+        with pytest.raises(BitMTPError, match=what):
+            kv.copy_rows(*args)
+    assert kv.rows_shared == 7 and all(torch.equal(a, b) for a, b in zip(after, kv.k + kv.v, strict=True))
