@@ -28,7 +28,7 @@ gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 QTYPES = {"q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q8_0": QT.Q8_0, "bf16": QT.BF16, "f16": QT.F16}
-WIDTHS = [1, 3, 8, 15, 16]
+WIDTHS = [1, 2, 3, 8, 15, 16]  # 2: the AVX-512 block kernel's per-row order (8 rows x 2 tokens fill the registers)
 HALF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}  # spelled out here, not read from the module
 SHAPES = [(1, 32), (37, 96), (70, 608), (25, 160)]  # (N, K): K a multiple of 32, rarely a power of two
 
