@@ -63,6 +63,12 @@ DRAFT_MARGIN = 1.05
 EXPLORE_EVERY = 48
 #: longest guess run considered
 MAX_GUESSES = 8
+#: step times older than this (seconds) no longer price a width (``runtime.calibration.LiveCosts``, and the
+#: batch's ``decoding.batch_plan.StepCost``): they describe another moment's load, and a width priced high by a
+#: few disturbed steps would never be chosen, so never re-timed. A second is ~150 SmolLM2 steps on 2 CPU
+#: cores: a width that really is dear is re-tried (a few steps) at most that often, and a server idle between
+#: two requests plans the second with the table's costs.
+STEP_TIMES_KEPT_S = 1.0
 
 
 def _rate(expect: float, cost: float) -> float:

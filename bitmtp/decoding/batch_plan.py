@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from bitmtp.decoding import origins as origin
-from bitmtp.decoding.auto import DRAFT_MARGIN, EXPLORE_EVERY, LOOKUP_PRIOR, MASK_MARGIN, MASK_PRIOR, mask_bucket
+from bitmtp.decoding.auto import (
+    DRAFT_MARGIN,
+    EXPLORE_EVERY,
+    LOOKUP_PRIOR,
+    MASK_MARGIN,
+    MASK_PRIOR,
+    STEP_TIMES_KEPT_S,
+    mask_bucket,
+)
 from bitmtp.decoding.lookup import LookupIndex
 
 #: the most draft positions a sequence's estimates track (a step has at most 16 rows)
@@ -31,9 +40,10 @@ MASK_POS_PRIOR = tuple(MASK_PRIOR[1] ** (j + 1) for j in range(MAX_POSITIONS))
 class StepCost:
     """What one more row costs a decode step, relative to the step: ``marginal(w) = t(w + 1) / t(w) − 1``.
 
-    ``t(w)`` is the seconds the engine's steps of width ``w`` took (a running mean) once it ran three of them,
-    else the line ``a + b·w`` fitted to all its steps (least squares, older steps fading); until two widths were
-    seen, the prior: a width-8 step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24). Per-width
+    ``t(w)`` is the seconds the engine's steps of width ``w`` took (a running mean) once it ran three of them and
+    the last within :data:`~bitmtp.decoding.auto.STEP_TIMES_KEPT_S` seconds (``clock``), else the line ``a + b·w``
+    fitted to all its steps (least squares, older steps fading); until two widths were seen, the prior: a width-8
+    step costs 2.7 width-1 steps (SmolLM2 on 2 CPU cores: b / a ≈ 0.24). Per-width
     times see what a line averages away: widths up to a kernel tile cost little more than one row and the next
     one a lot (SmolLM2 on 2 CPU cores, relative to width 2: 1.15 at 3, 1.25 at 4, 1.6 at 5). The solo
     calibration table (``runtime.calibration``) is not used: measured on solo steps, it put width 8 at 1.67
@@ -43,9 +53,12 @@ class StepCost:
     #: steps of one width before their own mean replaces the line
     MIN_SEEN = 3
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
         self.n = self.sw = self.st = self.sww = self.swt = 0.0
-        self.seen: dict[int, tuple[float, int]] = {}  # width -> (running mean seconds, steps)
+        #: width -> (running mean seconds, steps, when the last was seen); a width not run for STEP_TIMES_KEPT_S
+        #: seconds is priced by the line again and its mean starts over (``decoding.auto.STEP_TIMES_KEPT_S``)
+        self.seen: dict[int, tuple[float, int, float]] = {}
 
     def observe(self, width: int, seconds: float, prompt_rows: int = 0) -> None:
         """A decode step of ``width`` rows took ``seconds``; one that also ran ``prompt_rows`` prompt rows says
@@ -55,8 +68,11 @@ class StepCost:
         decay = 0.98
         self.n, self.sw, self.st = decay * self.n + 1, decay * self.sw + width, decay * self.st + seconds
         self.sww, self.swt = decay * self.sww + width * width, decay * self.swt + width * seconds
-        mean, count = self.seen.get(width, (seconds, 0))
-        self.seen[width] = (mean + (seconds - mean) / min(count + 1, 8), count + 1)
+        now = self.clock()
+        mean, count, last = self.seen.get(width, (seconds, 0, now))
+        if now - last > STEP_TIMES_KEPT_S:
+            mean, count = seconds, 0
+        self.seen[width] = (mean + (seconds - mean) / min(count + 1, 8), count + 1, now)
 
     def _line(self) -> tuple[float, float] | None:
         if len(self.seen) >= 2:
@@ -70,8 +86,8 @@ class StepCost:
 
     def seconds(self, width: int) -> float | None:
         """A width-``width`` step's seconds (None before the line can be fitted and with no steps of it)."""
-        mean, count = self.seen.get(width, (0.0, 0))
-        if count >= self.MIN_SEEN:
+        mean, count, last = self.seen.get(width, (0.0, 0, 0.0))
+        if count >= self.MIN_SEEN and self.clock() - last <= STEP_TIMES_KEPT_S:
             return mean
         line = self._line()
         return line[0] + line[1] * width if line is not None else None

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from bitmtp.decoding.auto import STEP_TIMES_KEPT_S
 from bitmtp.errors import BitMTPError
 from bitmtp.model.adapters import base_fingerprint
 from bitmtp.model.layers import DenseLinear
@@ -638,29 +640,43 @@ class LiveCosts:
 
     A table measured while other work shared the cores, or a machine whose load changed since, would
     make ``auto`` plan with wrong costs for as long as the cache lives. So the decode loop times every
-    step it runs (the step and its one read) and this keeps the last :attr:`WINDOW` times per width;
-    a width seen at least :attr:`MIN_SEEN` times costs the median of them (a median, not a mean: one
-    step slowed 20x by another process must not make every wider step look free); any other width costs
-    the table's seconds scaled by the median observed/table ratio of the widths that were seen. Costs are
-    kept non-decreasing in width. :meth:`relative` is what ``PassContext.costs`` holds.
+    step it runs (the step and its one read) and this keeps the last :attr:`WINDOW` times per width
+    observed within the last :data:`~bitmtp.decoding.auto.STEP_TIMES_KEPT_S` seconds; a width with at
+    least :attr:`MIN_SEEN` such times costs the median of them (a median, not a mean: one step slowed 20x
+    by another process must not make every wider step look free); any other width costs the table's
+    seconds scaled by the median observed/table ratio of the widths that were seen. Costs are kept
+    non-decreasing in width. :meth:`relative` is what ``PassContext.costs`` holds.
+
+    Times expire because a width ``auto`` stops choosing is not timed again: two width-2 steps slowed 6x by a
+    browser rendering the stream on the same two cores priced width 2 at 5.4 AR steps for every later request
+    of that server session, so a prompt its answer repeats was decoded token by token. Expired, the width
+    costs the table's seconds at the current scale again, and is re-timed if chosen. ``clock``: seconds
+    (``time.monotonic``; tests pass their own).
     """
 
     WINDOW = 9
     MIN_SEEN = 3
 
-    def __init__(self, table: CostTable, m_max: int):
+    def __init__(self, table: CostTable, m_max: int, *, clock: Any = time.monotonic):
         self.table, self.m_max = table, int(m_max)
-        self.seen: dict[int, list[float]] = {}  # width -> its last WINDOW step times (seconds)
-        self.drafts_seen: list[float] = []  # the last WINDOW costs of one off-row draft (heads), relative
+        self.clock = clock
+        self.seen: dict[int, deque[tuple[float, float]]] = {}  # width -> its last WINDOW (time, step seconds)
+        self.drafts_seen: deque[tuple[float, float]] = deque()  # the last WINDOW (time, cost of one off-row draft)
         self._rows: dict[int, list[float]] = {}  # context // 16 -> the table's seconds by width
 
+    def _fresh(self, times: deque[tuple[float, float]], now: float) -> list[float]:
+        """``times`` without the entries older than STEP_TIMES_KEPT_S (dropped), as values."""
+        while times and now - times[0][0] > STEP_TIMES_KEPT_S:
+            times.popleft()
+        return [v for _, v in times]
+
     def observe(self, width: int, seconds: float) -> None:
-        times = self.seen.setdefault(width, [])
+        times = self.seen.setdefault(width, deque())
         # a timer delta of 0 (a coarse clock) or a step stalled for hours (a suspended laptop) must not make
         # a cost 0 or the ratios below overflow: kept in the range a table holds
-        times.append(min(max(float(seconds), MIN_STEP_SECONDS), MAX_STEP_SECONDS))
+        times.append((self.clock(), min(max(float(seconds), MIN_STEP_SECONDS), MAX_STEP_SECONDS)))
         if len(times) > self.WINDOW:
-            del times[0]
+            times.popleft()
 
     def observe_drafts(self, rows: int, drafts: int, seconds: float, context: int) -> None:
         """A step of ``rows`` rows that also drafted ``drafts`` tokens off the rows (draft heads) took
@@ -669,16 +685,17 @@ class LiveCosts:
         est = self.seconds(context)
         seconds = min(max(float(seconds), MIN_STEP_SECONDS), MAX_STEP_SECONDS)  # as observe() keeps it
         extra = max(0.0, seconds - est[min(rows, self.m_max) - 1]) / max(1, drafts) / est[0]
-        self.drafts_seen.append(extra)
+        self.drafts_seen.append((self.clock(), extra))
         if len(self.drafts_seen) > self.WINDOW:
-            del self.drafts_seen[0]
+            self.drafts_seen.popleft()
 
     def draft_cost(self, prior: float) -> float:
         """One off-row draft's cost relative to a width-1 step: the median of the last observations once
         :attr:`MIN_SEEN` were made, else ``prior``."""
-        if len(self.drafts_seen) < self.MIN_SEEN:
+        fresh = self._fresh(self.drafts_seen, self.clock())
+        if len(fresh) < self.MIN_SEEN:
             return float(prior)
-        return statistics.median(self.drafts_seen)
+        return statistics.median(fresh)
 
     def relative(self, context: int) -> list[float]:
         """``costs[w]`` for w = 1..m_max relative to width 1 (``costs[0]`` is unused, 0.0)."""
@@ -702,7 +719,9 @@ class LiveCosts:
         any table whose seconds lie in :data:`MIN_STEP_SECONDS` .. :data:`MAX_STEP_SECONDS` (every table a
         cache file or a measurement gives), so :meth:`relative` never divides by zero."""
         tab = self._table_row(context)
-        med = {w: statistics.median(t) for w, t in self.seen.items() if len(t) >= self.MIN_SEEN and w <= self.m_max}
+        now = self.clock()
+        fresh = {w: self._fresh(t, now) for w, t in self.seen.items() if w <= self.m_max}
+        med = {w: statistics.median(t) for w, t in fresh.items() if len(t) >= self.MIN_SEEN}
         ratios = sorted(v / tab[w - 1] for w, v in med.items())
         scale = ratios[len(ratios) // 2] if ratios else 1.0
         est, top = [], 0.0

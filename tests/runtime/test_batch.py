@@ -330,6 +330,29 @@ def test_the_step_cost_model_prefers_drafting_where_a_row_is_cheap():
     assert cpu.marginal(8) > 0.05 and gpu.marginal(8) < 0.005
 
 
+def test_the_step_cost_model_forgets_a_width_not_run_lately():
+    """A width's mean step time stops pricing it once the width has not run for STEP_TIMES_KEPT_S seconds (the
+    line fitted to every step prices it then), and its mean starts over when it runs again."""
+    from bitmtp.decoding.auto import STEP_TIMES_KEPT_S
+    from bitmtp.decoding.batch_plan import StepCost as _StepCost
+
+    now = [50.0]
+    cost = _StepCost(clock=lambda: now[0])
+    for _ in range(4):
+        cost.observe(1, 0.010)
+        cost.observe(2, 0.060)  # disturbed steps
+        cost.observe(3, 0.014)
+    assert cost.seconds(2) == pytest.approx(0.060)
+    line = cost._line()
+    now[0] += STEP_TIMES_KEPT_S + 0.01
+    assert cost.seconds(2) == pytest.approx(line[0] + 2 * line[1])
+    cost.observe(2, 0.012)
+    assert cost.seen[2][:2] == (0.012, 1)  # a new mean, not yet trusted
+    for _ in range(2):
+        cost.observe(2, 0.012)
+    assert cost.seconds(2) == pytest.approx(0.012)
+
+
 @pytest.fixture(scope="module")
 def masked():
     """The tiny BitNet model with a random mask-block adapter of D = 4 (up to 3 mask rows a sequence)."""

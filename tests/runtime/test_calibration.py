@@ -471,6 +471,69 @@ def test_live_costs_of_off_row_drafts():
     assert live.relative(128)[3] == pytest.approx(2.0)  # the rows' costs are not touched
 
 
+class _Clock:
+    """A clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_live_costs_forget_old_step_times():
+    """Times older than STEP_TIMES_KEPT_S no longer price a width: a width priced high by a few disturbed steps
+    (which auto then stops choosing, so never re-times) costs the table's seconds at the current scale again."""
+    from bitmtp.decoding.auto import STEP_TIMES_KEPT_S
+
+    clock = _Clock()
+    live = cal.LiveCosts(_linear_table(0.5), 8, clock=clock)  # width 1: 10 ms, width 2: 15 ms
+    for _ in range(3):
+        live.observe(2, 0.060)  # disturbed: 4x the table
+        live.observe_drafts(1, 1, 0.020, 128)  # one draft: 1.0 width-1 steps
+    for _ in range(9):
+        live.observe(1, 0.010)
+    assert live.relative(128)[2] == pytest.approx(6.0) and live.draft_cost(0.3) == pytest.approx(1.0)
+    clock.now += STEP_TIMES_KEPT_S / 2  # still fresh
+    assert live.relative(128)[2] == pytest.approx(6.0) and live.draft_cost(0.3) == pytest.approx(1.0)
+    clock.now += STEP_TIMES_KEPT_S / 2 + 0.01
+    for _ in range(3):
+        live.observe(1, 0.020)  # the machine is busier now: width 1 at 2x the table
+    rel = live.relative(128)
+    assert rel[2] == pytest.approx(1.5)  # the table's ratio, at the current scale
+    assert live.seconds(128)[1] == pytest.approx(0.030)
+    assert live.draft_cost(0.3) == 0.3  # back to the prior
+    assert list(live.seen[2]) == [] and len(live.seen[1]) == 3  # only the fresh times are kept
+
+
+def test_auto_drafts_again_once_disturbed_times_expire():
+    """The served chat page's flake, as a unit: two width-2 steps slowed 6x priced width 2 at ~5 AR steps, so
+    auto decoded a prompt its answer repeats token by token for the rest of the session; once those times
+    expire it verifies the lookup's guesses again."""
+    from bitmtp.decoding.auto import STEP_TIMES_KEPT_S, AutoPlanner
+    from bitmtp.decoding.lookup import LookupIndex
+    from bitmtp.decoding.onepass import DecodeMemory, PassContext
+
+    clock = _Clock()
+    live = cal.LiveCosts(_linear_table(0.2), 8, clock=clock)
+    for t in (0.060, 0.057, 0.022):
+        live.observe(2, t)
+    for _ in range(9):
+        live.observe(1, 0.010)
+    tokens = [5, 6, 7, 8, 9, 10, 11, 12] * 3 + [5, 6, 7, 8, 9]  # a 5-gram the lookup continues
+    planner = AutoPlanner(DecodeMemory())
+
+    def plan():
+        ctx = PassContext(LookupIndex(tokens, ngram_max=5), n=len(tokens), block=8, max_width=8, lookup=object(),
+                          costs=live.relative(len(tokens)))
+        return planner.plan(ctx)
+
+    assert plan().guesses == []  # width 2 looks 5.7x a width-1 step: AR
+    clock.now += STEP_TIMES_KEPT_S + 0.01
+    live.observe(1, 0.010)
+    assert plan().guesses[:3] == [10, 11, 12]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_live_costs_finite_at_the_edges_of_the_accepted_range(seed):
     """Any table from_dict accepts, at any context up to far beyond its last one, with any observations
