@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 #: the extension's entry points a decode step calls (the others are probes and format helpers)
 NATIVE_CALLS = ("fused_layers", "linear_f32", "dense", "argmax_prob", "attention", "act_quant", "run", "silu_mul",
-                "rms_norm")
+                "rms_norm", "norm_head_argmax")
 
 
 @dataclass

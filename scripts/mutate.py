@@ -347,6 +347,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if count >= self.MIN_SEEN:",
            ("tests/runtime/test_batch.py", "-k", "forgets"),
            "a batch keeps pricing a width by steps timed under another moment's load"),
+    Mutant("step-tail-ignores-an-overridden-head", "bitmtp/ops/head.py",
+           '    if tail is not None and getattr(registry.select(dense_op, dev, head_backend), "__self__", None) '
+           'is owner \\',
+           "    if tail is not None \\",
+           ("tests/ops/test_head.py", "-k", "native_call"),
+           "the one-call tail runs the native head where another LM head op was chosen (an override, a backend)"),
     # -- batching: many sequences in one step ---------------------------------------------------------
     Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch_schedule.py", "ALIGN = 256", "ALIGN = 48",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),

@@ -35,7 +35,9 @@ from bitmtp.model.layers import (
 )
 from bitmtp.ops import TernaryLinear, attention
 from bitmtp.ops import rms_norm as ops_rms_norm
+from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupported, fused_enabled, kv_pointer_table
+from bitmtp.ops.head import norm_head_argmax
 
 log = logging.getLogger("bitmtp")
 
@@ -289,8 +291,9 @@ class Decoder(nn.Module):
         return all(isinstance(m, TernaryLinear) for layer in self.layers
                    for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
 
-    def hidden_states(self, step: StepInputs, kv) -> torch.Tensor:
-        """Run all layers for the step's rows, writing their K/V into ``kv`` in place."""
+    def hidden_states(self, step: StepInputs, kv, *, norm: bool = True) -> torch.Tensor:
+        """Run all layers for the step's rows, writing their K/V into ``kv`` in place. ``norm=False``: the last
+        layer's outputs, before the final norm (what :meth:`choose` takes)."""
         a = self.args
         m = step.tokens.shape[0]
         r = step.mask_rows
@@ -304,7 +307,7 @@ class Decoder(nn.Module):
         # the final norm through ops (native on the CPU: one call instead of nine small torch ops a step)
         # x is a fresh tensor of this step's: the native layers may run on it in place
         hidden = self.run_layers(x, step, kv, range(len(self.layers)), overwrite=True)
-        return ops_rms_norm(hidden, self.norm, a.rms_norm_eps)
+        return ops_rms_norm(hidden, self.norm, a.rms_norm_eps) if norm else hidden
 
     def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers, *, overwrite: bool = False) -> torch.Tensor:
         """Run decoder ``layers`` (indices, in order) on the step's rows ``x [M, hidden]`` — all of them
@@ -436,6 +439,24 @@ class Decoder(nn.Module):
             return outputs
 
         return adapt
+
+    def choose(self, hidden: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+               logits_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tok, prob, logits)`` of rows ``hidden [M, hidden]`` taken before the final norm
+        (``hidden_states(..., norm=False)``): the final norm, the LM head and each row's argmax and probability —
+        one native call on the CPU (``ops.head.norm_head_argmax``), the bits of
+        ``argmax_prob(self.logits(final norm))``. ``out`` / ``logits_out``: buffers to write into."""
+        head = self.lm_head
+        if isinstance(head, DenseLinear):
+            weight, blocks = head.operands(hidden.device)
+            return norm_head_argmax(hidden, self.norm, self.args.rms_norm_eps, weight, blocks=blocks, bias=head.bias,
+                                    head_backend=head.backend, out=out, logits_out=logits_out)
+        logits = self.logits(ops_rms_norm(hidden, self.norm, self.args.rms_norm_eps))
+        if logits_out is not None:
+            logits_out.copy_(logits)
+            logits = logits_out
+        tok, prob = argmax_prob(logits, out=out)
+        return tok, prob, logits
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden)

@@ -385,11 +385,17 @@ class DenseLinear(nn.Module):
             self._adopt(self._lazy)
         self._blocks = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def operands(self, device: torch.device) -> tuple[torch.Tensor | None, BlockWeight | None]:
+        """``(weight, blocks)`` as :func:`~bitmtp.ops.linear.dense_linear` takes them for inputs on ``device``: the
+        float weight (None while lazy, where the op reads the blocks itself) and the blocks (None without)."""
         blocks = self.blocks
         weight = self._parameters.get("weight")
-        if weight is None and not dense_reads_blocks(x.device, self.backend):
+        if weight is None and not dense_reads_blocks(device, self.backend):
             weight = self.weight  # this path computes from the float weight: made once, kept
+        return weight, blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, blocks = self.operands(x.device)
         return dense_linear(x, weight, self.bias, backend=self.backend, blocks=blocks)
 
     def extra_repr(self) -> str:

@@ -40,6 +40,8 @@ class HostInputs:
         self._rope = np.zeros(0, dtype=np.float32)
         self._views: dict[tuple[int, int], tuple] = {}
         self._outs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._logits = torch.empty(0, dtype=torch.float32)
+        self._logit_views: dict[tuple[int, int], torch.Tensor] = {}
 
     def fill(self, rows: list[list[int]], seg: int, tables: tuple[np.ndarray, np.ndarray]) -> tuple:
         """``rows`` = [tokens, positions, slots, bases, ends] (one entry per row): the token, position and slot
@@ -66,6 +68,17 @@ class HostInputs:
                 self._outs.clear()
             out = self._outs[m] = (torch.empty(m, dtype=torch.long), torch.empty(m, dtype=torch.float32))
         return out
+
+    def logits(self, m: int, vocab: int) -> torch.Tensor:
+        """A float32 ``[m, vocab]`` buffer for a step's logits, one allocation grown to the widest step (a new
+        ``[16, 49152]`` tensor a step is 3 MB of fresh pages); valid until the next step's."""
+        view = self._logit_views.get((m, vocab))
+        if view is None:
+            if self._logits.numel() < m * vocab:
+                self._logits = torch.empty(m * vocab, dtype=torch.float32)
+                self._logit_views.clear()
+            view = self._logit_views[(m, vocab)] = self._logits[: m * vocab].view(m, vocab)
+        return view
 
     def _make(self, m: int, seg: int) -> tuple:
         d = self.head_dim
@@ -118,6 +131,15 @@ class BatchPass:
             return self.fused(fused, rows.tokens, rows.positions, rows.bases, rows.heads, sampled=sampled)
         # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
         solo_like = bool(prompts) and fused is not None
+        if self.host is not None and not solo_like:
+            # the CPU: the final norm, the head and the choice of the rows read in one call, into reused buffers
+            hidden = self.forward(rows.tokens, rows.positions, rows.bases, rows.heads, rows.reach, rows.mask_rows,
+                                  rows.block, norm=False)
+            if hidden.shape[0]:
+                m, vocab = hidden.shape[0], self.decoder.args.vocab_size
+                return self.decoder.choose(hidden, out=self.host.outputs(m), logits_out=self.host.logits(m, vocab))
+            logits = hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
+            return *argmax_prob(logits), logits
         logits = self.forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
                               rows.mask_rows, rows.block)
         logits = logits[rows.heads] if solo_like else logits
@@ -158,23 +180,26 @@ class BatchPass:
         return tok, pos, slot, mask, None
 
     def forward(self, tokens: list[int], positions: list[int], bases: list[int], heads: list[int] | None = None,
-                reach: list[int] | None = None, mask_rows: int = 0, block: Any = None) -> torch.Tensor:
+                reach: list[int] | None = None, mask_rows: int = 0, block: Any = None, *,
+                norm: bool = True) -> torch.Tensor:
         """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
         base + position and attends to its own sequence's rows [base, base + position] (``reach``: see
         :meth:`inputs`); the last ``mask_rows`` rows are ``block``'s mask rows (its mask embedding and gated
         LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
-        choice is read)."""
+        choice is read) — or, ``norm=False``, those rows' last-layer outputs (what ``Decoder.choose`` takes)."""
         dev = self.decoder.device
         tok, pos, slots, mask, rope = self.inputs(tokens, positions, bases, reach)
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
             step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block, rope=rope)
-            hidden = self.decoder.hidden_states(step, self.kv)
+            hidden = self.decoder.hidden_states(step, self.kv, norm=norm)
             if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose
+                    if not norm:
+                        return hidden[:0]
                     return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
-            return self.decoder.logits(hidden)
+            return self.decoder.logits(hidden) if norm else hidden
 
     def fused(self, plan: Any, tokens: list[int], positions: list[int], bases: list[int], heads: list[int],
               sampled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -145,7 +145,14 @@ class StepRunner:
             mask, rope = self.host.inputs(tables)
         else:
             mask, rope = self.mask_fn(self.state, self.positions, self.kv_index), None
-        self._take(self.decoder(StepInputs(self.tokens, self.positions, mask, rope=rope), self.kv))
+        step = StepInputs(self.tokens, self.positions, mask, rope=rope)
+        if self.sampler is None and self.logits is None:
+            # the final norm, the LM head and the argmax in one call, into the static outputs (one native call on
+            # the CPU where three ops cost ~100 µs of glue: bench/glue.py)
+            self.decoder.choose(self.decoder.hidden_states(step, self.kv, norm=False),
+                                out=(self.out_token, self.out_prob))
+            return
+        self._take(self.decoder(step, self.kv))
 
     def _take(self, logits: torch.Tensor) -> None:
         """A decode / verify / prefill step's choice from its rows' logits: argmax or the sampler."""

@@ -144,6 +144,25 @@ void argmax_prob_entry(uintptr_t logits, int64_t M, int64_t V, uintptr_t tok, ui
   argmax_prob(a);
 }
 
+// A step's tail in one call: RMSNorm of the rows (as the rms_norm entry), the dense LM head on them (as the dense
+// entry, into `logits`) and each row's argmax and probability (as the argmax_prob entry). The same three functions
+// in the same order as the three entries, so the same bits; one crossing from Python instead of three (each ~20-50
+// µs of Python and torch around it with the caches cold after the layers: bench/glue.py).
+void norm_head_argmax(uintptr_t x, int64_t M, int64_t K, uintptr_t norm_w, float eps, uintptr_t normed, uintptr_t w,
+                      int64_t N, uintptr_t bias, int fmt, uintptr_t logits, uintptr_t tok, uintptr_t prob, int isa,
+                      int threads) {
+  require(M >= 1 && K >= 1 && N >= 1 && M <= INT32_MAX && K <= INT32_MAX, "norm_head_argmax: bad shape");
+  require(x && norm_w && normed && w && logits && tok && prob, "norm_head_argmax: null pointer");
+  py::gil_scoped_release release;
+  rms_norm_f32(reinterpret_cast<const float*>(x), static_cast<int>(M), static_cast<int>(K),
+               reinterpret_cast<const float*>(norm_w), eps, reinterpret_cast<float*>(normed));
+  dense_run(reinterpret_cast<const float*>(normed), M, K, reinterpret_cast<const void*>(w), N,
+            reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(logits), isa, threads, fmt);
+  ArgmaxProbArgs a{reinterpret_cast<const float*>(logits), M, N, reinterpret_cast<int64_t*>(tok),
+                   reinterpret_cast<float*>(prob), threads, resolve_isa(isa)};
+  argmax_prob(a);
+}
+
 // n float32 values rounded to float16 bits the way the fused layers store K/V (half.h); for tests.
 void round_to_half(uintptr_t src, uintptr_t dst, int64_t n) {
   require(src && dst && n >= 0, "round_to_half: bad arguments");
@@ -286,6 +305,10 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         py::arg("prob"), py::arg("threads"), py::arg("isa") = -1,
         "Each float32 logits row's first argmax (int64) and softmax probability (float32), the same bits on "
         "every ISA path and thread count (csrc/cpu/argmax_prob.h)");
+  m.def("norm_head_argmax", &norm_head_argmax, py::arg("x"), py::arg("M"), py::arg("K"), py::arg("norm_w"),
+        py::arg("eps"), py::arg("normed"), py::arg("w"), py::arg("N"), py::arg("bias"), py::arg("fmt"),
+        py::arg("logits"), py::arg("tok"), py::arg("prob"), py::arg("isa"), py::arg("threads"),
+        "RMSNorm, the dense LM head and argmax_prob in one call (the rms_norm, dense and argmax_prob entries' bits)");
   m.def("round_to_half", &round_to_half, py::arg("src"), py::arg("dst"), py::arg("n"),
         "float32 -> float16 bits as the fused layers store K/V (round to nearest even); for tests");
   m.def("silu_mul", &silu_mul_entry, py::arg("g"), py::arg("u"), py::arg("a"), py::arg("n"), py::arg("isa") = -1,

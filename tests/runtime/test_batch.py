@@ -137,9 +137,9 @@ def test_one_forward_pass_per_step_whatever_the_batch(models, monkeypatch):
     calls = []
     real = type(model.decoder).hidden_states
 
-    def counted(self, step, kv):
+    def counted(self, step, kv, **kw):
         calls.append(step.tokens.shape[0])
-        return real(self, step, kv)
+        return real(self, step, kv, **kw)
 
     monkeypatch.setattr(type(model.decoder), "hidden_states", counted)
     gens = [eng.submit(p, max_new_tokens=10) for p in _prompts(8, seed=1, longest=40)]
@@ -215,7 +215,7 @@ def test_a_failed_step_fails_its_sequences_and_frees_their_rows(models, monkeypa
         next(g)
     real = type(model.decoder).hidden_states
 
-    def broken(self, step, kv):
+    def broken(self, step, kv, **kw):
         raise RuntimeError("injected step failure")
 
     monkeypatch.setattr(type(model.decoder), "hidden_states", broken)

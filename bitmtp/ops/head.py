@@ -1,0 +1,76 @@
+"""Front door of a step's tail: the final RMSNorm, the LM head and the greedy choice, in one call.
+
+Every decode step ends with these three ops on the rows whose choice is read. Each is cheap natively (the norm
+~1 µs, the argmax ~20 µs) but costs 20–50 µs of Python and torch around it, with the caches cold after the layers
+(bench/glue.py: 100 µs of a SmolLM2 step's ~0.55 ms host glue). The ``cpu`` backend runs all three in one native
+call (``norm_head_argmax`` in csrc/cpu/w2a8_module.cpp: the same three functions in the same order, so the same
+bits); everywhere else — another backend chosen for any of the three, other dtypes, gradients — they run one
+after the other through :func:`~bitmtp.ops.norm.rms_norm`, :func:`~bitmtp.ops.linear.dense_linear` and
+:func:`~bitmtp.ops.choose.argmax_prob`, which is also the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitmtp.errors import ShapeError
+from bitmtp.formats.ggml_blocks import BlockWeight
+from bitmtp.ops import registry
+from bitmtp.ops.choose import argmax_prob
+from bitmtp.ops.linear import dense_linear
+from bitmtp.ops.norm import rms_norm
+
+
+def norm_head_argmax(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor | None, *,
+                     blocks: BlockWeight | None = None, bias: torch.Tensor | None = None,
+                     head_backend: str | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     logits_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tok int64[M], prob float32[M], logits float32[M, N])`` of the rows ``x [M, K]`` (the last layer's
+    outputs): ``logits = dense_linear(rms_norm(x, norm_weight, eps), weight, bias, blocks=blocks)`` and each
+    row's argmax and softmax probability (:func:`~bitmtp.ops.choose.argmax_prob`), bit for bit.
+
+    ``weight`` / ``blocks`` / ``bias`` / ``head_backend``: the LM head as :func:`~bitmtp.ops.linear.dense_linear`
+    takes it (the norm and the choice use the automatic backend, as a decoder step does). ``out``: ``(tok, prob)``
+    buffers to write into (as :func:`~bitmtp.ops.choose.argmax_prob`'s); ``logits_out``: a float32 ``[M, N]``
+    buffer for the logits (else a new tensor)."""
+    if x.dim() != 2:
+        raise ShapeError(f"x: expected rows [M, K], got {tuple(x.shape)}")
+    m, k = x.shape
+    n = blocks.shape[0] if blocks is not None else (weight.shape[0] if weight is not None and weight.dim() == 2
+                                                   else None)
+    if n is None:
+        raise ShapeError("weight: expected a 2-D [N, K] tensor, or blocks=")
+    if logits_out is not None and (logits_out.dtype != torch.float32 or tuple(logits_out.shape) != (m, n)):
+        raise ShapeError(f"logits_out: expected float32 [{m}, {n}], got {logits_out.dtype} "
+                         f"{tuple(logits_out.shape)}")
+    if out is not None:
+        tok, prob = out
+        if (tok.dtype, prob.dtype, tuple(tok.shape), tuple(prob.shape)) != (torch.long, torch.float32, (m,), (m,)):
+            raise ShapeError(f"out: expected (int64 [{m}], float32 [{m}]), got ({tok.dtype} {tuple(tok.shape)}, "
+                             f"{prob.dtype} {tuple(prob.shape)})")
+    head_k = blocks.shape[1] if blocks is not None else weight.shape[1]
+    if norm_weight.shape != (k,) or head_k != k:
+        raise ShapeError(f"x [{m}, {k}]: the norm weight {tuple(norm_weight.shape)} and the head's K={head_k} "
+                         f"must match its K")
+    dev = x.device
+    dense_op = "dense_linear" if blocks is None or dev.type != "cpu" else "dense_linear_blocks"
+    norm_impl = registry.select("rms_norm", dev)
+    owner = getattr(norm_impl, "__self__", None)
+    tail = getattr(owner, "norm_head_argmax", None)
+    if tail is not None and getattr(registry.select(dense_op, dev, head_backend), "__self__", None) is owner \
+            and getattr(registry.select("argmax_prob", dev), "__self__", None) is owner:
+        got = tail(x, norm_weight, eps, weight, blocks if dense_op == "dense_linear_blocks" else None, bias, out,
+                   logits_out)
+        if got is not None:
+            return got
+    logits = dense_linear(rms_norm(x, norm_weight, eps), weight, bias, backend=head_backend, blocks=blocks)
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    if logits_out is not None:
+        logits_out.copy_(logits)
+        logits = logits_out
+    tok, prob = argmax_prob(logits, out=out)
+    return tok, prob, logits
+
+
+__all__ = ["norm_head_argmax"]
