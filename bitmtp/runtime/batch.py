@@ -159,7 +159,7 @@ class BatchEngine:
         fused = plan_for(self.decoder, self.kv)  # the fused GPU step (opt-in), or None
         # a finished sequence's rows are reused by a prompt that starts with its tokens only where a row's bits do
         # not depend on the pass that wrote it (the native CPU layers, not the fused GPU step)
-        self.schedule.reuse = rows_width_invariant(self.decoder, self.kv, fused)
+        self.schedule.reuse_from(lambda: rows_width_invariant(self.decoder, self.kv, fused))
         for fill, decoding in self.schedule.parts(self.solo_chunk if fused is not None else 0):
             try:
                 self._run_step(fill, decoding, fused)

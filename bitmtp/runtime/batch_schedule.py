@@ -118,9 +118,27 @@ class BatchSchedule:
         self.running: list[BatchSeq] = []  # admitted: prefilling or decoding
         #: the prompt-prefix cache (``reuse``: rows whose bits do not depend on the pass that wrote them): by the
         #: first row of a range a finished sequence held, the tokens whose KV rows it left there
-        self.reuse = reuse
+        self._reuse: bool | None = reuse
+        self._ask_reuse: Callable[[], bool] | None = None
         self.kept: dict[int, list[int]] = {}
         self.copy_rows = copy_rows
+
+    @property
+    def reuse(self) -> bool:
+        """Whether KV rows may be reused by a later prompt (their bits do not depend on the pass that wrote them);
+        asked of :meth:`reuse_from` at most once a step, when a prompt or a retiring sequence needs it."""
+        if self._reuse is None:
+            self._reuse = bool(self._ask_reuse()) if self._ask_reuse is not None else False
+        return self._reuse
+
+    @reuse.setter
+    def reuse(self, value: bool) -> None:
+        self._reuse, self._ask_reuse = bool(value), None
+
+    def reuse_from(self, ask: Callable[[], bool]) -> None:
+        """This step's :attr:`reuse` is ``ask()``, asked when first needed (a decode step that admits, retires and
+        prefills nothing never asks: ``rows_width_invariant`` costs ~15 µs of a step's host glue)."""
+        self._reuse, self._ask_reuse = None, ask
 
     def admit(self) -> None:
         """Move waiting sequences into the batch, first come first served, while places and rows are free."""
