@@ -35,9 +35,8 @@ from bitmtp.model.layers import (
 )
 from bitmtp.ops import TernaryLinear, attention
 from bitmtp.ops import rms_norm as ops_rms_norm
-from bitmtp.ops.choose import argmax_prob
 from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupported, fused_enabled, kv_pointer_table
-from bitmtp.ops.head import norm_head_argmax
+from bitmtp.ops.head import choose_logits, norm_head_argmax
 
 log = logging.getLogger("bitmtp")
 
@@ -451,12 +450,8 @@ class Decoder(nn.Module):
             weight, blocks = head.operands(hidden.device)
             return norm_head_argmax(hidden, self.norm, self.args.rms_norm_eps, weight, blocks=blocks, bias=head.bias,
                                     head_backend=head.backend, out=out, logits_out=logits_out)
-        logits = self.logits(ops_rms_norm(hidden, self.norm, self.args.rms_norm_eps))
-        if logits_out is not None:
-            logits_out.copy_(logits)
-            logits = logits_out
-        tok, prob = argmax_prob(logits, out=out)
-        return tok, prob, logits
+        return choose_logits(self.logits(ops_rms_norm(hidden, self.norm, self.args.rms_norm_eps)), out=out,
+                             logits_out=logits_out)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden)

@@ -52,6 +52,8 @@ def norm_head_argmax(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, wei
     if norm_weight.shape != (k,) or head_k != k:
         raise ShapeError(f"x [{m}, {k}]: the norm weight {tuple(norm_weight.shape)} and the head's K={head_k} "
                          f"must match its K")
+    if m == 0:  # no row is read (a step of prompt rows none of which is a prompt's last)
+        return _choose(x.new_zeros((0, n), dtype=torch.float32), out, logits_out)
     dev = x.device
     dense_op = "dense_linear" if blocks is None or dev.type != "cpu" else "dense_linear_blocks"
     norm_impl = registry.select("rms_norm", dev)
@@ -63,7 +65,13 @@ def norm_head_argmax(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, wei
                    logits_out)
         if got is not None:
             return got
-    logits = dense_linear(rms_norm(x, norm_weight, eps), weight, bias, backend=head_backend, blocks=blocks)
+    return _choose(dense_linear(rms_norm(x, norm_weight, eps), weight, bias, backend=head_backend, blocks=blocks),
+                   out, logits_out)
+
+
+def _choose(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None,
+            logits_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tok, prob, logits)`` from computed logits: as float32, into ``logits_out`` when given, and their choice."""
     if logits.dtype != torch.float32:
         logits = logits.float()
     if logits_out is not None:
@@ -73,4 +81,10 @@ def norm_head_argmax(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, wei
     return tok, prob, logits
 
 
-__all__ = ["norm_head_argmax"]
+def choose_logits(logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  logits_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What :func:`norm_head_argmax` returns, for logits an LM head that is not a dense projection computed."""
+    return _choose(logits, out, logits_out)
+
+
+__all__ = ["choose_logits", "norm_head_argmax"]

@@ -135,11 +135,8 @@ class BatchPass:
             # the CPU: the final norm, the head and the choice of the rows read in one call, into reused buffers
             hidden = self.forward(rows.tokens, rows.positions, rows.bases, rows.heads, rows.reach, rows.mask_rows,
                                   rows.block, norm=False)
-            if hidden.shape[0]:
-                m, vocab = hidden.shape[0], self.decoder.args.vocab_size
-                return self.decoder.choose(hidden, out=self.host.outputs(m), logits_out=self.host.logits(m, vocab))
-            logits = hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
-            return *argmax_prob(logits), logits
+            m, vocab = hidden.shape[0], self.decoder.args.vocab_size
+            return self.decoder.choose(hidden, out=self.host.outputs(m), logits_out=self.host.logits(m, vocab))
         logits = self.forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
                               rows.mask_rows, rows.block)
         logits = logits[rows.heads] if solo_like else logits

@@ -119,7 +119,7 @@ class BatchSchedule:
         #: the prompt-prefix cache (``reuse``: rows whose bits do not depend on the pass that wrote them): by the
         #: first row of a range a finished sequence held, the tokens whose KV rows it left there
         self._reuse: bool | None = reuse
-        self._ask_reuse: Callable[[], bool] | None = None
+        self._ask_reuse: Callable[[], bool] = lambda: reuse
         self.kept: dict[int, list[int]] = {}
         self.copy_rows = copy_rows
 
@@ -128,12 +128,8 @@ class BatchSchedule:
         """Whether KV rows may be reused by a later prompt (their bits do not depend on the pass that wrote them);
         asked of :meth:`reuse_from` at most once a step, when a prompt or a retiring sequence needs it."""
         if self._reuse is None:
-            self._reuse = bool(self._ask_reuse()) if self._ask_reuse is not None else False
+            self._reuse = bool(self._ask_reuse())
         return self._reuse
-
-    @reuse.setter
-    def reuse(self, value: bool) -> None:
-        self._reuse, self._ask_reuse = bool(value), None
 
     def reuse_from(self, ask: Callable[[], bool]) -> None:
         """This step's :attr:`reuse` is ``ask()``, asked when first needed (a decode step that admits, retires and

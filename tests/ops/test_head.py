@@ -129,6 +129,18 @@ def test_rows_that_need_gradients_take_the_three_ops(native_tails, rng):
     assert len(native_tails) == 1
 
 
+def test_no_rows(rng):
+    """A step whose rows are all prompt rows before a prompt's last reads none: empty choices, [0, N] logits."""
+    norm_w = torch.randn(64, generator=rng)
+    weight, blocks = _head("q8_0", 20, 64, rng)
+    out, logits_out = _poisoned(0, 20)
+    tok, prob, logits = norm_head_argmax(torch.randn(0, 64), norm_w, 1e-6, None, blocks=blocks, out=out,
+                                         logits_out=logits_out)
+    assert tok is out[0] and prob is out[1] and logits is logits_out and logits.shape == (0, 20)
+    tok, prob, logits = norm_head_argmax(torch.randn(0, 64), norm_w, 1e-6, weight)
+    assert (tok.shape, prob.shape, logits.shape) == ((0,), (0,), (0, 20)) and tok.dtype == torch.long
+
+
 def test_bad_shapes_are_named(rng):
     x, norm_w = torch.randn(2, 64, generator=rng), torch.randn(64, generator=rng)
     weight, blocks = _head("q8_0", 20, 64, rng)

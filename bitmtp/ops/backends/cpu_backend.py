@@ -255,8 +255,6 @@ class CpuBackend:
         else:
             return None
         m, k = x.shape
-        if m == 0:
-            return None
         if out is not None and out[0].is_contiguous() and out[1].is_contiguous():
             tok, prob = out
         else:
