@@ -27,6 +27,8 @@ Usage::
     python -m bench.compare RUN.json --baseline FILE     # an explicit baseline
     python -m bench.compare RUN1.json RUN2.json --spread # run-to-run spread of every gated figure
     python -m bench.compare RUN1.json [RUN2.json …] --update   # write the baseline (margins: bench/noise.py)
+    python -m bench.compare RUN.json --failed-ids F.txt  # a failing gate names its benchmarks' node ids in F.txt
+    python -m bench.compare RUN.json --retry RERUN.json  # ... rerun those alone; their figures replace RUN's
 
 Exit status: 0 the gate passes (with no baseline for this machine kind and mode: the
 machine-independent checks pass, unless ``--require-baseline``), 1 a gated figure regressed beyond
@@ -193,6 +195,23 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def with_retry(run: Run, retry: Run) -> Run:
+    """``run`` with the figures of the benchmarks ``retry`` reran replacing its own (CI reruns only the benchmarks a
+    failed gate named: a burst of outside load seldom hits the same benchmark twice). The rerun must be of the same
+    machine kind and mode."""
+    if (retry.kind, retry.mode) != (run.kind, run.mode):
+        raise BitMTPError(f"--retry {retry.path}: machine kind / mode {retry.kind!r} / {retry.mode!r}, but the run "
+                          f"{run.path} is {run.kind!r} / {run.mode!r}: rerun on the same machine in the same mode")
+    if not retry.extra:
+        raise BitMTPError(f"--retry {retry.path}: the rerun holds no benchmarks")
+    figures = {name: figs for name, figs in run.figures.items() if name not in retry.extra}
+    figures.update(retry.figures)
+    extra = {**run.extra, **retry.extra}
+    loads = [x for x in (run.foreign_load, retry.foreign_load) if x is not None]
+    print(f"bench.compare: {len(retry.extra)} benchmark(s) from the rerun {retry.path} replace the run's")
+    return Run(run.path, run.kind, run.mode, run.datetime, run.commit, figures, max(loads) if loads else None, extra)
+
+
 def verdict(value: float, base: float, direction: str, margin: float) -> str:
     """``REGRESSED``, ``ok`` or ``better`` for ``value`` against ``base``. Margins are factors: higher
     is better regresses below ``base / (1 + margin)``, lower is better above ``base × (1 + margin)``;
@@ -353,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--require-baseline", action="store_true", help="fail (exit 2) when no baseline exists")
     p.add_argument("--candidate-dir", type=Path, default=CANDIDATE_DIR,
                    help="where a run without a baseline writes candidate-<kind>.json (default: bench/out)")
+    p.add_argument("--failed-ids", type=Path,
+                   help="when the gate fails, write the failing benchmarks' pytest node ids here, one a line (to rerun "
+                        "only them: pytest $(cat FILE) ... --benchmark-json RETRY.json)")
+    p.add_argument("--retry", type=Path,
+                   help="a rerun of some of the run's benchmarks (pytest-benchmark JSON): its benchmarks' figures "
+                        "replace the run's before the gate checks them")
     args = p.parse_args(argv)
     try:
         return _main(args)
@@ -391,6 +416,8 @@ def _main(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         raise BitMTPError("compare takes one run (several only with --update or --spread)")
     run = runs[0]
+    if args.retry is not None:
+        run = with_retry(run, load_run(args.retry))
     if not run.figures:
         raise BitMTPError(f"{run.path}: no gated figures in this run (run with --benchmark-only, not "
                           f"--benchmark-disable)")
@@ -427,6 +454,10 @@ def _main(args: argparse.Namespace) -> int:
         print(f"\nbench gate FAILED: {len(failed)} of {len(rows)} checks:")
         for r in failed:
             print(f"  {r.message()}")
+        if args.failed_ids is not None:
+            ids = list(dict.fromkeys(r.benchmark for r in failed))
+            args.failed_ids.write_text("".join(f"{i}\n" for i in ids))
+            print(f"the {len(ids)} failing benchmarks' node ids: {args.failed_ids}")
         if section is None:
             print(f"no candidate baseline written for machine kind {kind!r}: this run fails the machine-independent "
                   f"checks")

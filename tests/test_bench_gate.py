@@ -547,3 +547,34 @@ def test_exact_direction_and_runs_that_disagree_on_an_exact_figure(tmp_path: Pat
     runs = [compare.Run(tmp_path, "k", "quick", "", "", {"b::t": {"c": (v, "exact")}}) for v in (2.875, 1.9166)]
     with pytest.raises(compare.BitMTPError, match="exact figure c differs between the runs"):
         compare.update_baseline(runs, tmp_path / "new.json")
+
+
+def test_a_failed_gate_names_its_benchmarks_and_a_rerun_of_them_replaces_their_figures(tmp_path: Path,
+                                                                                        capsys) -> None:
+    """CI reruns only the benchmarks a failed gate named (``--failed-ids``) and gates the run with their rerun
+    (``--retry``): a rerun that recovers passes, one that does not still fails, a rerun from elsewhere is refused."""
+    slow, fine = "bench/a.py::test_a[x]", "bench/b.py::test_b"
+    base = _write_run(tmp_path / "base.json", {slow: {"op_bw_fraction": 1.0}, fine: {"op_bw_fraction": 1.0}})
+    baseline = tmp_path / "baseline.json"
+    assert compare.main([str(base), "--update", "--baseline", str(baseline), "--margin", "0.25"]) == 0
+    run = _write_run(tmp_path / "run.json", {slow: {"op_bw_fraction": 0.5}, fine: {"op_bw_fraction": 1.1}})
+    ids = tmp_path / "failed.txt"
+    assert compare.main([str(run), "--baseline", str(baseline), "--failed-ids", str(ids)]) == 1
+    assert ids.read_text() == f"{slow}\n"
+    capsys.readouterr()
+    good = _write_run(tmp_path / "good.json", {slow: {"op_bw_fraction": 0.95}})
+    assert compare.main([str(run), "--baseline", str(baseline), "--retry", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "1 benchmark(s) from the rerun" in out and "| 0.95 |" in out and "| 1.1 |" in out
+    bad = _write_run(tmp_path / "bad.json", {slow: {"op_bw_fraction": 0.6}})
+    assert compare.main([str(run), "--baseline", str(baseline), "--retry", str(bad)]) == 1
+    # the rerun replaces whole benchmarks: one that no longer records its figure is MISSING, not the old value
+    empty = _write_run(tmp_path / "empty.json", {slow: {}})
+    data = json.loads(empty.read_text())
+    data["benchmarks"][0]["extra_info"] = {}
+    empty.write_text(json.dumps(data))
+    assert compare.main([str(run), "--baseline", str(baseline), "--retry", str(empty)]) == 1
+    assert "was not measured" in capsys.readouterr().out
+    other = _write_run(tmp_path / "other.json", {slow: {"op_bw_fraction": 0.95}}, kind="other-kind")
+    assert compare.main([str(run), "--baseline", str(baseline), "--retry", str(other)]) == 2
+    assert "--retry" in capsys.readouterr().err
