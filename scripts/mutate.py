@@ -348,11 +348,14 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/runtime/test_batch.py", "-k", "forgets"),
            "a batch keeps pricing a width by steps timed under another moment's load"),
     Mutant("step-tail-ignores-an-overridden-head", "bitmtp/ops/head.py",
-           '    if tail is not None and getattr(registry.select(dense_op, dev, head_backend), "__self__", None) '
-           'is owner \\',
-           "    if tail is not None \\",
+           '                       "__self__", None) is not owner \\',
+           '                       "__self__", None) is None and False \\',
            ("tests/ops/test_head.py", "-k", "native_call"),
            "the one-call tail runs the native head where another LM head op was chosen (an override, a backend)"),
+    Mutant("fused-tail-reads-the-first-rows", "bitmtp/ops/fused_layers.py",
+           "0 if rows is None else rows.data_ptr(), m,", "0, m,",
+           ("tests/model/test_choose_step.py",),
+           "the tail inside the fused layers' call chooses for the step's first rows, not the rows read"),
     # -- batching: many sequences in one step ---------------------------------------------------------
     Mutant("batch-kv-off-the-attention-chunks", "bitmtp/runtime/batch_schedule.py", "ALIGN = 256", "ALIGN = 48",
            ("tests/runtime/test_batch.py", "-k", "greedy and bitnet"),

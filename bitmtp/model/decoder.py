@@ -35,8 +35,17 @@ from bitmtp.model.layers import (
 )
 from bitmtp.ops import TernaryLinear, attention
 from bitmtp.ops import rms_norm as ops_rms_norm
-from bitmtp.ops.fused_layers import Dims, FusedLayer, FusedPlan, FusedUnsupported, fused_enabled, kv_pointer_table
-from bitmtp.ops.head import choose_logits, norm_head_argmax
+from bitmtp.ops.fused_layers import (
+    Dims,
+    FusedLayer,
+    FusedPlan,
+    FusedUnsupported,
+    TailCall,
+    fused_enabled,
+    kv_pointer_table,
+)
+from bitmtp.ops.head import NativeTail, choose_logits, native_tail, norm_head_argmax
+from bitmtp.ops.registry import choice_state
 
 log = logging.getLogger("bitmtp")
 
@@ -290,9 +299,10 @@ class Decoder(nn.Module):
         return all(isinstance(m, TernaryLinear) for layer in self.layers
                    for m in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
 
-    def hidden_states(self, step: StepInputs, kv, *, norm: bool = True) -> torch.Tensor:
+    def hidden_states(self, step: StepInputs, kv, *, norm: bool = True, tail: TailCall | None = None) -> torch.Tensor:
         """Run all layers for the step's rows, writing their K/V into ``kv`` in place. ``norm=False``: the last
-        layer's outputs, before the final norm (what :meth:`choose` takes)."""
+        layer's outputs, before the final norm (what :meth:`choose` takes). ``tail``: run in the same native call as
+        the layers where they are fused (:meth:`choose_step`)."""
         a = self.args
         m = step.tokens.shape[0]
         r = step.mask_rows
@@ -305,13 +315,15 @@ class Decoder(nn.Module):
             x = self.embed[step.tokens]  # [M, hidden]
         # the final norm through ops (native on the CPU: one call instead of nine small torch ops a step)
         # x is a fresh tensor of this step's: the native layers may run on it in place
-        hidden = self.run_layers(x, step, kv, range(len(self.layers)), overwrite=True)
+        hidden = self.run_layers(x, step, kv, range(len(self.layers)), overwrite=True, tail=tail)
         return ops_rms_norm(hidden, self.norm, a.rms_norm_eps) if norm else hidden
 
-    def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers, *, overwrite: bool = False) -> torch.Tensor:
+    def run_layers(self, x: torch.Tensor, step: StepInputs, kv, layers, *, overwrite: bool = False,
+                   tail: TailCall | None = None) -> torch.Tensor:
         """Run decoder ``layers`` (indices, in order) on the step's rows ``x [M, hidden]`` — all of them
         for :meth:`hidden_states`; the CPU-offloaded tail when earlier layers ran on another device.
-        ``overwrite``: ``x`` is the caller's to give up (the native layers run on it in place)."""
+        ``overwrite``: ``x`` is the caller's to give up (the native layers run on it in place). ``tail``: the
+        final norm, head and choice too, when the layers run fused (its ``ran`` says; else the caller runs it)."""
         a = self.args
         m = step.tokens.shape[0]
         r = step.mask_rows
@@ -323,7 +335,7 @@ class Decoder(nn.Module):
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         plan = self.fused_plan()
         if plan is not None:
-            out, why = self._run_fused(plan, x, step, kv, layers, cos, sin, overwrite)
+            out, why = self._run_fused(plan, x, step, kv, layers, cos, sin, overwrite, tail)
             if out is not None:
                 self._took(FUSED, "")
                 return out
@@ -395,7 +407,7 @@ class Decoder(nn.Module):
             log.debug("bitmtp: a step ran the per-op layers instead of the fused CPU layers: %s", reason)
 
     def _run_fused(self, plan: FusedPlan, x, step: StepInputs, kv, layers, cos, sin,
-                   overwrite: bool = False) -> tuple[torch.Tensor | None, str]:
+                   overwrite: bool = False, tail: TailCall | None = None) -> tuple[torch.Tensor | None, str]:
         """All ``layers`` in one native call: ``(hidden, "")``, or ``(None, why)`` when this KV store or
         mask block cannot take it (the caller runs the per-op path and records ``why``)."""
         try:
@@ -417,7 +429,7 @@ class Decoder(nn.Module):
         at = step.positions if step.slots is None else step.slots
         return plan.run(x, at, cos, sin, step.mask, kv.k, kv.v, list(layers),
                         attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
-                        lora_scaling=scaling, kv_table=table, overwrite=overwrite), ""
+                        lora_scaling=scaling, kv_table=table, overwrite=overwrite, tail=tail), ""
 
     @staticmethod
     def _fused_lora(plan: FusedPlan, block) -> tuple[torch.Tensor, float]:
@@ -452,6 +464,52 @@ class Decoder(nn.Module):
                                     head_backend=head.backend, out=out, logits_out=logits_out)
         return choose_logits(self.logits(ops_rms_norm(hidden, self.norm, self.args.rms_norm_eps)), out=out,
                              logits_out=logits_out)
+
+    def choose_step(self, step: StepInputs, kv, heads: list[int] | None = None, *,
+                    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    logits_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Run the step (:meth:`hidden_states`) and choose for its rows ``heads`` (row indices, ascending; None:
+        every row): ``(tok, prob, logits)`` with the bits of ``choose(hidden_states(step, kv, norm=False)[heads])``.
+        Where the layers run fused on the CPU and the tail would run in one native call (``ops.head.native_tail``),
+        the tail runs inside the layers' call: the whole step is ONE crossing into native code, none of the
+        Python and torch between two calls (~100-160 µs a SmolLM2 step: ``bench/glue.py``). ``logits`` is then
+        ``logits_out`` — None when none was given (the call kept them in its own scratch)."""
+        m = step.tokens.shape[0]
+        if heads is not None and len(heads) == m and heads == list(range(m)):
+            heads = None
+        r = m if heads is None else len(heads)
+        if out is None:
+            out = (torch.empty(r, dtype=torch.long), torch.empty(r, dtype=torch.float32))
+        spec = self._native_tail() if r else None
+        tail = None
+        if spec is not None:
+            rows = None if heads is None else torch.tensor(heads, dtype=torch.long)
+            tail = TailCall(spec, rows, r, out[0], out[1], logits_out)
+        hidden = self.hidden_states(step, kv, norm=False, tail=tail)
+        if tail is not None and tail.ran:
+            return out[0], out[1], logits_out
+        if heads is not None:
+            hidden = hidden[torch.tensor(heads, dtype=torch.long, device=hidden.device)]
+        return self.choose(hidden, out=out, logits_out=logits_out)
+
+    def _native_tail(self) -> NativeTail | None:
+        """The step tail's operands for the fused CPU layers' call (``ops.head.native_tail``), or None. Cached while
+        the registry's choices and the head's and norm's tensors stay the same."""
+        head = self.lm_head
+        if not isinstance(head, DenseLinear) or self.norm.device.type != "cpu":
+            return None
+        weight, blocks = head.operands(self.norm.device)
+        bias = head.bias
+        key = (choice_state(), choice_state(head.backend), id(weight), id(blocks), id(bias), self.norm.data_ptr(),
+               None if weight is None else weight.data_ptr(), None if blocks is None else blocks.data.data_ptr(),
+               None if bias is None else bias.data_ptr())
+        held = self.__dict__.get("_tail_spec")
+        if held is None or held[0] != key or torch.is_grad_enabled():
+            spec = native_tail(self.norm, self.args.rms_norm_eps, weight, blocks=blocks, bias=bias,
+                               head_backend=head.backend)
+            # (keyed on ids: the spec keeps the tensors, so their ids are not reused while it is held)
+            held = self.__dict__["_tail_spec"] = (key, spec)
+        return held[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden)

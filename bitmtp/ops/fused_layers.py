@@ -27,6 +27,7 @@ import torch
 
 from bitmtp.errors import BitMTPError
 from bitmtp.ops import registry
+from bitmtp.ops.head import NativeTail
 from bitmtp.ops.ternary_linear import TernaryLinear
 from bitmtp.ops.threads import kernel_threads
 
@@ -46,6 +47,44 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 class FusedUnsupported(BitMTPError):
     """The model (or this step) cannot take the fused path; the message says why."""
+
+
+@dataclass(eq=False)
+class TailCall:
+    """A step's tail run inside :meth:`FusedPlan.run`, after the layers and in the same native call: ``spec``'s final
+    norm and LM head (``ops.head.native_tail``) over rows ``rows`` of the step (int64 ``[m]``; None: every row in
+    order), each row's argmax and probability into ``tok`` (int64 ``[m]``) and ``prob`` (float32 ``[m]``), the
+    logits into ``logits`` (float32 ``[m, N]``; None: a scratch buffer of the call's). ``ops.head.norm_head_argmax``'s
+    bits. ``ran``: set when it ran (the per-op path leaves it to the caller)."""
+
+    spec: NativeTail
+    rows: torch.Tensor | None
+    m: int
+    tok: torch.Tensor
+    prob: torch.Tensor
+    logits: torch.Tensor | None = None
+    ran: bool = False
+
+    def args(self, step_rows: int) -> tuple:
+        """The native call's ``tail_*`` arguments, after checking the buffers they point into."""
+        m, spec = self.m, self.spec
+        tok, prob, logits, rows = self.tok, self.prob, self.logits, self.rows
+        if tok.dtype != torch.int64 or prob.dtype != torch.float32 or tok.shape != (m,) or prob.shape != (m,) \
+                or not (tok.is_contiguous() and prob.is_contiguous()):
+            raise BitMTPError(f"tail: expected contiguous int64 / float32 [{m}] outputs, got {tok.dtype} "
+                              f"{tuple(tok.shape)} / {prob.dtype} {tuple(prob.shape)}")
+        if logits is not None and (logits.dtype != torch.float32 or logits.shape != (m, spec.n)
+                                   or not logits.is_contiguous()):
+            raise BitMTPError(f"tail: logits must be a contiguous float32 [{m}, {spec.n}] buffer, got {logits.dtype} "
+                              f"{tuple(logits.shape)}")
+        if rows is None:
+            if m > step_rows:
+                raise BitMTPError(f"tail: reads {m} rows of a step of {step_rows}")
+        elif rows.dtype != torch.int64 or rows.shape != (m,) or not rows.is_contiguous():
+            raise BitMTPError(f"tail: rows must be a contiguous int64 [{m}] tensor, got {rows.dtype} "
+                              f"{tuple(rows.shape)}")
+        return (spec.norm, spec.eps, spec.w, spec.n, spec.bias, spec.fmt, 0 if rows is None else rows.data_ptr(), m,
+                0 if logits is None else logits.data_ptr(), tok.data_ptr(), prob.data_ptr())
 
 
 @dataclass
@@ -184,11 +223,13 @@ class FusedPlan:
     def run(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             mask: torch.Tensor, kv_k: list[torch.Tensor], kv_v: list[torch.Tensor], layers: list[int],
             *, attn_scale: float, lora: torch.Tensor | None = None, lora_first_row: int = 0,
-            lora_scaling: float = 1.0, kv_table: torch.Tensor | None = None, overwrite: bool = False) -> torch.Tensor:
+            lora_scaling: float = 1.0, kv_table: torch.Tensor | None = None, overwrite: bool = False,
+            tail: TailCall | None = None) -> torch.Tensor:
         """Run ``layers`` on ``x [M, hidden]`` (a new tensor is returned; ``x`` is not modified, unless
         ``overwrite``: a fresh tensor the caller gives up, which is then returned), writing each row's K/V at its
         position of ``kv_k/kv_v[layer]`` (``[kv_heads, S, head_dim]``). ``kv_table``: a cached
-        :func:`kv_pointer_table` of those buffers."""
+        :func:`kv_pointer_table` of those buffers. ``tail``: the step's final norm, LM head and choice too, in the
+        same call (:class:`TailCall`; its ``ran`` is set)."""
         d = self.dims
         m = x.shape[0]
         given = x
@@ -219,15 +260,18 @@ class FusedPlan:
         if lora is not None and tuple(lora.shape) != (self.num_layers, NUM_PROJ, LORA_FIELDS):
             raise BitMTPError("lora: not a LoRA table of this plan")
         isa = registry.backend("cpu")._isa()
+        tail_args = () if tail is None else tail.args(m)
         try:
             self.ext.fused_layers(
                 x.data_ptr(), m, d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, self.table.data_ptr(),
                 kv_table.data_ptr(), 0 if lora is None else lora.data_ptr(), lora_first_row, float(lora_scaling),
                 ids.data_ptr(), ids.numel(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), mask_u8.data_ptr(), s,
                 mask.shape[1], float(d.eps), float(attn_scale), d.relu2, isa, kernel_threads(),
-                kv_k[0].dtype == torch.float16)
+                kv_k[0].dtype == torch.float16, *tail_args)
         except ValueError as exc:  # the native argument checks (positions, dimensions)
             raise BitMTPError(str(exc)) from exc
+        if tail is not None:
+            tail.ran = True
         return x
 
 

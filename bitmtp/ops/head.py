@@ -11,6 +11,8 @@ after the other through :func:`~bitmtp.ops.norm.rms_norm`, :func:`~bitmtp.ops.li
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from bitmtp.errors import ShapeError
@@ -54,19 +56,59 @@ def norm_head_argmax(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, wei
                          f"must match its K")
     if m == 0:  # no row is read (a step of prompt rows none of which is a prompt's last)
         return _choose(x.new_zeros((0, n), dtype=torch.float32), out, logits_out)
-    dev = x.device
-    dense_op = "dense_linear" if blocks is None or dev.type != "cpu" else "dense_linear_blocks"
-    norm_impl = registry.select("rms_norm", dev)
-    owner = getattr(norm_impl, "__self__", None)
-    tail = getattr(owner, "norm_head_argmax", None)
-    if tail is not None and getattr(registry.select(dense_op, dev, head_backend), "__self__", None) is owner \
-            and getattr(registry.select("argmax_prob", dev), "__self__", None) is owner:
-        got = tail(x, norm_weight, eps, weight, blocks if dense_op == "dense_linear_blocks" else None, bias, out,
-                   logits_out)
+    owner, blocks_op = _tail_owner(x.device, blocks, head_backend)
+    if owner is not None:
+        got = owner.norm_head_argmax(x, norm_weight, eps, weight, blocks if blocks_op else None, bias, out, logits_out)
         if got is not None:
             return got
     return _choose(dense_linear(rms_norm(x, norm_weight, eps), weight, bias, backend=head_backend, blocks=blocks),
                    out, logits_out)
+
+
+def _tail_owner(dev: torch.device, blocks: BlockWeight | None, head_backend: str | None) -> tuple[object, bool]:
+    """``(backend, reads blocks)``: the backend object whose ``norm_head_argmax`` runs the three ops in one call
+    when the registry chooses it for all three on ``dev`` (else None), and whether its head op reads ``blocks``."""
+    blocks_op = blocks is not None and dev.type == "cpu"
+    owner = getattr(registry.select("rms_norm", dev), "__self__", None)
+    if getattr(owner, "norm_head_argmax", None) is None \
+            or getattr(registry.select("dense_linear_blocks" if blocks_op else "dense_linear", dev, head_backend),
+                       "__self__", None) is not owner \
+            or getattr(registry.select("argmax_prob", dev), "__self__", None) is not owner:
+        return None, blocks_op
+    return owner, blocks_op
+
+
+@dataclass(frozen=True)
+class NativeTail:
+    """A step's tail as the fused CPU layers' call takes it (``ext.fused_layers``' ``tail_*`` arguments): the
+    final norm's weight, the LM head's weight / blocks and bias as pointers, with the tensors they point into
+    (``keep``). Made by :func:`native_tail`; the call then gives :func:`norm_head_argmax`'s bits."""
+
+    norm: int
+    eps: float
+    w: int
+    n: int
+    bias: int
+    fmt: int
+    keep: tuple
+
+
+def native_tail(norm_weight: torch.Tensor, eps: float, weight: torch.Tensor | None, *,
+                blocks: BlockWeight | None = None, bias: torch.Tensor | None = None,
+                head_backend: str | None = None) -> NativeTail | None:
+    """The tail's operands for the fused CPU layers' call, when :func:`norm_head_argmax` on float32 rows would run
+    its three ops in one ``cpu`` backend call (the registry chooses it for all three, float32 contiguous operands,
+    no gradients); None otherwise (the caller runs :func:`norm_head_argmax` after the layers)."""
+    cpu = torch.device("cpu")
+    if torch.is_grad_enabled() and norm_weight.requires_grad:
+        return None
+    owner, blocks_op = _tail_owner(cpu, blocks, head_backend)
+    operands = getattr(owner, "tail_operands", None)
+    got = operands(norm_weight, weight, blocks if blocks_op else None, bias) if operands is not None else None
+    if got is None:
+        return None
+    w, n, b, fmt = got
+    return NativeTail(norm_weight.data_ptr(), float(eps), w, n, b, fmt, (norm_weight, weight, blocks, bias))
 
 
 def _choose(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None,
@@ -87,4 +129,4 @@ def choose_logits(logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor
     return _choose(logits, out, logits_out)
 
 
-__all__ = ["choose_logits", "norm_head_argmax"]
+__all__ = ["NativeTail", "choose_logits", "native_tail", "norm_head_argmax"]

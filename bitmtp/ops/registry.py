@@ -152,6 +152,13 @@ def select(op: str, device: torch.device, backend: str | None = None) -> Callabl
     return _select(op, device, name, backend)
 
 
+def choice_state(backend: str | None = None) -> tuple:
+    """What :func:`select`'s answers for ``backend`` (None: the automatic choice) depend on — the backend requested
+    (argument or ``BITMTP_BACKEND``), the tables, the overrides and preferences: a caller that caches something
+    derived from several selections keys it on this (``Decoder._native_tail``)."""
+    return (_requested(backend), *_state())
+
+
 def _state() -> tuple:
     """What the automatic choice depends on (tests swap the tables themselves: a new dict or a popped entry)."""
     return (id(_BACKENDS), len(_BACKENDS), id(_LOADERS), len(_LOADERS), len(_LOAD_ERRORS), len(_OVERRIDES),

@@ -132,11 +132,9 @@ class BatchPass:
         # with the fused step on, a solo prefill chunk's logits over all its rows (a solo step's head)
         solo_like = bool(prompts) and fused is not None
         if self.host is not None and not solo_like:
-            # the CPU: the final norm, the head and the choice of the rows read in one call, into reused buffers
-            hidden = self.forward(rows.tokens, rows.positions, rows.bases, rows.heads, rows.reach, rows.mask_rows,
-                                  rows.block, norm=False)
-            m, vocab = hidden.shape[0], self.decoder.args.vocab_size
-            return self.decoder.choose(hidden, out=self.host.outputs(m), logits_out=self.host.logits(m, vocab))
+            # the CPU: the layers, the final norm, the head and the choice of the rows read in one native call
+            # (Decoder.choose_step), into reused buffers
+            return self.choose(rows)
         logits = self.forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
                               rows.mask_rows, rows.block)
         logits = logits[rows.heads] if solo_like else logits
@@ -176,27 +174,35 @@ class BatchPass:
         mask = (kv >= base[:, None]) & (kv <= end[:, None])
         return tok, pos, slot, mask, None
 
+    def choose(self, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A CPU pass over ``rows`` and the choice of the rows read: ``(tok, prob, logits)`` of ``rows.heads``, in
+        buffers reused from step to step (``Decoder.choose_step``: one native call where the layers run fused)."""
+        tok, pos, slots, mask, rope = self.inputs(rows.tokens, rows.positions, rows.bases, rows.reach)
+        self.forwards += 1
+        r = len(rows.heads)
+        with torch.no_grad(), step_threads(self.decoder.device):
+            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=rows.mask_rows, mask_block=rows.block, rope=rope)
+            return self.decoder.choose_step(step, self.kv, rows.heads, out=self.host.outputs(r),
+                                            logits_out=self.host.logits(r, self.decoder.args.vocab_size))
+
     def forward(self, tokens: list[int], positions: list[int], bases: list[int], heads: list[int] | None = None,
-                reach: list[int] | None = None, mask_rows: int = 0, block: Any = None, *,
-                norm: bool = True) -> torch.Tensor:
+                reach: list[int] | None = None, mask_rows: int = 0, block: Any = None) -> torch.Tensor:
         """One forward pass over rows (token, position, its sequence's first KV row): each row writes its KV at
         base + position and attends to its own sequence's rows [base, base + position] (``reach``: see
         :meth:`inputs`); the last ``mask_rows`` rows are ``block``'s mask rows (its mask embedding and gated
         LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
-        choice is read) — or, ``norm=False``, those rows' last-layer outputs (what ``Decoder.choose`` takes)."""
+        choice is read)."""
         dev = self.decoder.device
         tok, pos, slots, mask, rope = self.inputs(tokens, positions, bases, reach)
         self.forwards += 1
         with torch.no_grad(), step_threads(dev):
             step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block, rope=rope)
-            hidden = self.decoder.hidden_states(step, self.kv, norm=norm)
+            hidden = self.decoder.hidden_states(step, self.kv)
             if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose
-                    if not norm:
-                        return hidden[:0]
                     return hidden.new_zeros((0, self.decoder.args.vocab_size), dtype=torch.float32)
                 hidden = hidden[torch.tensor(heads, dtype=torch.long, device=dev)]
-            return self.decoder.logits(hidden) if norm else hidden
+            return self.decoder.logits(hidden)
 
     def fused(self, plan: Any, tokens: list[int], positions: list[int], bases: list[int], heads: list[int],
               sampled: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -147,10 +147,9 @@ class StepRunner:
             mask, rope = self.mask_fn(self.state, self.positions, self.kv_index), None
         step = StepInputs(self.tokens, self.positions, mask, rope=rope)
         if self.sampler is None and self.logits is None:
-            # the final norm, the LM head and the argmax in one call, into the static outputs (one native call on
-            # the CPU where three ops cost ~100 µs of glue: bench/glue.py)
-            self.decoder.choose(self.decoder.hidden_states(step, self.kv, norm=False),
-                                out=(self.out_token, self.out_prob))
+            # the layers, the final norm, the LM head and the argmax in one native call on the CPU, into the static
+            # outputs (three ops after the layers cost ~100 µs of glue, the call between them more: bench/glue.py)
+            self.decoder.choose_step(step, self.kv, out=(self.out_token, self.out_prob))
             return
         self._take(self.decoder(step, self.kv))
 

@@ -238,13 +238,66 @@ void tq2_0_to_t2(uintptr_t src, int64_t n, int64_t k, uintptr_t dst, int threads
   });
 }
 
-// Every layer of one decoder step (layers.cpp); pointers validated by bitmtp/ops/fused_layers.py.
+// A step's tail after its layers, inside the same call (fused_layers_entry's tail_* arguments): the final RMSNorm
+// of rows `rows` of x (all M in order when null), the dense LM head on them into `logits` (a scratch buffer when
+// null) and each row's argmax and probability. The norm_head_argmax entry's three functions in its order on the
+// same rows, so its bits (the norm is row by row). Saves a step the Python and torch between the layers' call and
+// the tail's (~100-160 µs of a SmolLM2 step with the caches cold after the layers: bench/glue.py).
+struct StepTail {
+  const float* norm = nullptr;
+  float eps = 0;
+  const void* w = nullptr;
+  int64_t n = 0;
+  const float* bias = nullptr;
+  int fmt = 0;
+  const int64_t* rows = nullptr;
+  int64_t m = 0;
+  float* logits = nullptr;
+  int64_t* tok = nullptr;
+  float* prob = nullptr;
+};
+
+void run_tail(const StepTail& t, const float* x, int hidden, int isa, int threads) {
+  // buffers kept by the calling thread from step to step (a fresh [M, vocab] scratch is ~200 KB of new pages a step)
+  thread_local std::vector<float> normed, scratch;
+  normed.resize(static_cast<size_t>(t.m) * hidden);
+  for (int64_t i = 0; i < t.m; ++i) {
+    const int64_t row = t.rows ? t.rows[i] : i;
+    rms_norm_f32(x + row * hidden, 1, hidden, t.norm, t.eps, normed.data() + i * hidden);
+  }
+  float* logits = t.logits;
+  if (!logits) {
+    scratch.resize(static_cast<size_t>(t.m) * t.n);
+    logits = scratch.data();
+  }
+  dense_run(normed.data(), t.m, hidden, t.w, t.n, t.bias, logits, isa, threads, t.fmt);
+  ArgmaxProbArgs a{logits, t.m, t.n, t.tok, t.prob, threads, resolve_isa(isa)};
+  argmax_prob(a);
+}
+
+// Every layer of one decoder step (layers.cpp), then, when tail_w is set, the step's tail (StepTail); pointers
+// validated by bitmtp/ops/fused_layers.py.
 void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads, int head_dim, int inter,
                         uintptr_t table, uintptr_t kv, uintptr_t lora, int lora_first_row, double lora_scaling,
                         uintptr_t layer_ids, int num_layers_run, uintptr_t cos, uintptr_t sin, uintptr_t positions,
                         uintptr_t mask, int S, int L, double eps, double attn_scale, bool relu2, int isa, int threads,
-                        bool kv_half) {
+                        bool kv_half, uintptr_t tail_norm, double tail_eps, uintptr_t tail_w, int64_t tail_n,
+                        uintptr_t tail_bias, int tail_fmt, uintptr_t tail_rows, int64_t tail_m, uintptr_t tail_logits,
+                        uintptr_t tail_tok, uintptr_t tail_prob) {
   require(x && table && kv && layer_ids && cos && sin && positions && mask, "fused layers: null pointer");
+  StepTail tail;
+  if (tail_w) {
+    require(tail_norm && tail_tok && tail_prob && tail_n >= 1 && tail_m >= 0 && tail_m <= INT32_MAX,
+            "fused layers: bad tail");
+    tail = StepTail{reinterpret_cast<const float*>(tail_norm), static_cast<float>(tail_eps),
+                    reinterpret_cast<const void*>(tail_w), tail_n, reinterpret_cast<const float*>(tail_bias),
+                    tail_fmt, reinterpret_cast<const int64_t*>(tail_rows), tail_m,
+                    reinterpret_cast<float*>(tail_logits), reinterpret_cast<int64_t*>(tail_tok),
+                    reinterpret_cast<float*>(tail_prob)};
+    require(tail.rows || tail_m <= M, "fused layers: the tail reads more rows than the step has");
+    for (int64_t i = 0; tail.rows && i < tail_m; ++i)
+      require(tail.rows[i] >= 0 && tail.rows[i] < M, "fused layers: a tail row index is out of range");
+  }
   FusedStep s;
   s.x = reinterpret_cast<float*>(x);
   s.M = M;
@@ -274,6 +327,7 @@ void fused_layers_entry(uintptr_t x, int M, int hidden, int heads, int kv_heads,
   s.kv_half = kv_half;
   py::gil_scoped_release release;
   fused_layers(s);
+  if (tail.w && tail.m) run_tail(tail, s.x, hidden, s.isa, s.threads);
 }
 
 }  // namespace
@@ -299,8 +353,11 @@ PYBIND11_MODULE(_cpu_w2a8, m) {
         py::arg("lora_first_row"), py::arg("lora_scaling"), py::arg("layer_ids"), py::arg("num_layers_run"),
         py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("mask"), py::arg("S"), py::arg("L"),
         py::arg("eps"), py::arg("attn_scale"), py::arg("relu2"), py::arg("isa"), py::arg("threads"),
-        py::arg("kv_half") = false,
-        "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout)");
+        py::arg("kv_half") = false, py::arg("tail_norm") = 0, py::arg("tail_eps") = 0.0, py::arg("tail_w") = 0,
+        py::arg("tail_n") = 0, py::arg("tail_bias") = 0, py::arg("tail_fmt") = 0, py::arg("tail_rows") = 0,
+        py::arg("tail_m") = 0, py::arg("tail_logits") = 0, py::arg("tail_tok") = 0, py::arg("tail_prob") = 0,
+        "Run decoder layers of one step in place on x (see csrc/cpu/layers.h for the table layout); with tail_w, "
+        "then the final norm, LM head and argmax of rows tail_rows (norm_head_argmax's bits)");
   m.def("argmax_prob", &argmax_prob_entry, py::arg("logits"), py::arg("M"), py::arg("V"), py::arg("tok"),
         py::arg("prob"), py::arg("threads"), py::arg("isa") = -1,
         "Each float32 logits row's first argmax (int64) and softmax probability (float32), the same bits on "

@@ -239,12 +239,34 @@ class CpuBackend:
         one of them would not run natively here (another dtype, strided tensors, gradients): the caller then
         runs the three ops. ``out`` / ``logits_out``: contiguous buffers to write into, else new tensors."""
         f32 = torch.float32
-        if x.dim() != 2 or x.dtype != f32 or norm_weight.dtype != f32 or not x.is_contiguous() \
-                or not norm_weight.is_contiguous():
-            return None
-        if bias is not None and (bias.dtype != f32 or not bias.is_contiguous()):
+        if x.dim() != 2 or x.dtype != f32 or not x.is_contiguous():
             return None
         if torch.is_grad_enabled() and (x.requires_grad or norm_weight.requires_grad):
+            return None
+        operands = self.tail_operands(norm_weight, weight, blocks, bias)
+        if operands is None:
+            return None
+        w_ptr, n, bias_ptr, fmt = operands
+        m, k = x.shape
+        if out is not None and out[0].is_contiguous() and out[1].is_contiguous():
+            tok, prob = out
+        else:
+            tok, prob = torch.empty(m, dtype=torch.long), torch.empty(m, dtype=f32)
+        logits = logits_out if logits_out is not None and logits_out.is_contiguous() else torch.empty((m, n), dtype=f32)
+        normed = torch.empty_like(x)
+        self._ext.norm_head_argmax(x.data_ptr(), m, k, norm_weight.data_ptr(), float(eps), normed.data_ptr(), w_ptr,
+                                   n, bias_ptr, fmt, logits.data_ptr(), tok.data_ptr(), prob.data_ptr(), self._isa(),
+                                   kernel_threads())
+        return tok, prob, logits
+
+    def tail_operands(self, norm_weight, weight, blocks, bias) -> tuple[int, int, int, int] | None:
+        """``(head pointer, N, bias pointer or 0, format code)`` of a step's tail whose three ops run natively here
+        (float32 contiguous norm weight and bias; GGML blocks — with no float weight other than float32 beside them —
+        or a float32 contiguous weight), else None (:meth:`norm_head_argmax`, the fused layers' tail)."""
+        f32 = torch.float32
+        if norm_weight.dtype != f32 or not norm_weight.is_contiguous():
+            return None
+        if bias is not None and (bias.dtype != f32 or not bias.is_contiguous()):
             return None
         if blocks is not None:
             if weight is not None and weight.dtype != f32:  # dense_linear_blocks takes the reference then
@@ -254,17 +276,7 @@ class CpuBackend:
             w_ptr, n, fmt = weight.data_ptr(), weight.shape[0], 0
         else:
             return None
-        m, k = x.shape
-        if out is not None and out[0].is_contiguous() and out[1].is_contiguous():
-            tok, prob = out
-        else:
-            tok, prob = torch.empty(m, dtype=torch.long), torch.empty(m, dtype=f32)
-        logits = logits_out if logits_out is not None and logits_out.is_contiguous() else torch.empty((m, n), dtype=f32)
-        normed = torch.empty_like(x)
-        self._ext.norm_head_argmax(x.data_ptr(), m, k, norm_weight.data_ptr(), float(eps), normed.data_ptr(), w_ptr,
-                                   n, 0 if bias is None else bias.data_ptr(), fmt, logits.data_ptr(), tok.data_ptr(),
-                                   prob.data_ptr(), self._isa(), kernel_threads())
-        return tok, prob, logits
+        return w_ptr, n, 0 if bias is None else bias.data_ptr(), fmt
 
     def rms_norm(self, x, weight, eps):
         """The fused layers' RMSNorm (csrc/cpu/layers.cpp) on float32 rows that need no gradient, bit-exact with
