@@ -266,7 +266,7 @@ class Decoder(nn.Module):
         (``BITMTP_FUSED``, requested backend, op overrides); the table itself is built once."""
         ok, why = fused_enabled(self.device, self.backend)
         if not ok:
-            self.fused_reason = why
+            self.__dict__["fused_reason"] = why
             return None
         if self._fused is None and self._fused_unsupported is None:
             a = self.args
@@ -281,7 +281,8 @@ class Decoder(nn.Module):
                 self._fused = FusedPlan(specs, dims)
             except (FusedUnsupported, UnsupportedLayer) as exc:
                 self._fused_unsupported = str(exc)
-        self.fused_reason = "" if self._fused is not None else self._fused_unsupported
+        # (past nn.Module.__setattr__'s parameter / module / buffer checks: this runs every step)
+        self.__dict__["fused_reason"] = "" if self._fused is not None else self._fused_unsupported
         return self._fused
 
     @property
@@ -386,13 +387,16 @@ class Decoder(nn.Module):
         """The RoPE tables ``(cos, sin)`` as numpy arrays sharing their memory, when they are float32 CPU tensors
         (None otherwise): the CPU runners look a step's rows up by numpy (``runtime.graphs.HostCausal``,
         ``runtime.batch_pass.HostInputs``). Made again only when the tables moved."""
-        cos, sin = self.rope_cos, self.rope_sin
-        if cos.device.type != "cpu" or cos.dtype != torch.float32 or sin.dtype != torch.float32:
-            return None
+        buffers = self._buffers  # (not self.rope_cos: nn.Module's attribute lookup, ~20-40 µs a step cold)
+        cos, sin = buffers["rope_cos"], buffers["rope_sin"]
         held = self.__dict__.get("_rope_host")
-        if held is None or held[0] != cos.data_ptr():
-            held = self.__dict__["_rope_host"] = (cos.data_ptr(), cos.numpy(), sin.numpy())
-        return held[1], held[2]
+        if held is not None and held[0] is cos and held[1] is sin and held[2] == cos.data_ptr():
+            return held[3]
+        tables = None
+        if cos.device.type == "cpu" and cos.dtype == torch.float32 and sin.dtype == torch.float32:
+            tables = (cos.numpy(), sin.numpy())
+        self.__dict__["_rope_host"] = (cos, sin, cos.data_ptr(), tables)
+        return tables
 
     def _took(self, path: str, reason: str) -> None:
         """Record the path a step ran (:attr:`last_path`, :attr:`path_counts`, :attr:`fused_reason`); the
@@ -427,7 +431,7 @@ class Decoder(nn.Module):
             return None, f"{type(exc).__name__}: {exc}"
         # the native layers take the KV rows to write (positions only index RoPE, done above)
         at = step.positions if step.slots is None else step.slots
-        return plan.run(x, at, cos, sin, step.mask, kv.k, kv.v, list(layers),
+        return plan.run(x, at, cos, sin, step.mask, kv.k, kv.v, layers,
                         attn_scale=self.args.head_dim**-0.5, lora=lora, lora_first_row=first,
                         lora_scaling=scaling, kv_table=table, overwrite=overwrite, tail=tail), ""
 
@@ -500,7 +504,7 @@ class Decoder(nn.Module):
             return None
         weight, blocks = head.operands(self.norm.device)
         bias = head.bias
-        key = (choice_state(), choice_state(head.backend), id(weight), id(blocks), id(bias), self.norm.data_ptr(),
+        key = (choice_state(), head.backend, id(weight), id(blocks), id(bias), self.norm.data_ptr(),
                None if weight is None else weight.data_ptr(), None if blocks is None else blocks.data.data_ptr(),
                None if bias is None else bias.data_ptr())
         held = self.__dict__.get("_tail_spec")

@@ -15,8 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -59,26 +58,31 @@ def kernel_threads() -> int:
     return getattr(_local, "threads", 0) or torch.get_num_threads()
 
 
-@contextmanager
-def torch_ops_inline() -> Iterator[None]:
+class torch_ops_inline:  # noqa: N801 (used as a function: ``with torch_ops_inline():``)
     """Inside the block torch's CPU ops on this thread run without OpenMP regions (see the module's doc);
-    the extension's kernels keep :func:`kernel_threads`. Nested blocks are free."""
-    if getattr(_local, "threads", 0):
-        yield
-        return
-    threads = torch.get_num_threads()  # also torch's lazy per-thread init, which would reset the count below
-    omp = _omp() if threads > 1 else None
-    if omp is None:
-        yield
-        return
-    before = omp.omp_get_max_threads()
-    _local.threads = threads
-    omp.omp_set_num_threads(1)
-    try:
-        yield
-    finally:
-        omp.omp_set_num_threads(before)
-        _local.threads = 0
+    the extension's kernels keep :func:`kernel_threads`. Nested blocks are free. (A class, not a
+    ``@contextmanager`` generator: a step enters one, and the generator's machinery cost ~30-60 µs of it with the
+    caches cold after the layers: bench/glue.py.)"""
+
+    __slots__ = ("_before", "_omp")
+
+    def __enter__(self) -> None:
+        self._omp = None
+        if getattr(_local, "threads", 0):
+            return
+        threads = torch.get_num_threads()  # also torch's lazy per-thread init, which would reset the count below
+        omp = _omp() if threads > 1 else None
+        if omp is None:
+            return
+        self._before = omp.omp_get_max_threads()
+        _local.threads = threads
+        omp.omp_set_num_threads(1)
+        self._omp = omp
+
+    def __exit__(self, *exc) -> None:
+        if self._omp is not None:
+            self._omp.omp_set_num_threads(self._before)
+            _local.threads = 0
 
 
 def step_threads(device: torch.device) -> AbstractContextManager[None]:

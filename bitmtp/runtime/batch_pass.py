@@ -106,6 +106,8 @@ class BatchPass:
 
     def __init__(self, decoder: Any, kv: KVStore):
         self.decoder, self.kv = decoder, kv
+        #: the store's device: the steps' (a decoder's ``device`` is a property, looked up through its embedding)
+        self.device = kv.k[0].device
         self.kv_index = torch.arange(kv.rows, device=decoder.device)
         #: on the CPU, a step's inputs are written into reused host buffers by numpy (:class:`HostInputs`)
         cpu = torch.device(decoder.device).type == "cpu" and decoder.rope_host() is not None
@@ -180,7 +182,7 @@ class BatchPass:
         tok, pos, slots, mask, rope = self.inputs(rows.tokens, rows.positions, rows.bases, rows.reach)
         self.forwards += 1
         r = len(rows.heads)
-        with torch.no_grad(), step_threads(self.decoder.device):
+        with torch.no_grad(), step_threads(self.device):
             step = StepInputs(tok, pos, mask, slots=slots, mask_rows=rows.mask_rows, mask_block=rows.block, rope=rope)
             return self.decoder.choose_step(step, self.kv, rows.heads, out=self.host.outputs(r),
                                             logits_out=self.host.logits(r, self.decoder.args.vocab_size))

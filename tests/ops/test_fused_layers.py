@@ -305,3 +305,30 @@ def test_silu_paths_equal_the_scalar_path_and_the_reference(n):
     off = (outs["scalar"] != ref).sum().item()
     assert off <= max(1, n // 10_000)
     assert torch.allclose(outs["scalar"], ref, rtol=2.5e-7, atol=0)
+
+
+def test_checks_are_kept_only_with_the_tensors_they_checked(model):
+    """``FusedPlan.run`` keeps a step's checked inputs while the next step brings the same tensors (a runner's
+    buffers): a new tensor, other layers or another width is checked again, and what the native call checks itself
+    (positions inside the store) is checked every call, whatever is kept."""
+    dec = model.decoder
+    plan = dec.fused_plan()
+    a = model.args
+    kv = _kv(model)
+    pos = torch.tensor([0, 1])
+    cos, sin = dec.rope_cos[:2].contiguous(), dec.rope_sin[:2].contiguous()
+    mask = torch.tril(torch.ones(2, 256, dtype=torch.bool))
+    x = torch.randn(2, a.hidden_size)
+    first = plan.run(x, pos, cos, sin, mask, kv.k, kv.v, [0, 1], attn_scale=0.25)
+    again = plan.run(x, pos, cos, sin, mask, kv.k, kv.v, [0, 1], attn_scale=0.25)  # the kept checks
+    assert torch.equal(first, again)
+    with pytest.raises(BitMTPError, match="layers"):
+        plan.run(x, pos, cos, sin, mask, kv.k, kv.v, [0, a.num_layers], attn_scale=0.25)
+    with pytest.raises(BitMTPError, match="mask"):
+        plan.run(x, pos, cos, sin, mask.float(), kv.k, kv.v, [0, 1], attn_scale=0.25)
+    with pytest.raises(BitMTPError, match=r"mask: expected \[3,"):  # another width, the same other tensors
+        plan.run(torch.randn(3, a.hidden_size), pos, cos, sin, mask, kv.k, kv.v, [0, 1], attn_scale=0.25)
+    plan.run(x, pos, cos, sin, mask, kv.k, kv.v, [0, 1], attn_scale=0.25)
+    pos[1] = kv.rows  # refilled in place, past the store
+    with pytest.raises(BitMTPError, match="position"):
+        plan.run(x, pos, cos, sin, mask, kv.k, kv.v, [0, 1], attn_scale=0.25)
