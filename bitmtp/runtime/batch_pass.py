@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import GPU_STEP, StepInputs
 from bitmtp.ops.choose import argmax_prob
+from bitmtp.ops.step_inputs import StepInputsFill
 from bitmtp.ops.threads import step_threads
 from bitmtp.runtime.batch_rows import StepRows
 from bitmtp.runtime.gpu_step import ROWS as GPU_ROWS
@@ -23,17 +25,18 @@ from bitmtp.runtime.kv import KVStore
 
 
 class HostInputs:
-    """A CPU step's inputs — tokens, positions, KV slots and the mask — written by numpy into buffers reused from
-    step to step, seen by torch through views made once per (rows, segment) shape. A step's host glue is mostly
-    its torch calls, 10-90 µs each with the caches cold after the layers against 1-20 µs for a numpy call
-    (``bench/glue.py``): the torch path's eight calls here cost ~140 µs a step at batch 1 on 2 CPU cores.
+    """A CPU step's inputs — tokens, positions, KV slots, the mask and the RoPE rows — written into buffers reused
+    from step to step (the ints by numpy, the mask and RoPE rows by one native call: ``ops.step_inputs``), seen by
+    torch through views made once per (rows, segment) shape. A step's host glue is mostly its torch calls, 10-90 µs
+    each with the caches cold after the layers against 1-20 µs for a numpy call (``bench/glue.py``): the torch
+    path's eight calls here cost ~140 µs a step at batch 1 on 2 CPU cores, numpy's five ~60-100.
     The views are valid until the next step writes the buffers (the engine runs one step at a time)."""
 
     #: (rows, segment) shapes whose views are kept (a step's shape recurs: its rows and its KV segment)
     KEEP = 64
 
     def __init__(self, kv_rows: int, head_dim: int):
-        self.kv_index = np.arange(kv_rows, dtype=np.int64)
+        self.kv_rows = kv_rows
         self.head_dim = head_dim
         self._ints = np.zeros(0, dtype=np.int64)
         self._mask = np.zeros(0, dtype=np.bool_)
@@ -51,12 +54,9 @@ class HostInputs:
         views = self._views.get((m, seg))
         if views is None:
             views = self._make(m, seg)
-        ints, mask, cos, sin, tensors = views
+        ints, fill, tensors = views
         ints[:] = rows
-        np.greater_equal(self.kv_index[:seg], ints[3, :, None], out=mask)
-        mask &= self.kv_index[:seg] <= ints[4, :, None]
-        np.take(tables[0], ints[1], axis=0, out=cos)
-        np.take(tables[1], ints[1], axis=0, out=sin)
+        fill(tables)  # the mask and the RoPE rows: one native call (ops.step_inputs)
         return tensors
 
     def outputs(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,6 +81,8 @@ class HostInputs:
         return view
 
     def _make(self, m: int, seg: int) -> tuple:
+        if not 0 < seg <= self.kv_rows:
+            raise BitMTPError(f"segment: {seg} KV rows, but the store holds {self.kv_rows}")
         d = self.head_dim
         if self._ints.size < 5 * m or self._mask.size < m * seg or self._rope.size < 2 * m * d:
             # grow: the views of the old buffers go
@@ -94,7 +96,7 @@ class HostInputs:
         cos, sin = self._rope[: m * d].reshape(m, d), self._rope[m * d : 2 * m * d].reshape(m, d)
         t = torch.from_numpy(ints)
         tensors = (t[0], t[1], t[2], torch.from_numpy(mask), (torch.from_numpy(cos), torch.from_numpy(sin)))
-        views = self._views[(m, seg)] = (ints, mask, cos, sin, tensors)
+        views = self._views[(m, seg)] = (ints, StepInputsFill(ints[1], ints[3], ints[4], mask, cos, sin), tensors)
         return views
 
 

@@ -22,6 +22,7 @@ from bitmtp.decoding.sampling import Sampler, SamplingParams
 from bitmtp.errors import BitMTPError
 from bitmtp.model.decoder import GPU_STEP, Decoder, StepInputs
 from bitmtp.ops.choose import argmax_prob
+from bitmtp.ops.step_inputs import StepInputsFill
 from bitmtp.ops.threads import step_threads
 from bitmtp.runtime.gpu_step import ROWS, GpuStepPlan, Launcher, plan_for
 from bitmtp.runtime.kv import KVStore
@@ -57,18 +58,17 @@ class HostCausal:
     def __init__(self, ints: np.ndarray, segment: int, head_dim: int):
         m = ints.shape[1]
         self.ints, self.pos = ints, ints[1]  # [tokens, positions]: the runner's input tensors' memory
-        self.kv_index = np.arange(segment, dtype=np.int64)
         self._mask = np.zeros((m, segment), dtype=np.bool_)
         self._rope = np.zeros((2, m, head_dim), dtype=np.float32)
         self.mask = torch.from_numpy(self._mask)
         self.rope = (torch.from_numpy(self._rope[0]), torch.from_numpy(self._rope[1]))
+        # row i sees KV rows [0, its position]: one native call a step (ops.step_inputs)
+        self._fill = StepInputsFill(self.pos, None, self.pos, self._mask, self._rope[0], self._rope[1])
 
     def inputs(self, tables: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The mask (row i sees KV rows j <= its position) and the rows' RoPE ``(cos, sin)`` from the decoder's
         ``tables`` (``Decoder.rope_host``)."""
-        np.less_equal(self.kv_index[None, :], self.pos[:, None], out=self._mask)
-        np.take(tables[0], self.pos, axis=0, out=self._rope[0])
-        np.take(tables[1], self.pos, axis=0, out=self._rope[1])
+        self._fill(tables)
         return self.mask, self.rope
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from bitmtp.errors import BitMTPError
 from bitmtp.runtime.batch_pass import HostInputs
 from bitmtp.runtime.graphs import HostCausal, causal_mask
 from bitmtp.runtime.states import ReplayState
@@ -68,11 +69,13 @@ def test_runner_host_causal_mask_and_rope_equal_the_torch_ones(m):
         assert torch.equal(c, cos[positions]) and torch.equal(s, sin[positions])
 
 
-def test_positions_past_the_rope_tables_raise_as_torch_indexing_does():
+def test_positions_past_the_rope_tables_are_named():
     cos, sin = _tables(50)
     host = HostInputs(300, HEAD_DIM)
-    with pytest.raises(IndexError):
+    with pytest.raises(BitMTPError, match="position 60 is outside the RoPE tables' 50 rows"):
         host.fill([[1], [60], [60], [0], [60]], 256, (cos.numpy(), sin.numpy()))
+    with pytest.raises(BitMTPError, match="segment: 301 KV rows, but the store holds 300"):
+        host.fill([[1], [6], [6], [0], [6]], 301, (cos.numpy(), sin.numpy()))
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 15, 16])
