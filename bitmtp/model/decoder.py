@@ -150,6 +150,7 @@ class Decoder(nn.Module):
         self.rope_host()  # (made here, outside any decode loop: the loop's instrumented reads count .numpy())
         self._fused: FusedPlan | None = None
         self._fused_unsupported: str | None = None  # why this model cannot build a plan
+        self._native_epoch = 0  # invalidate_native() calls so far
         #: why the last step did not use the fused CPU layers ("" when it did, None before any step)
         self.fused_reason: str | None = None
         #: the path the last step ran: ``"fused"`` or ``"per-op"`` (None before any step)
@@ -212,6 +213,7 @@ class Decoder(nn.Module):
         """Forget the native fused-layers plan: call after replacing modules or tensors in place (the
         plan points at the old ones); the next step rebuilds it."""
         self._fused, self._fused_unsupported, self.fused_reason = None, None, None
+        self._native_epoch += 1  # the step tail's operands are taken again (_native_tail)
 
     def pack_dense_blocks(self) -> dict[str, int]:
         """Give every dense projection (and the LM head) a GGML block copy of its weight where one is
@@ -497,23 +499,23 @@ class Decoder(nn.Module):
         return self.choose(hidden, out=out, logits_out=logits_out)
 
     def _native_tail(self) -> NativeTail | None:
-        """The step tail's operands for the fused CPU layers' call (``ops.head.native_tail``), or None. Cached while
-        the registry's choices and the head's and norm's tensors stay the same."""
-        head = self.lm_head
-        if not isinstance(head, DenseLinear) or self.norm.device.type != "cpu":
-            return None
-        weight, blocks = head.operands(self.norm.device)
-        bias = head.bias
-        key = (choice_state(), head.backend, id(weight), id(blocks), id(bias), self.norm.data_ptr(),
-               None if weight is None else weight.data_ptr(), None if blocks is None else blocks.data.data_ptr(),
-               None if bias is None else bias.data_ptr())
+        """The step tail's operands for the fused CPU layers' call (``ops.head.native_tail``), or None. Kept while the
+        registry's choices, the head and norm modules and :meth:`invalidate_native`'s count stay the same: like the
+        fused layers' table, it points at the tensors it was made from (and keeps them), so replacing the head's or the
+        norm's tensors in place needs :meth:`invalidate_native` (what ``pack_dense_blocks`` and training do)."""
+        head, norm = self._modules["lm_head"], self._parameters["norm"]
+        key = (choice_state(), id(head), getattr(head, "backend", None), id(norm), self._native_epoch)
         held = self.__dict__.get("_tail_spec")
-        if held is None or held[0] != key or torch.is_grad_enabled():
-            spec = native_tail(self.norm, self.args.rms_norm_eps, weight, blocks=blocks, bias=bias,
+        if held is not None and held[0] == key and not torch.is_grad_enabled():
+            return held[1]
+        spec = None
+        if isinstance(head, DenseLinear) and norm.device.type == "cpu":
+            weight, blocks = head.operands(norm.device)
+            spec = native_tail(norm, self.args.rms_norm_eps, weight, blocks=blocks, bias=head.bias,
                                head_backend=head.backend)
-            # (keyed on ids: the spec keeps the tensors, so their ids are not reused while it is held)
-            held = self.__dict__["_tail_spec"] = (key, spec)
-        return held[1]
+        # (the key holds ids: the spec keeps the head and the norm, so they are not reused while it is held)
+        self.__dict__["_tail_spec"] = (key, spec, head, norm)
+        return spec
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = self.lm_head(hidden)

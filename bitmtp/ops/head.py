@@ -108,7 +108,11 @@ def native_tail(norm_weight: torch.Tensor, eps: float, weight: torch.Tensor | No
     if got is None:
         return None
     w, n, b, fmt = got
-    return NativeTail(norm_weight.data_ptr(), float(eps), w, n, b, fmt, (norm_weight, weight, blocks, bias))
+    # aliases of the tensors, not the tensors: a tensor whose .data is replaced later keeps pointing here at memory
+    # that is still alive (the caller asks again to follow the change: Decoder.invalidate_native)
+    keep = tuple(t.detach() for t in (norm_weight, weight, bias, None if blocks is None else blocks.data)
+                 if t is not None)
+    return NativeTail(norm_weight.data_ptr(), float(eps), w, n, b, fmt, keep)
 
 
 def _choose(logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None,

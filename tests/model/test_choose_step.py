@@ -133,3 +133,28 @@ def test_bad_tail_buffers_are_named(decoder, rng):
     tail = TailCall(spec, torch.tensor([0, 1, 5], dtype=torch.long), m, tok, prob)
     with torch.no_grad(), pytest.raises(BitMTPError, match="tail row index is out of range"):
         decoder.hidden_states(step, _kv(decoder), norm=False, tail=tail)
+
+
+def test_a_new_head_is_followed_after_invalidate_native(rng):
+    """The tail's operands are kept between steps (``Decoder._native_tail``): a head whose tensor is replaced is
+    followed once ``invalidate_native`` is called (the fused layers' contract), and a new head module at once."""
+    model = bitmtp.load(tiny_model("llama", seed=6, vocab_size=200), capacity=64)
+    dec = model.decoder
+    step = _step(3, 0, rng)
+
+    def both():
+        with torch.no_grad():
+            got = dec.choose_step(step, _kv(dec))
+            want = dec.choose(dec.hidden_states(step, _kv(dec), norm=False))
+        return got, want
+
+    got, want = both()
+    assert torch.equal(got[0], want[0])
+    head = dec.lm_head
+    head.weight.data = torch.randn(head.weight.shape, generator=rng) * 0.5  # new storage, the same Parameter
+    dec.invalidate_native()
+    got, want = both()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    dec.lm_head = type(head)(torch.randn(head.weight.shape, generator=rng) * 0.5)
+    got, want = both()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
