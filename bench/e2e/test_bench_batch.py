@@ -334,3 +334,47 @@ def test_auto_in_a_batch(benchmark):
                   f"{masks} steps with mask rows")
     record(benchmark, model="SmolLM2-135M-Instruct Q4_1 + shipped mask-block adapter, greedy", threads=THREADS,
            new_tokens=96, gates={k: HIGHER for k in figures if k.startswith("auto_over_ar")}, **figures)
+
+
+@pytest.mark.full_only
+def test_batch_of_one_vs_solo_auto(benchmark):
+    """What ``generate`` would lose as a batch of one today (issue 45's last item): ``auto`` through the batch engine
+    with one sequence (``prompts=[p]``, ``max_batch=1``: lookup guesses and mask rows where they pay) against the solo
+    engine's ``auto`` (one-pass mask blocks, runner-ups, trees), each over AR, on 8 held-out code and chat prompts
+    (96 tokens; decode time, prefill apart), alternated per prompt over rounds after a calibration; outputs
+    checked equal to AR's. Figures:
+    ``solo_auto_over_ar_{set}``, ``batch1_auto_over_ar_{set}`` and their ratio ``batch1_over_solo_{set}`` (not
+    gated: it measures the gap the batch planner still has to close)."""
+    import bitmtp
+    from bitmtp.train.evaluate import prompt_ids
+
+    model = _model(capacity=2048)
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    if benchmark.disabled:
+        return
+    model.calibrate()  # (a first solo `auto` generation of >= 64 tokens would measure the step costs inside it)
+    kw = dict(max_new_tokens=96, eos_token_id=[])
+    kept = model.batcher(1).schedule.kept  # the prompt-prefix cache: each contender prefills afresh
+    figures: dict[str, float] = {}
+    for kind in AUTO_SETS:
+        solo_r, b1_r = [], []
+        for _ in range(ROUNDS):
+            secs = {"ar": 0.0, "solo": 0.0, "one": 0.0}  # decode seconds (prefill apart: the engines chunk it apart)
+            for p in prompt_ids(model, kind, 8):
+                model.engine.reset()
+                ar = bitmtp.generate(model, input_ids=p, policy="ar", **kw)
+                model.engine.reset()
+                solo = bitmtp.generate(model, input_ids=p, policy="auto", **kw)
+                kept.clear()
+                (one,) = bitmtp.generate(model, prompts=[p], max_batch=1, policy="auto", **kw)
+                assert solo.token_ids == ar.token_ids == one.token_ids
+                for name, out in (("ar", ar), ("solo", solo), ("one", one)):
+                    secs[name] += out.stats.seconds
+            solo_r.append(secs["ar"] / secs["solo"])  # the same tokens: the time ratio is the tokens/s ratio
+            b1_r.append(secs["ar"] / secs["one"])
+        solo_m, b1_m = statistics.median(solo_r), statistics.median(b1_r)
+        figures |= {f"solo_auto_over_ar_{kind}": solo_m, f"batch1_auto_over_ar_{kind}": b1_m,
+                    f"batch1_over_solo_{kind}": b1_m / solo_m}
+        print(f"\n{kind}: auto over AR, solo {solo_m:.3f}, a batch of one {b1_m:.3f} ({b1_m / solo_m:.3f} of solo)")
+    record(benchmark, model="SmolLM2-135M-Instruct Q4_1 + shipped mask-block adapter, greedy", threads=THREADS,
+           new_tokens=96, gates={}, **figures)
