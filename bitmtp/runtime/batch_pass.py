@@ -123,7 +123,11 @@ class BatchPass:
         chosen token and its probability for each row whose choice is read (``rows.heads``), in order.
         ``fused``: the fused GPU step's plan when it is on."""
         toks, probs, logits = self._pass(rows, prompts, fused)
-        self._choose_sampled(rows, toks, probs, logits)
+        if any(g.seq.sampler is not None for g in rows.groups):
+            # vocabulary-wide torch ops (softmax, sort, cumsum): inline on this thread, as a solo step's are — an
+            # OpenMP region here would leave libgomp workers spinning on the extension's cores (ops/threads.py)
+            with step_threads(self.device):
+                self._choose_sampled(rows, toks, probs, logits)
         self.syncs += 1
         return toks.tolist(), probs.tolist()
 

@@ -29,18 +29,27 @@ def model():
     return bitmtp.load(smollm2_path(), capacity=256)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["solo", "batch"])
 @pytest.mark.parametrize("kw", [{}, {"policy": "ar"}, SAMPLED, dict(SAMPLED, policy="ar")],
                          ids=["auto", "ar", "sampled-auto", "sampled-ar"])
-def test_generation_in_a_fresh_thread_starts_no_openmp_pool(model, kw):
+def test_generation_in_a_fresh_thread_starts_no_openmp_pool(model, kw, batched):
+    """Solo and batched (``prompts=[...]``, what ``serve`` steps), greedy and sampled."""
     old = torch.get_num_threads()
     torch.set_num_threads(2)
+
+    def generate(text: str, n: int) -> None:
+        if batched:
+            bitmtp.generate(model, prompts=[text, text + " again"], max_new_tokens=n, **kw)
+        else:
+            bitmtp.generate(model, text, max_new_tokens=n, **kw)
+
     try:
-        bitmtp.generate(model, "Tell me a story about", max_new_tokens=6, **kw)  # first-use threads, caches
+        generate("Tell me a story about", 6)  # first-use threads, caches
         grown: list[int] = []
 
         def body():
             before = len(os.listdir("/proc/self/task"))
-            bitmtp.generate(model, "Write a poem about the sea", max_new_tokens=10, **kw)
+            generate("Write a poem about the sea", 10)
             grown.append(len(os.listdir("/proc/self/task")) - before)
 
         t = threading.Thread(target=body)
