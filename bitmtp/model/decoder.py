@@ -486,16 +486,14 @@ class Decoder(nn.Module):
         r = m if heads is None else len(heads)
         if out is None:
             out = (torch.empty(r, dtype=torch.long), torch.empty(r, dtype=torch.float32))
+        rows = None if heads is None else torch.tensor(heads, dtype=torch.long)
         spec = self._native_tail() if r else None
-        tail = None
-        if spec is not None:
-            rows = None if heads is None else torch.tensor(heads, dtype=torch.long)
-            tail = TailCall(spec, rows, r, out[0], out[1], logits_out)
+        tail = None if spec is None else TailCall(spec, rows, r, out[0], out[1], logits_out)
         hidden = self.hidden_states(step, kv, norm=False, tail=tail)
         if tail is not None and tail.ran:
             return out[0], out[1], logits_out
-        if heads is not None:
-            hidden = hidden[torch.tensor(heads, dtype=torch.long, device=hidden.device)]
+        if rows is not None:
+            hidden = hidden[rows.to(hidden.device)]
         return self.choose(hidden, out=out, logits_out=logits_out)
 
     def _native_tail(self) -> NativeTail | None:

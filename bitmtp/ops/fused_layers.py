@@ -149,15 +149,6 @@ def _f32(name: str, t: torch.Tensor | None, shape: tuple[int, ...] | None = None
     return t if t.is_contiguous() else t.contiguous()
 
 
-class _Args(tuple):
-    """A tuple of native-call arguments that also holds the tensors its pointers point into (``keep``)."""
-
-    def __new__(cls, args: tuple, keep: tuple):
-        self = super().__new__(cls, args)
-        self.keep = keep
-        return self
-
-
 class FusedPlan:
     """The native layer table of one decoder (see the module docstring)."""
 
@@ -264,7 +255,7 @@ class FusedPlan:
         tail_args = () if tail is None else self._tail_args(tail, m)
         isa = registry.backend("cpu")._isa()
         try:
-            mid, kv_half = memo[2]
+            mid, kv_half, _ = memo[2]
             self.ext.fused_layers(x.data_ptr(), *mid, isa, kernel_threads(), kv_half, *tail_args)
         except ValueError as exc:  # the native argument checks (positions, dimensions)
             raise BitMTPError(str(exc)) from exc
@@ -274,9 +265,10 @@ class FusedPlan:
 
     def _checked(self, m: int, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                  kv_k: list[torch.Tensor], layers: tuple[int, ...], attn_scale: float, lora: torch.Tensor | None,
-                 lora_first_row: int, lora_scaling: float, kv_table: torch.Tensor) -> tuple[tuple, bool]:
+                 lora_first_row: int, lora_scaling: float, kv_table: torch.Tensor) -> tuple[tuple, bool, tuple]:
         """:meth:`run`'s checks of a step's inputs besides ``x``: the native call's arguments from ``M`` to
-        ``relu2`` and whether the K/V buffers hold float16; the tensors converted on the way are kept in the first."""
+        ``relu2``, whether the K/V buffers hold float16, and the tensors those pointers point into (some converted
+        here: kept with them)."""
         d = self.dims
         s = kv_k[0].shape[1]
         if kv_table.shape != (self.num_layers, 2):
@@ -303,8 +295,7 @@ class FusedPlan:
                0 if lora is None else lora.data_ptr(), lora_first_row, float(lora_scaling), ids.data_ptr(), ids.numel(),
                cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), mask_u8.data_ptr(), s, mask.shape[1], float(d.eps),
                float(attn_scale), d.relu2)
-        # (the converted tensors ride along: the pointers above point into them)
-        return _Args(mid, (kv_table, mask_u8, pos, cos, sin, ids)), kv_k[0].dtype == torch.float16
+        return mid, kv_k[0].dtype == torch.float16, (kv_table, mask_u8, pos, cos, sin, ids)
 
     def _tail_args(self, tail: TailCall, m: int) -> tuple:
         """``tail.args(m)``, kept with the tensors it checked while the next step's tail brings the same ones."""

@@ -10,23 +10,17 @@ layers' call, four of them ~60-100 µs of a SmolLM2 step's host glue (``bench/gl
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
 from bitmtp.errors import BitMTPError
-
-_EXT: object | None | bool = False  # False: not looked up yet
+from bitmtp.ops import registry
 
 
 def _ext():
-    global _EXT
-    if _EXT is False:
-        try:
-            _EXT = importlib.import_module("bitmtp._cpu_w2a8")
-        except ImportError:
-            _EXT = None
-    return _EXT if _EXT is not None and hasattr(_EXT, "step_inputs") else None
+    """The ``cpu`` backend's extension when it loads and has ``step_inputs`` (else None: the numpy reference runs;
+    the registry says once what a missing extension costs)."""
+    ext = getattr(registry.backend("cpu"), "_ext", None)
+    return ext if hasattr(ext, "step_inputs") else None
 
 
 def fill_numpy(positions: np.ndarray, lo: np.ndarray | None, hi: np.ndarray, mask: np.ndarray,

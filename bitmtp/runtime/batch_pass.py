@@ -122,12 +122,12 @@ class BatchPass:
         """ONE pass over ``rows`` (``prompts``: how many sequences' prompt rows it holds) and its one read: the
         chosen token and its probability for each row whose choice is read (``rows.heads``), in order.
         ``fused``: the fused GPU step's plan when it is on."""
-        toks, probs, logits = self._pass(rows, prompts, fused)
-        if any(g.seq.sampler is not None for g in rows.groups):
-            # vocabulary-wide torch ops (softmax, sort, cumsum): inline on this thread, as a solo step's are — an
-            # OpenMP region here would leave libgomp workers spinning on the extension's cores (ops/threads.py)
-            with step_threads(self.device):
-                self._choose_sampled(rows, toks, probs, logits)
+        # the whole step — the pass and the sampled rows' vocabulary-wide torch ops (softmax, sort, cumsum) — with
+        # torch's own ops inline on this thread, as a solo step's are: an OpenMP region here would leave libgomp
+        # workers spinning on the extension's cores (ops/threads.py)
+        with torch.no_grad(), step_threads(self.device):
+            toks, probs, logits = self._pass(rows, prompts, fused)
+            self._choose_sampled(rows, toks, probs, logits)
         self.syncs += 1
         return toks.tolist(), probs.tolist()
 
@@ -142,7 +142,7 @@ class BatchPass:
         if self.host is not None and not solo_like:
             # the CPU: the layers, the final norm, the head and the choice of the rows read in one native call
             # (Decoder.choose_step), into reused buffers
-            return self.choose(rows)
+            return self._choose(rows)
         logits = self.forward(rows.tokens, rows.positions, rows.bases, None if solo_like else rows.heads, rows.reach,
                               rows.mask_rows, rows.block)
         logits = logits[rows.heads] if solo_like else logits
@@ -182,16 +182,21 @@ class BatchPass:
         mask = (kv >= base[:, None]) & (kv <= end[:, None])
         return tok, pos, slot, mask, None
 
-    def choose(self, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _choose(self, rows: StepRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A CPU pass over ``rows`` and the choice of the rows read: ``(tok, prob, logits)`` of ``rows.heads``, in
-        buffers reused from step to step (``Decoder.choose_step``: one native call where the layers run fused)."""
-        tok, pos, slots, mask, rope = self.inputs(rows.tokens, rows.positions, rows.bases, rows.reach)
-        self.forwards += 1
+        buffers reused from step to step (``Decoder.choose_step``: one native call where the layers run fused).
+        Inside :meth:`run`'s ``no_grad`` / ``step_threads`` block."""
+        step = self._step(rows.tokens, rows.positions, rows.bases, rows.reach, rows.mask_rows, rows.block)
         r = len(rows.heads)
-        with torch.no_grad(), step_threads(self.device):
-            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=rows.mask_rows, mask_block=rows.block, rope=rope)
-            return self.decoder.choose_step(step, self.kv, rows.heads, out=self.host.outputs(r),
-                                            logits_out=self.host.logits(r, self.decoder.args.vocab_size))
+        return self.decoder.choose_step(step, self.kv, rows.heads, out=self.host.outputs(r),
+                                        logits_out=self.host.logits(r, self.decoder.args.vocab_size))
+
+    def _step(self, tokens: list[int], positions: list[int], bases: list[int], reach: list[int] | None,
+              mask_rows: int, block: Any) -> StepInputs:
+        """One pass's :class:`StepInputs` (:meth:`inputs`), counted in :attr:`forwards`."""
+        tok, pos, slots, mask, rope = self.inputs(tokens, positions, bases, reach)
+        self.forwards += 1
+        return StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block, rope=rope)
 
     def forward(self, tokens: list[int], positions: list[int], bases: list[int], heads: list[int] | None = None,
                 reach: list[int] | None = None, mask_rows: int = 0, block: Any = None) -> torch.Tensor:
@@ -201,10 +206,8 @@ class BatchPass:
         LoRA); returns the logits of rows ``heads`` (default all: the LM head runs only over the rows whose
         choice is read)."""
         dev = self.decoder.device
-        tok, pos, slots, mask, rope = self.inputs(tokens, positions, bases, reach)
-        self.forwards += 1
+        step = self._step(tokens, positions, bases, reach, mask_rows, block)
         with torch.no_grad(), step_threads(dev):
-            step = StepInputs(tok, pos, mask, slots=slots, mask_rows=mask_rows, mask_block=block, rope=rope)
             hidden = self.decoder.hidden_states(step, self.kv)
             if heads is not None and heads != list(range(len(tokens))):  # (every row in order: no gather)
                 if not heads:  # prompt rows only, none a prompt's last: nothing to choose

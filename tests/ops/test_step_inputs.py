@@ -29,7 +29,7 @@ def test_fill_equals_the_numpy_reference(native, lower, m, seg, rng, monkeypatch
     if native and step_inputs._ext() is None:
         pytest.skip("native CPU extension not built")
     if not native:
-        monkeypatch.setattr(step_inputs, "_EXT", None)
+        monkeypatch.setattr(step_inputs, "_ext", lambda: None)
     g = np.random.default_rng(int(rng.initial_seed()))
     tables = tuple(g.standard_normal((700, HEAD_DIM), dtype=np.float32) for _ in range(2))
     ints, mask, rope, fill = _buffers(m, seg, lower)
@@ -53,7 +53,7 @@ def test_bad_input_is_named(native, monkeypatch):
     if native and step_inputs._ext() is None:
         pytest.skip("native CPU extension not built")
     if not native:
-        monkeypatch.setattr(step_inputs, "_EXT", None)
+        monkeypatch.setattr(step_inputs, "_ext", lambda: None)
     tables = (np.zeros((50, HEAD_DIM), dtype=np.float32), np.zeros((50, HEAD_DIM), dtype=np.float32))
     ints, mask, rope, fill = _buffers(2, 64, True)
     ints[:] = [[3, 50], [0, 0], [5, 5]]
