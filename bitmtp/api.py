@@ -918,7 +918,7 @@ def _config_of(model: BitMTPModel, config: Any, options: dict[str, Any]) -> Deco
 
 def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = None, *,
              input_ids: Any = None, prompts: Sequence[Any] | None = None, max_batch: int = 8,
-             batcher: bool | BatchEngine = False,
+             batcher: bool | BatchEngine | None = None,
              max_new_tokens: int = 128, policy: str | Policy = "auto",
              block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
              eos_token_id: int | Sequence[int] | None = None, stream: bool = False,
@@ -950,11 +950,14 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
             waves). Other policies decode the prompts one at a time. Every prompt is checked first: one
             :class:`BitMTPError` lists the bad ones by index. ``stream=True`` is refused (one stream per call).
         max_batch: most prompts decoded together (1..16; ``prompts`` and ``batcher=True``).
-        batcher: decode this prompt as one sequence of a shared batch engine — True: ``model.batcher(max_batch)``,
-            or a :class:`~bitmtp.runtime.batch.BatchEngine` of this model — so that calls from other threads on
-            it decode in the same forward passes (what ``bitmtp serve`` does with concurrent requests); the
-            output is the one the call gives alone. Policies ``"auto"`` (AR's exact output; prompt-lookup guess rows
-            and the mask-block adapter's mask rows where they pay) and ``"ar"``; streams too.
+        batcher: which engine decodes this prompt. None (the default): policies ``"ar"`` and ``"auto"`` (with its
+            default drafters) on the CPU's torch runtime decode as a batch of one on ``model.batcher(max_batch)``
+            — as fast as the solo engine, prefilling faster, and calls from other threads on the model share its
+            forward passes (what ``bitmtp serve`` does with concurrent requests) — the rest on the solo engine
+            (``bitmtp.api.batches_alone`` says which). True: that batch engine whatever the runtime; a
+            :class:`~bitmtp.runtime.batch.BatchEngine` of this model: that one; False: the solo engine
+            (``model.engine``: its one-pass mask blocks, trees and runner-ups, its calibrated plan). Every choice
+            gives the same output.
         max_new_tokens: most tokens to generate.
         policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
             exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when
@@ -970,11 +973,12 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         min_prefix: hybrid's m, any integer ≥ 0 (default max(2, D // 2)); m ≤ 1 is confidence-only,
             m > D speculative-only.
         eos_token_id: stop token(s) (default: the model's).
-        stream: return an iterator of text pieces as they are committed instead of the result. The
-            stream owns the model's KV store from its first piece until it is exhausted or closed
-            (``stream.close()``, or use it as a context manager); other threads' calls wait for it,
-            and another generation on the same model in the same thread meanwhile raises
-            BitMTPError (use ``model.session()`` to decode concurrently).
+        stream: return an iterator of text pieces as they are committed instead of the result. Close a
+            stream you stop reading (``stream.close()``, or use it as a context manager): a batch of one
+            holds KV rows of the batch engine until then (other streams and calls go on beside it); a stream
+            on the solo engine owns the model's KV store from its first piece until it is exhausted or
+            closed — other threads' calls wait for it, and another solo generation on the same model in the
+            same thread meanwhile raises BitMTPError (use ``model.session()`` to decode concurrently).
         drafter: draft with this drafter instead of the policy's default: ``"adapter"`` (the loaded
             adapter's), ``"lookup"`` (prompt lookup: continues the latest earlier occurrence of the text's
             last tokens; no adapter needed; verifying policies only), ``"lookup+adapter"`` (one pass:
@@ -1013,9 +1017,10 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         a :class:`GenerateOutput` (text, token ids, stats), or with ``stream=True`` a :class:`TextStream`
         (an iterator of text pieces whose ``result`` is the GenerateOutput once it is exhausted).
 
-    Thread safety: calls on one model from several threads are serialized (each waits for the KV
-    store); their outputs are exactly what each call gives alone. ``model.session()`` runs them
-    concurrently instead.
+    Thread safety: calls on one model from several threads give exactly what each gives alone. Batches of
+    one (the default for ``ar`` and ``auto`` on the CPU) share forward passes, up to ``max_batch`` sequences a
+    step; calls on the solo engine are serialized (each waits for its KV store) — ``model.session()`` runs
+    those concurrently instead.
     """
     if not isinstance(model, BitMTPModel):
         raise BitMTPError(f"model: expected a model from bitmtp.load(), got {type(model).__name__}")
@@ -1038,10 +1043,7 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
     # a runtime that cannot sample so says it now, not mid-stream (set_sampling itself runs inside the
     # generation, which owns the pool: another thread's generation may be running right now)
     model.engine.pool.check_sampling(cfg.sampling)
-    if batcher is not False and batcher is not None:
-        chunks = _batcher_of(model, batcher, max_batch, cfg).submit(ids, **cfg.batch_kwargs())
-    else:
-        chunks = model.engine.decode(ids, **cfg.solo_kwargs())
+    chunks = start_generation(model, ids, cfg, batcher=batcher, max_batch=max_batch)
     if stream:
         if model.tokenizer is None:
             raise BitMTPError("stream: streaming text needs a tokenizer; use stream=False for token ids")
@@ -1060,6 +1062,36 @@ def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateO
     return _output(model, Engine.run(chunks))
 
 
+def batches_alone(model: BitMTPModel, cfg: DecodingConfig) -> bool:
+    """Whether :func:`generate` decodes one prompt as a batch of one (``batcher=None``, the default): ``ar`` and
+    ``auto`` with its default drafters (:attr:`DecodingConfig.drafts_as_a_batch`) on the CPU's torch runtime. There
+    the batch engine decodes one sequence as fast as the solo engine (``auto``: 1.007x on code, 0.985x on chat,
+    ``bench/e2e/test_bench_batch.py::test_batch_of_one_vs_solo_auto``), prefills faster, and calls from other
+    threads share its steps. The solo engine keeps the other policies (speculative / lossy schedules), other
+    drafters and the GPU and Vulkan runtimes (CUDA graphs of the solo step; the batched GPU step is unmeasured)."""
+    return (cfg.drafts_as_a_batch and model.plan is None and model.engine.runtime == "torch"
+            and model.decoder.device.type == "cpu")
+
+
+def start_generation(model: BitMTPModel, ids: list[int], cfg: DecodingConfig, *,
+                     batcher: bool | BatchEngine | None = None, max_batch: int = 8) -> Any:
+    """One prompt's generation (checked token ids) with ``cfg`` on the engine :func:`generate` picks for it
+    (``batcher``: as there): an iterator of committed token chunks whose ``StopIteration.value`` is the
+    :class:`~bitmtp.runtime.decode.GenerationResult`, with its ``stats`` filled as it runs — the solo engine's
+    ``Generation`` or a batch engine's ``BatchGeneration``. What ``generate`` and the Hugging Face patch read."""
+    eng = _engine_for(model, batcher, max_batch, cfg)
+    return model.engine.decode(ids, **cfg.solo_kwargs()) if eng is None else eng.submit(ids, **cfg.batch_kwargs())
+
+
+def _engine_for(model: BitMTPModel, batcher: Any, max_batch: int, cfg: DecodingConfig) -> BatchEngine | None:
+    """The batch engine one prompt decodes on (None: the solo engine, ``model.engine``)."""
+    if batcher is None:
+        return model.batcher(max_batch) if batches_alone(model, cfg) else None
+    if batcher is False:
+        return None
+    return _batcher_of(model, batcher, max_batch, cfg)
+
+
 def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, cfg: DecodingConfig) -> BatchEngine:
     """The batch engine ``generate(..., batcher=...)`` decodes on: checked against the model and the policy."""
     if not cfg.batchable:
@@ -1068,7 +1100,8 @@ def _batcher_of(model: BitMTPModel, batcher: Any, max_batch: int, cfg: DecodingC
     if batcher is True:
         return model.batcher(max_batch)
     if not isinstance(batcher, BatchEngine):
-        raise BitMTPError(f"batcher: expected True/False or a BatchEngine (model.batcher()), got {_describe(batcher)}")
+        raise BitMTPError(f"batcher: expected None (the default), True, False or a BatchEngine (model.batcher()), "
+                          f"got {_describe(batcher)}")
     if batcher.decoder is not model.decoder:
         raise BitMTPError("batcher: this batch engine belongs to another model; use model.batcher()")
     return batcher

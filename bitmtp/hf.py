@@ -252,6 +252,7 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
                                    stopping_criteria=stopping_criteria, generation_config=generation_config,
                                    synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
     gc = generation_config
+    from bitmtp.api import start_generation
     from bitmtp.errors import TokenIdError
 
     prompt = input_ids[0].tolist()
@@ -267,7 +268,9 @@ def _bitmtp_decode(model, input_ids, logits_processor=None, stopping_criteria=No
     # the patch's config with this call's limits (each part checked: SamplingParams checks itself, transformers
     # its generation config)
     config = dataclasses.replace(state.config, sampling=sampling, max_new_tokens=max(1, max_new), eos=tuple(eos))
-    chunks = bm.engine.decode(prompt, **config.solo_kwargs())
+    # the engine generate() picks: on the CPU, ar / auto decode as a batch of one (calls from other threads share
+    # its steps)
+    chunks = start_generation(bm, prompt, config)
     seq = input_ids
     stopped = False
     try:  # the generation owns the engine's KV store until it ends: close it on every exit

@@ -54,3 +54,13 @@ def no_dynamo():
     torch._dynamo.config.disable = True
     yield
     torch._dynamo.config.disable = old
+
+
+@pytest.fixture
+def solo_engine(monkeypatch):
+    """``bitmtp.generate`` of one prompt on the solo engine (``model.engine``) whatever its policy, as
+    ``batcher=False`` does: for the tests of the solo loop itself (its prefix cache, its reads, its calibration,
+    its stats); by default ``ar`` and ``auto`` on the CPU decode as a batch of one (``bitmtp.api.batches_alone``)."""
+    import bitmtp.api
+
+    monkeypatch.setattr(bitmtp.api, "batches_alone", lambda model, cfg: False)

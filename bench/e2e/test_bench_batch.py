@@ -338,13 +338,13 @@ def test_auto_in_a_batch(benchmark):
 
 @pytest.mark.full_only
 def test_batch_of_one_vs_solo_auto(benchmark):
-    """What ``generate`` would lose as a batch of one today (issue 45's last item): ``auto`` through the batch engine
-    with one sequence (``prompts=[p]``, ``max_batch=1``: lookup guesses and mask rows where they pay) against the solo
-    engine's ``auto`` (one-pass mask blocks, runner-ups, trees), each over AR, on 8 held-out code and chat prompts
-    (96 tokens; decode time, prefill apart), alternated per prompt over rounds after a calibration; outputs
-    checked equal to AR's. Figures:
-    ``solo_auto_over_ar_{set}``, ``batch1_auto_over_ar_{set}`` and their ratio ``batch1_over_solo_{set}`` (not
-    gated: it measures the gap the batch planner still has to close)."""
+    """``generate``'s default for one prompt — a batch of one on the batch engine (``auto``: lookup guesses and mask
+    rows where they pay; ``bitmtp.api.batches_alone``) — against the solo engine's ``auto`` (``batcher=False``:
+    one-pass mask blocks, runner-ups, trees, planned with the calibrated step costs), each over the solo engine's AR,
+    on 8 held-out code and chat prompts (96 tokens; decode time, prefill apart), alternated per prompt over rounds
+    after a calibration; outputs checked equal to AR's. Figures: ``solo_auto_over_ar_{set}``,
+    ``batch1_auto_over_ar_{set}`` and their ratio ``batch1_over_solo_{set}`` (not gated: what generate's default
+    gains or loses against the solo loop it replaced)."""
     import bitmtp
     from bitmtp.train.evaluate import prompt_ids
 
@@ -354,7 +354,7 @@ def test_batch_of_one_vs_solo_auto(benchmark):
         return
     model.calibrate()  # (a first solo `auto` generation of >= 64 tokens would measure the step costs inside it)
     kw = dict(max_new_tokens=96, eos_token_id=[])
-    kept = model.batcher(1).schedule.kept  # the prompt-prefix cache: each contender prefills afresh
+    kept = model.batcher(8).schedule.kept  # generate's batch engine's prompt-prefix cache: each run prefills afresh
     figures: dict[str, float] = {}
     for kind in AUTO_SETS:
         solo_r, b1_r = [], []
@@ -362,11 +362,13 @@ def test_batch_of_one_vs_solo_auto(benchmark):
             secs = {"ar": 0.0, "solo": 0.0, "one": 0.0}  # decode seconds (prefill apart: the engines chunk it apart)
             for p in prompt_ids(model, kind, 8):
                 model.engine.reset()
-                ar = bitmtp.generate(model, input_ids=p, policy="ar", **kw)
+                ar = bitmtp.generate(model, input_ids=p, policy="ar", batcher=False, **kw)
                 model.engine.reset()
-                solo = bitmtp.generate(model, input_ids=p, policy="auto", **kw)
+                solo = bitmtp.generate(model, input_ids=p, policy="auto", batcher=False, **kw)
                 kept.clear()
-                (one,) = bitmtp.generate(model, prompts=[p], max_batch=1, policy="auto", **kw)
+                steps = model.batcher(8).forwards
+                one = bitmtp.generate(model, input_ids=p, policy="auto", **kw)
+                assert model.batcher(8).forwards > steps, "generate's default did not decode on the batch engine"
                 assert solo.token_ids == ar.token_ids == one.token_ids
                 for name, out in (("ar", ar), ("solo", solo), ("one", one)):
                     secs[name] += out.stats.seconds

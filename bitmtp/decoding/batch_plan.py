@@ -134,6 +134,8 @@ class SeqDrafting:
     mask_alpha: list[float]  # its mask drafts' acceptance by probability bucket (``decoding.auto.mask_bucket``)
     mask_pos: list[float]  # the chance its j-th mask draft is accepted with every draft before it
     block: Any = None  # the mask-block adapter module whose mask rows draft for it (None: lookup only)
+    #: most guesses (and mask rows) a step gives it: D − 1, as a solo one-pass step of block size D
+    max_guesses: int = MAX_POSITIONS
     mask_drafts: list[int] = field(default_factory=list)  # the last step's mask drafts (valid after a full accept)
     mask_probs: list[float] = field(default_factory=list)
     since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
@@ -168,10 +170,13 @@ class BatchPlanner:
         self.mask_alpha = list(MASK_PRIOR)
         self.mask_pos = list(MASK_POS_PRIOR)
 
-    def start(self, ids: list[int], block: Any = None) -> SeqDrafting:
-        """A new drafting sequence's state (``block``: the mask-block adapter module whose mask rows draft)."""
+    def start(self, ids: list[int], block: Any = None, block_size: int | None = None) -> SeqDrafting:
+        """A new drafting sequence's state (``block``: the mask-block adapter module whose mask rows draft;
+        ``block_size``: D, so that a step gives it at most D − 1 guesses and D − 1 mask rows, as a solo one-pass
+        step; None: up to the widest step's)."""
+        most = MAX_POSITIONS if block_size is None else max(1, int(block_size) - 1)
         return SeqDrafting(LookupIndex(ids, ngram_max=5), dict(self.lookup_alpha), list(self.mask_alpha),
-                           list(self.mask_pos), block)
+                           list(self.mask_pos), block, most)
 
     def drafts(self, decoding: list[Any], prompt_rows: int, masks_ok: bool = True) -> dict[int, Draft]:
         """Guess rows and mask rows for a step of ``prompt_rows`` prompt rows and the ``decoding`` sequences (each
@@ -183,8 +188,10 @@ class BatchPlanner:
         expected = float(len(seqs))
         offers = []  # (expected tokens of the row, sequence, its draft up to its j-th guess)
         for key, sd, room in seqs:
-            left = min(room.rows, room.tokens, self.max_rows - 1)
-            if sd is None or left <= 0:
+            if sd is None:
+                continue
+            left = min(room.rows, room.tokens, self.max_rows - 1, sd.max_guesses)
+            if left <= 0:
                 continue
             chains = []
             if sd.mask_drafts:
@@ -225,8 +232,10 @@ class BatchPlanner:
         offers = []
         for key, sd, room in seqs:
             d = chosen.get(key, NO_DRAFT)
-            m = min(block.block_size - 1, room.rows - len(d.guesses), room.tokens - len(d.guesses))
-            if sd is None or sd.block is not block or m < 1:
+            if sd is None or sd.block is not block:
+                continue
+            m = min(block.block_size - 1, sd.max_guesses, room.rows - len(d.guesses), room.tokens - len(d.guesses))
+            if m < 1:
                 continue
             explore = sd.since_masks >= EXPLORE_EVERY * len(seqs)  # one re-try per EXPLORE_EVERY steps
             offers += [(math.inf if explore and j == 0 else d.p_all * sd.mask_pos[j] / 2, key, j + 1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bitmtp.decoding.drafters import CombinedDrafter, MaskBlockDrafter
+from bitmtp.decoding.drafters import CombinedDrafter, LookupDrafter, MaskBlockDrafter
 from bitmtp.decoding.policies import Policy
 from bitmtp.decoding.sampling import SamplingParams
 
@@ -51,6 +51,17 @@ class DecodingConfig:
         return not self.policy.drafts or self.policy.name == "auto"
 
     @property
+    def drafts_as_a_batch(self) -> bool:
+        """Whether a batch of one drafts as the solo engine would: ``ar``, or ``auto`` with its default drafter
+        (prompt lookup, and a mask-block adapter's mask rows) — what ``generate`` decodes on the batch engine by
+        default. ``auto`` with another drafter (an ``OracleDrafter``, a heads adapter) keeps the solo engine,
+        which runs it."""
+        if not self.policy.drafts:
+            return True
+        d = self.drafter
+        return self.policy.name == "auto" and (isinstance(d, LookupDrafter) or self.mask_block is not None)
+
+    @property
     def mask_block(self) -> Any:
         """The mask-block adapter module whose mask rows draft in batched steps: ``auto``'s lookup + adapter
         pair with a mask-block adapter; None otherwise (lookup guesses only)."""
@@ -68,7 +79,8 @@ class DecodingConfig:
         """Keyword arguments of ``BatchEngine.submit`` (``bitmtp.runtime.batch``): ``auto`` drafts there by
         prompt lookup and, with a mask-block adapter, by its mask rows."""
         return dict(max_new_tokens=self.max_new_tokens, eos=self.eos, sampling=self.sampling, logprobs=self.logprobs,
-                    draft=self.policy.name == "auto", masks=self.mask_block)
+                    draft=self.policy.name == "auto", masks=self.mask_block, block_size=self.block_size,
+                    notes=self.notes)
 
 
 __all__ = ["DecodingConfig"]

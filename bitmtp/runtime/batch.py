@@ -127,12 +127,14 @@ class BatchEngine:
     # ------------------------------------------------------------------------------------------ admission
     def submit(self, ids: Sequence[int], *, max_new_tokens: int, eos: Sequence[int] = (),
                sampling: SamplingParams | None = None, logprobs: bool = False, draft: bool = False,
-               masks: Any = None) -> BatchGeneration:
+               masks: Any = None, block_size: int | None = None, notes: Sequence[str] = ()) -> BatchGeneration:
         """Queue a sequence; returns its :class:`BatchGeneration` (chunks of committed tokens, then the
         :class:`~bitmtp.runtime.decode.GenerationResult`). ``draft``: ``auto`` — prompt-lookup guesses verified
         in its rows where they pay (the output is AR's either way); ``masks``: with ``draft``, a mask-block
         adapter module (``model.adapters.MaskBlock``) whose mask rows draft guesses too (on the CPU / per-op path;
-        the fused GPU step drafts by lookup only). Validated here: a prompt that is empty or over
+        the fused GPU step drafts by lookup only); ``block_size``: with ``draft``, D — a step gives the sequence at
+        most D − 1 guesses and D − 1 mask rows, as a solo one-pass step (None: up to the widest step's);
+        ``notes``: copied into its stats. Validated here: a prompt that is empty or over
         the capacity raises :class:`BitMTPError` before anything is queued."""
         ids = list(ids)
         if not ids:
@@ -142,8 +144,9 @@ class BatchEngine:
         if max_new_tokens < 1:
             raise BitMTPError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
         params = sampling.with_seed() if sampling is not None and not sampling.greedy else None
-        drafting = self.planner.start(ids, masks) if draft else None
-        stats = DecodeStats("auto", 1, schedule="one-pass") if draft else DecodeStats("ar", 1)
+        drafting = self.planner.start(ids, masks, block_size) if draft else None
+        stats = (DecodeStats("auto", 1 + drafting.max_guesses, schedule="one-pass", notes=list(notes)) if draft
+                 else DecodeStats("ar", 1, notes=list(notes)))
         seq = BatchSeq(ids, int(max_new_tokens), set(int(e) for e in eos), params, bool(logprobs), drafting,
                        stats=stats)
         with self._lock:

@@ -221,7 +221,9 @@ def _run(state: _State, session: Any, req: Request, emit: Callable[[tuple], None
             # a stream even for an answer sent whole: its pieces are the steps between which the generation
             # of a client that left stops (one bitmtp.generate call would run to max_tokens); its result is
             # the GenerateOutput the call without stream returns
-            batch = dict(batcher=True, max_batch=state.max_batch) if state.max_batch and not solo else {}
+            # a lone request on the solo session (or a session of a server that does not batch): the solo engine
+            batched = state.max_batch and not solo
+            batch = dict(batcher=True, max_batch=state.max_batch) if batched else dict(batcher=False)
             stream = bitmtp.generate(state.solo if solo else session, input_ids=req.input_ids, stream=True, **batch,
                                      config=req.config)
             emit(("start", None))

@@ -9,6 +9,7 @@ front, all of them named by index.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 
@@ -49,7 +50,9 @@ def _prompts(n: int, seed: int, longest: int = 150) -> list[list[int]]:
 
 
 def _solo(model, prompts, **kw):
-    return [bitmtp.generate(model, input_ids=p, policy="ar", eos_token_id=[], logprobs=True, **kw) for p in prompts]
+    """The solo engine's outputs (``batcher=False``: generate's default would decode them as batches of one)."""
+    return [bitmtp.generate(model, input_ids=p, batcher=False, policy="ar", eos_token_id=[], logprobs=True, **kw)
+            for p in prompts]
 
 
 def _same(batch, solo) -> None:
@@ -122,7 +125,8 @@ def test_sequences_join_and_leave_mid_way(models):
                 results[i] = stop.value
                 del gens[i]
     for i, res in results.items():
-        solo = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=lengths[i], policy="ar", eos_token_id=[],
+        solo = bitmtp.generate(model, input_ids=prompts[i], batcher=False, max_new_tokens=lengths[i], policy="ar",
+                               eos_token_id=[],
                                logprobs=True)
         assert res.tokens == chunks[i] == solo.token_ids and res.logprobs == solo.logprobs, i
     assert sorted(results) == [0, 1, 3, 4, 5, 6]
@@ -171,7 +175,8 @@ def test_rows_are_reserved_first_fit_and_waves_run_when_memory_is_short(models):
     gens = [eng.submit(p, max_new_tokens=NEW, logprobs=True) for p in prompts]
     results = [_drain(g) for g in gens]  # draining the first steps the whole batch
     for p, res in zip(prompts, results, strict=True):
-        solo = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, policy="ar", eos_token_id=[], logprobs=True)
+        solo = bitmtp.generate(model, input_ids=p, batcher=False, max_new_tokens=NEW, policy="ar", eos_token_id=[],
+                               logprobs=True)
         assert res.tokens == solo.token_ids and res.logprobs == solo.logprobs
     assert max(max(r.stats.widths) for r in results) <= 2 and eng.rows_in_use == 0
 
@@ -184,8 +189,10 @@ def _drain(gen):
             return stop.value
 
 
-def test_threads_share_steps_through_batcher(models):
-    """``generate(..., batcher=True)`` from several threads: each gets its solo output, in shared steps."""
+@pytest.mark.parametrize("batcher", [True, None])
+def test_threads_share_steps_through_batcher(models, batcher):
+    """``generate(..., batcher=True)`` — or generate's default (None), a batch of one on ``model.batcher(max_batch)``
+    — from several threads: each gets its solo output, in shared steps."""
     model = models["bitnet"]
     prompts = _prompts(6, seed=21)
     eng = model.batcher(6)
@@ -194,7 +201,7 @@ def test_threads_share_steps_through_batcher(models):
 
     def run(i):
         barrier.wait()
-        outs[i] = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=NEW, policy="auto", batcher=True,
+        outs[i] = bitmtp.generate(model, input_ids=prompts[i], max_new_tokens=NEW, policy="auto", batcher=batcher,
                                   max_batch=6, eos_token_id=[], logprobs=True)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
@@ -254,7 +261,7 @@ def test_bad_prompts_are_refused_up_front_by_index(models):
         bitmtp.generate(model, prompts=[[5]], max_batch=17, policy="ar")
     with pytest.raises(BitMTPError, match="batcher: a batch decodes policy 'ar' or 'auto'"):
         bitmtp.generate(model, input_ids=[5], batcher=True, policy="speculative", drafter="lookup")
-    with pytest.raises(BitMTPError, match="batcher: expected True/False or a BatchEngine"):
+    with pytest.raises(BitMTPError, match="batcher: expected None .the default., True, False or a BatchEngine"):
         bitmtp.generate(model, input_ids=[5], batcher="yes")
     with pytest.raises(BitMTPError, match="belongs to another model"):
         bitmtp.generate(model, input_ids=[5], batcher=models["qwen3"].batcher(2))
@@ -285,7 +292,7 @@ def test_smollm2_chat_batch_equals_solo_with_stop_strings():
     kw = dict(max_new_tokens=24, stop=["4.", "Blue"])
     outs = bitmtp.generate(model, prompts=prompts, **kw)
     for p, o in zip(prompts, outs, strict=True):
-        solo = bitmtp.generate(model, p, policy="ar", **kw)
+        solo = bitmtp.generate(model, p, batcher=False, policy="ar", **kw)
         assert (o.text, o.token_ids, o.stop_reason) == (solo.text, solo.token_ids, solo.stop_reason)
     assert any(o.stop_reason == "stop" for o in outs)
     assert torch.is_tensor(model.batcher().kv.k[0])
@@ -306,7 +313,7 @@ def test_auto_adds_lookup_guess_rows_and_stays_exact(models, params, monkeypatch
         if forced:
             monkeypatch.setattr(batch_plan.StepCost, "marginal", lambda self, width: 0.0)
         outs = bitmtp.generate(model, prompts=prompts, policy="auto", max_batch=4, **kw)
-        solo = [bitmtp.generate(model, input_ids=p, policy="ar", **kw) for p in prompts]
+        solo = [bitmtp.generate(model, input_ids=p, batcher=False, policy="ar", **kw) for p in prompts]
         for o, s in zip(outs, solo, strict=True):
             assert o.token_ids == s.token_ids and o.logprobs == pytest.approx(s.logprobs, abs=1e-6)
         drafted = [o for o in outs if o.stats.guesses]
@@ -412,7 +419,7 @@ def test_auto_adds_the_adapters_mask_rows_and_stays_exact(masked, params, monkey
     prompts = _prompts(5, seed=21, longest=70)
     outs = bitmtp.generate(masked, prompts=prompts, policy="auto", max_batch=4, **kw)
     for o, p in zip(outs, prompts, strict=True):
-        solo = bitmtp.generate(masked, input_ids=p, policy="ar", **kw)
+        solo = bitmtp.generate(masked, input_ids=p, batcher=False, policy="ar", **kw)
         assert o.token_ids == solo.token_ids and o.logprobs == pytest.approx(solo.logprobs, abs=1e-6)
         assert any(k.endswith("+masks") for k in o.stats.choices), o.stats.choices
     assert any(k.startswith("masks") for o in outs for k in o.stats.choices)  # mask drafts became guesses
@@ -481,7 +488,8 @@ def test_a_prompt_that_starts_like_a_finished_one_reuses_its_rows(models, masked
         params = SamplingParams(temperature=0.9, seed=seed) if seed is not None else None
         gen = eng.submit(prompt, max_new_tokens=new, eos=[], sampling=params, **auto)
         res = _drain(gen)
-        ref = bitmtp.generate(model, input_ids=prompt, policy=policy, eos_token_id=[], max_new_tokens=new,
+        ref = bitmtp.generate(model, input_ids=prompt, policy=policy, eos_token_id=[], batcher=False,
+                              max_new_tokens=new,
                               temperature=0.9 if seed is not None else 0.0, seed=seed)
         assert res.tokens == ref.token_ids
         return res, gen._seq.base
@@ -535,7 +543,8 @@ def test_prompts_that_share_a_prefix_copy_its_rows_instead_of_prefilling_them(mo
     assert [r.stats.prompt_cached for r in results] == [0, 40, 40, 40, len(prompts[0]) + 1]
     assert eng.kv.rows_shared == 3 * 40 + len(prompts[0]) + 1
     for p, s, res in zip(prompts + [follow], seeds + [None], results, strict=True):
-        ref = bitmtp.generate(model, input_ids=p, policy=policy, eos_token_id=[], max_new_tokens=NEW, logprobs=True,
+        ref = bitmtp.generate(model, input_ids=p, policy=policy, eos_token_id=[], batcher=False, max_new_tokens=NEW,
+                              logprobs=True,
                               temperature=0.9 if s is not None else 0.0, seed=s)
         assert res.tokens == ref.token_ids and res.logprobs == ref.logprobs
     assert eng.rows_in_use == 0
@@ -605,3 +614,94 @@ def test_a_long_prompt_comes_in_pieces_that_shrink_with_depth(models):
     _drain(g_other)
     solo = _solo(model, [long], max_new_tokens=4)[0]
     assert res.tokens == solo.token_ids and res.logprobs == solo.logprobs
+
+
+@pytest.mark.parametrize("kw", [dict(policy="ar"), dict(), SAMPLED["penalties"] | dict(seed=5)],
+                         ids=["ar", "auto", "sampled-auto"])
+def test_generate_decodes_one_prompt_as_a_batch_of_one(models, masked, kw):
+    """``generate`` with one prompt, ``ar`` or ``auto`` (the default), on the CPU: a batch of one on
+    ``model.batcher()`` — the solo engine untouched — with the solo engine's output (tokens, logprobs, seed), the
+    block size D in its stats (auto: at most D − 1 guesses and D − 1 mask rows a step) and the config's notes."""
+    for model in (models["qwen3"], masked):
+        p = _prompts(3, seed=41)[2]
+        solo = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, eos_token_id=[], logprobs=True, block_size=3,
+                               batcher=False, **kw)
+        eng, syncs = model.batcher(), model.engine.syncs
+        forwards = eng.forwards
+        out = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, eos_token_id=[], logprobs=True, block_size=3,
+                              **kw)
+        assert eng.forwards > forwards and model.engine.syncs == syncs  # the batch engine's steps, not the solo's
+        assert out.token_ids == solo.token_ids and out.logprobs == solo.logprobs and out.seed == solo.seed
+        assert out.stats.policy == kw.get("policy", "auto") and eng.rows_in_use == 0
+        if out.stats.policy == "auto":
+            assert out.stats.block_size == 3 and out.stats.notes == solo.stats.notes
+            assert max(out.stats.committed) <= 3  # D − 1 guesses a step, and the token after them
+
+
+def test_other_policies_and_drafters_keep_the_solo_engine(models):
+    """What the batch engine does not run decodes on the solo engine by default: policies that draft with their
+    own schedules, ``auto`` with a drafter other than its default (an oracle), and ``batcher=False``."""
+    from bitmtp.decoding.drafters import OracleDrafter
+
+    model = models["qwen3"]
+    p = _prompts(3, seed=43)[2]
+    ref = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, eos_token_id=[], policy="ar", batcher=False)
+    oracle = OracleDrafter(model.decoder, p + ref.token_ids)
+    eng = model.batcher()
+    for kw in (dict(policy="speculative", drafter="lookup"), dict(drafter=oracle), dict(policy="ar", batcher=False)):
+        forwards, syncs = eng.forwards, model.engine.syncs
+        out = bitmtp.generate(model, input_ids=p, max_new_tokens=NEW, eos_token_id=[], **kw)
+        assert out.token_ids == ref.token_ids, kw
+        assert eng.forwards == forwards and model.engine.syncs > syncs, kw
+
+
+@pytest.mark.parametrize("how", ["close", "with", "del", "exhausted"])
+def test_default_streams_of_one_thread_interleave_and_free_their_rows(models, how):
+    """Two default streams (batches of one) open in one thread: both read in turn, each with its solo text —
+    where two solo streams on one model refuse the second (``test_concurrency.py``); a stream closed, left by a
+    ``with`` block, dropped or read to its end gives its KV rows back."""
+    class Letters:  # a stand-in tokenizer for streams: token i decodes to one letter
+        def decode(self, ids, skip_special_tokens=True, **kw):
+            return "".join(chr(ord("a") + int(i) % 26) for i in ids)
+
+    model = dataclasses.replace(models["bitnet"], tokenizer=Letters())
+    a, b = _prompts(2, seed=47, longest=30)
+    kw = dict(eos_token_id=[], policy="ar")
+    lengths = (4 * NEW, NEW)  # the first still decodes when the second ends
+    refs = [bitmtp.generate(model, input_ids=x, batcher=False, max_new_tokens=n, **kw).token_ids
+            for x, n in zip((a, b), lengths, strict=True)]
+    eng = model.batcher()
+    s1 = bitmtp.generate(model, input_ids=a, stream=True, max_new_tokens=lengths[0], **kw)
+    s2 = bitmtp.generate(model, input_ids=b, stream=True, max_new_tokens=lengths[1], **kw)
+    first = next(s1)
+    text2 = "".join(s2)  # the other stream, read to its end while the first is open
+    assert s2.result.token_ids == refs[1] and text2 == Letters().decode(refs[1])
+    assert eng.rows_in_use > 0  # s1's rows
+    if how == "exhausted":
+        assert first + "".join(s1) == Letters().decode(refs[0]) and s1.result.token_ids == refs[0]
+    elif how == "with":
+        with s1:
+            next(s1)
+    elif how == "close":
+        s1.close()
+    else:
+        del s1  # reference counting frees it: its rows go at the next step
+        bitmtp.generate(model, input_ids=b, max_new_tokens=1, **kw)
+    assert eng.rows_in_use == 0 and eng.running == 0
+
+
+def test_a_sequence_drafts_at_most_d_minus_one_guesses_and_mask_rows_a_step():
+    """``block_size`` D in a batch: a step gives a sequence at most D − 1 guess rows and D − 1 mask rows (a solo
+    one-pass step's), however cheap a row; without a D, up to the widest step's."""
+    import types
+
+    from bitmtp.decoding.batch_plan import BatchPlanner, Room
+
+    ids = list(range(3, 23)) * 3  # the lookup continues it as far as it is asked
+    planner = BatchPlanner(16)
+    planner.cost.marginal = lambda width: 0.0  # every row pays
+    block = types.SimpleNamespace(block_size=8)
+    for d, most, masks in ((3, 2, 2), (8, 7, 7), (None, 15, 0)):
+        seq = types.SimpleNamespace(room=Room(100, 100), drafting=planner.start(ids, block, d))
+        (draft,) = planner.drafts([seq], 0).values()
+        assert (len(draft.guesses), draft.mask_rows) == (most, masks), d

@@ -26,6 +26,9 @@ from bitmtp.runtime import calibration as cal
 from bitmtp.runtime.calibration import CalibrationError, CostTable
 from tests.support.hf_models import VARIED, tiny_model
 
+# the solo engine's loop: generate's default would decode ar / auto as a batch of one (bitmtp.api.batches_alone)
+pytestmark = pytest.mark.usefixtures("solo_engine")
+
 pytest.importorskip("transformers")
 
 M_MAX = 8

@@ -137,9 +137,12 @@ def test_a_session_runs_while_the_model_is_held(model, jobs, solo):
 
 
 def _stream(model, job):
+    """A stream on the solo engine, whose ownership of the model's KV store the tests below check (a batch of
+    one — generate's default for ar / auto — owns rows of the batch engine instead: tests/runtime/test_batch.py)."""
     prompt, policy, sampling = job
     return bitmtp.generate(dataclasses.replace(model, tokenizer=Letters()), input_ids=prompt, max_new_tokens=NEW,
-                           policy=policy, block_size=4, tau=TAU, eos_token_id=[], stream=True, **sampling)
+                           policy=policy, block_size=4, tau=TAU, eos_token_id=[], stream=True, batcher=False,
+                           **sampling)
 
 
 @pytest.mark.parametrize("second", ["generate", "stream"])

@@ -34,6 +34,9 @@ from bitmtp.runtime import Engine, KVStore
 from tests.support.adapters import INIT_RANGE, TAU, random_adapter
 from tests.support.hf_models import tiny_model
 
+# the solo engine's loop: generate's default would decode ar / auto as a batch of one (bitmtp.api.batches_alone)
+pytestmark = pytest.mark.usefixtures("solo_engine")
+
 pytest.importorskip("transformers")
 
 N_PROMPTS, NEW = 20, 128

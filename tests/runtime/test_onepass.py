@@ -21,6 +21,9 @@ from bitmtp.errors import BitMTPError
 from tests.support.adapters import INIT_RANGE, random_adapter
 from tests.support.hf_models import tiny_model
 
+# the solo engine's loop: generate's default would decode ar / auto as a batch of one (bitmtp.api.batches_alone)
+pytestmark = pytest.mark.usefixtures("solo_engine")
+
 pytest.importorskip("transformers")
 
 NEW = 48

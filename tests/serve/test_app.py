@@ -57,7 +57,7 @@ def test_models_and_health(server):
 
 
 def test_chat_equals_generate_openai_client(smollm2, openai_client):
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[0]), max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[0]), batcher=False, max_new_tokens=NEW)
     resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[0]), max_tokens=NEW,
                                                  temperature=0)
     choice = resp.choices[0]
@@ -69,7 +69,7 @@ def test_chat_equals_generate_openai_client(smollm2, openai_client):
 
 
 def test_chat_stream_equals_generate_with_usage(smollm2, openai_client):
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[1]), max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[1]), batcher=False, max_new_tokens=NEW)
     chunks = list(openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[1]), max_tokens=NEW,
                                                         temperature=0, stream=True,
                                                         stream_options={"include_usage": True}))
@@ -86,7 +86,7 @@ def test_chat_stream_equals_generate_with_usage(smollm2, openai_client):
 
 def test_completions_equal_generate_raw_http_and_client(smollm2, server, openai_client):
     prompt = "The three primary colors are"
-    ref = bitmtp.generate(smollm2, prompt, max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, prompt, batcher=False, max_new_tokens=NEW)
     r = httpx.post(server.url + "/v1/completions", timeout=120,
                    json={"model": MODEL, "prompt": prompt, "max_tokens": NEW, "temperature": 0})
     assert r.status_code == 200, r.text
@@ -106,7 +106,7 @@ def test_completions_equal_generate_raw_http_and_client(smollm2, server, openai_
 
 
 def test_chat_raw_http_stream(smollm2, server):
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[2]), max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[2]), batcher=False, max_new_tokens=NEW)
     with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
                       json={"model": MODEL, "messages": _chat(PROMPTS[2]), "max_tokens": NEW, "stream": True}) as s:
         events = _sse(s.iter_lines())
@@ -118,7 +118,7 @@ def test_chat_raw_http_stream(smollm2, server):
 def test_eight_concurrent_streaming_clients_get_their_solo_answers(smollm2, server):
     openai = pytest.importorskip("openai")
     prompts = PROMPTS[:8]
-    solo = {p: bitmtp.generate(smollm2, _chat(p), max_new_tokens=NEW).text for p in prompts}
+    solo = {p: bitmtp.generate(smollm2, _chat(p), batcher=False, max_new_tokens=NEW).text for p in prompts}
     got: dict[str, str] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(len(prompts))
@@ -257,7 +257,7 @@ def test_missing_fastapi_names_the_extra(monkeypatch, smollm2):
 
 def test_seeded_sampling_equals_generate_and_repeats(smollm2, openai_client):
     kw = dict(temperature=0.8, top_p=0.9, seed=1234)
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[5]), max_new_tokens=NEW, **kw)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[5]), batcher=False, max_new_tokens=NEW, **kw)
     resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW, **kw)
     assert resp.choices[0].message.content == ref.text and resp.model_extra["bitmtp"]["seed"] == 1234
     stream = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW,
@@ -266,7 +266,7 @@ def test_seeded_sampling_equals_generate_and_repeats(smollm2, openai_client):
     # extensions: top_k, min_p, repetition_penalty
     ext = dict(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
                frequency_penalty=0.3, seed=5)
-    ref2 = bitmtp.generate(smollm2, _chat(PROMPTS[5]), max_new_tokens=NEW, **ext)
+    ref2 = bitmtp.generate(smollm2, _chat(PROMPTS[5]), batcher=False, max_new_tokens=NEW, **ext)
     resp2 = openai_client.chat.completions.create(
         model=MODEL, messages=_chat(PROMPTS[5]), max_tokens=NEW, temperature=0.7, seed=5, presence_penalty=0.5,
         frequency_penalty=0.3, extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2})
@@ -285,7 +285,7 @@ def test_an_unseeded_sample_reports_its_seed(openai_client):
 
 def test_stop_strings_streamed_and_not(smollm2, server, openai_client):
     prompt, stop = "Count: 1, 2, 3,", [" 6", "nine"]
-    ref = bitmtp.generate(smollm2, prompt, max_new_tokens=20, stop=stop)
+    ref = bitmtp.generate(smollm2, prompt, batcher=False, max_new_tokens=20, stop=stop)
     assert ref.stop_reason == "stop" and " 6" not in ref.text
     resp = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, stop=stop)
     assert resp.choices[0].text == ref.text and resp.choices[0].finish_reason == "stop"
@@ -298,7 +298,7 @@ def test_stop_strings_streamed_and_not(smollm2, server, openai_client):
 
 def test_logprobs_of_the_chosen_tokens(smollm2, server, openai_client):
     kw = dict(temperature=0.8, seed=9)
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[6]), max_new_tokens=NEW, logprobs=True, **kw)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[6]), batcher=False, max_new_tokens=NEW, logprobs=True, **kw)
     resp = openai_client.chat.completions.create(model=MODEL, messages=_chat(PROMPTS[6]), max_tokens=NEW,
                                                  logprobs=True, **kw)
     content = resp.choices[0].logprobs.content
@@ -311,7 +311,7 @@ def test_logprobs_of_the_chosen_tokens(smollm2, server, openai_client):
     assert streamed == pytest.approx(ref.logprobs)
     r = httpx.post(server.url + "/v1/completions", timeout=120,
                    json={"prompt": "The sky is", "max_tokens": NEW, "logprobs": 0})
-    greedy = bitmtp.generate(smollm2, "The sky is", max_new_tokens=NEW, logprobs=True)
+    greedy = bitmtp.generate(smollm2, "The sky is", batcher=False, max_new_tokens=NEW, logprobs=True)
     lp = r.json()["choices"][0]["logprobs"]
     assert lp["token_logprobs"] == pytest.approx(greedy.logprobs) and "".join(lp["tokens"]) == greedy.text
     assert lp["text_offset"][0] == 0 and all(v <= 0 for v in lp["token_logprobs"])
@@ -344,7 +344,7 @@ def test_stream_interval_holds_pieces_back_but_never_text(smollm2, interval):
     text at once, everything else in one chunk at the end. Either way the text is the whole answer's."""
     from bitmtp.serve import create_app, run_in_thread
 
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), batcher=False, max_new_tokens=NEW)
     with run_in_thread(create_app(smollm2, model_name=MODEL, stream_interval=interval)) as srv:
         with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
                           json={"model": MODEL, "messages": _chat(PROMPTS[3]), "max_tokens": NEW, "stream": True}) as s:
@@ -396,7 +396,7 @@ def test_origins_ride_along_on_request(smollm2, interval):
     carries the text's spans; without the option no chunk has them."""
     from bitmtp.serve import create_app, run_in_thread
 
-    ref = bitmtp.generate(smollm2, REPEAT, max_new_tokens=24)
+    ref = bitmtp.generate(smollm2, REPEAT, batcher=False, max_new_tokens=24)
     assert "lookup" in ref.origins and len(ref.origins) == len(ref.steps) == len(ref.token_ids)
     body = {"model": MODEL, "messages": REPEAT, "max_tokens": 24, "stream": True, "bitmtp": {"origins": True}}
     with run_in_thread(create_app(smollm2, model_name=MODEL, stream_interval=interval)) as srv:
@@ -445,5 +445,5 @@ def test_a_repeated_prompt_reuses_its_kv_rows_and_says_so(smollm2, server):
                        json={**body, "messages": _chat(PROMPTS[3])}).json()
     shared = len(smollm2.encode(_chat("")))  # at most the template's turn start is shared
     assert 0 < other["usage"]["prompt_tokens_details"]["cached_tokens"] < shared
-    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), max_new_tokens=NEW)
+    ref = bitmtp.generate(smollm2, _chat(PROMPTS[3]), batcher=False, max_new_tokens=NEW)
     assert other["choices"][0]["message"]["content"] == ref.text

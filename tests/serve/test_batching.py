@@ -85,7 +85,7 @@ def test_concurrent_requests_share_steps_and_get_their_solo_answers(smollm2, bat
         kw = dict(max_new_tokens=req["max_tokens"], temperature=req.get("temperature", 0.0),
                   top_p=req.get("top_p", 1.0), seed=req.get("seed"), stop=req.get("stop"),
                   presence_penalty=req.get("presence_penalty", 0.0))
-        assert answers[i] == bitmtp.generate(smollm2, req["messages"], **kw).text, i
+        assert answers[i] == bitmtp.generate(smollm2, req["messages"], batcher=False, **kw).text, i
     tokens = state.batch.tokens_out
     assert state.batch.steps - steps0 < sum(r["max_tokens"] for r in requests) - 10  # rows shared steps
     assert tokens > 0
@@ -99,7 +99,7 @@ def test_clients_that_leave_free_their_rows(smollm2, batching):
     from bench.bursts import burst
 
     srv, state = batching
-    solo = {i: bitmtp.generate(smollm2, _chat(p), max_new_tokens=10).text for i, p in enumerate(PROMPTS)}
+    solo = {i: bitmtp.generate(smollm2, _chat(p), batcher=False, max_new_tokens=10).text for i, p in enumerate(PROMPTS)}
     for b in range(2):
         res = burst(srv.url, PROMPTS, clients=10, requests_each=2, max_tokens=10, disconnect=0.35, seed=b,
                     model=MODEL)

@@ -29,7 +29,8 @@ def test_two_ray_serve_replicas_answer_one_client(smollm2):
 
     from bitmtp.serve import ray_app
 
-    ref = {p: bitmtp.generate(smollm2, [{"role": "user", "content": p}], max_new_tokens=NEW).text for p in PROMPTS[:4]}
+    ref = {p: bitmtp.generate(smollm2, [{"role": "user", "content": p}], batcher=False, max_new_tokens=NEW).text
+           for p in PROMPTS[:4]}
     port = _free_port()
     # logical CPUs for the two replicas (1 each) whatever the machine has; a private namespace and no dashboard
     ray.init(num_cpus=4, include_dashboard=False, namespace="bitmtp-test", log_to_driver=False)
