@@ -1,9 +1,11 @@
 """Public entry points: :func:`load` and :func:`generate`.
 
-Concurrency: a model's engine owns one KV store, and one generation owns it at a time
-(``bitmtp.runtime.engine``): calls from several threads on one model serialize, and a stream keeps
-the model until it is exhausted or closed. :meth:`BitMTPModel.session` gives a caller its own KV
-store over the same weights, to decode concurrently.
+Concurrency: on the CPU, ``ar`` and ``auto`` generations decode as sequences of the model's batch engine
+(:meth:`BitMTPModel.batcher`, ``bitmtp.runtime.batch``): calls from several threads on one model share its
+forward passes. The solo engine (``model.engine``: the other policies and runtimes, ``batcher=False``) owns one
+KV store, and one generation owns it at a time (``bitmtp.runtime.engine``): calls on it serialize, and a stream
+keeps it until it is exhausted or closed. :meth:`BitMTPModel.session` gives a caller its own stores over the
+same weights, to decode concurrently.
 """
 
 from __future__ import annotations
@@ -198,8 +200,8 @@ class BitMTPModel:
         copied: a step only reads them), but :func:`generate` calls on different sessions never wait
         for each other and never touch each other's KV rows. Attaching or detaching an adapter on a
         session affects that session only. Each session allocates a KV store of the same capacity
-        (``engine.kv.nbytes``). Calls on ONE model or session serialize instead (one generation owns
-        a KV store at a time). Not available for ``runtime="vulkan"`` models (the Vulkan device holds
+        (``engine.kv.nbytes``) and its own batch engines (:meth:`batcher`). Solo-engine calls on ONE model or
+        session serialize instead (one generation owns a KV store at a time); batches of one on it share steps. Not available for ``runtime="vulkan"`` models (the Vulkan device holds
         one copy of the model and its KV): their calls serialize.
         """
         if self.plan is not None or self.engine.runtime == "vulkan":  # a Vulkan model has its plan

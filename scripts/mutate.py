@@ -400,6 +400,21 @@ MUTANTS: tuple[Mutant, ...] = (
            "a = len(outs)",
            ("tests/runtime/test_batch.py", "-k", "auto_adds and greedy"),
            "a batched sequence commits all its lookup guesses, verified or not"),
+    Mutant("batch-of-one-ignores-the-block-size", "bitmtp/decoding/batch_plan.py",
+           "            left = min(room.rows, room.tokens, self.max_rows - 1, sd.max_guesses)",
+           "            left = min(room.rows, room.tokens, self.max_rows - 1)",
+           ("tests/runtime/test_batch.py", "-k", "d_minus_one"),
+           "generate's batch of one drafts past block_size D (a solo step gives at most D - 1 guesses)"),
+    Mutant("batch-of-one-runs-any-drafter", "bitmtp/decoding/config.py",
+           '        return self.policy.name == "auto" and (isinstance(d, LookupDrafter) or self.mask_block is not None)',
+           '        return self.policy.name == "auto"',
+           ("tests/runtime/test_batch.py", "-k", "solo_engine"),
+           "auto with an oracle drafter decodes on the batch engine, which drops the drafter"),
+    Mutant("generate-ignores-batcher-false", "bitmtp/api.py",
+           "    if batcher is False:\n        return None",
+           "    if batcher is False and not batches_alone(model, cfg):\n        return None",
+           ("tests/runtime/test_batch.py", "-k", "solo_engine"),
+           "batcher=False still decodes ar / auto as a batch of one"),
 )
 
 
