@@ -201,8 +201,9 @@ class BitMTPModel:
         for each other and never touch each other's KV rows. Attaching or detaching an adapter on a
         session affects that session only. Each session allocates a KV store of the same capacity
         (``engine.kv.nbytes``) and its own batch engines (:meth:`batcher`). Solo-engine calls on ONE model or
-        session serialize instead (one generation owns a KV store at a time); batches of one on it share steps. Not available for ``runtime="vulkan"`` models (the Vulkan device holds
-        one copy of the model and its KV): their calls serialize.
+        session serialize instead (one generation owns a KV store at a time); batches of one on it share
+        steps. Not available for ``runtime="vulkan"`` models (the Vulkan device holds one copy of the model
+        and its KV): their calls serialize.
         """
         if self.plan is not None or self.engine.runtime == "vulkan":  # a Vulkan model has its plan
             raise BitMTPError("session: a runtime='vulkan' model keeps one KV store on its Vulkan device; calls "
@@ -231,11 +232,14 @@ class BitMTPModel:
     def calibrate(self, *, rebuild: bool = False, progress: bool = False) -> CostTable:
         """Measure (or read from the cache) the step costs ``policy="auto"`` plans with, now.
 
-        The first ``auto`` generation of 64 tokens or more on a machine measures them itself (~5 s on 2 CPU
-        cores, then cached under ``bitmtp.runtime.calibration.cache_dir()``); call this first — ``bitmtp serve``
-        does at startup — so that no request pays for it. ``rebuild=True`` measures again even with a cached
-        table (the machine changed load, a new build); ``progress`` shows a progress bar. Returns the
-        :class:`~bitmtp.runtime.calibration.CostTable` (``bitmtp info --calibrate`` prints it). Waits while a
+        These are the solo engine's (``generate(..., batcher=False)``, the GPU and Vulkan runtimes): a batch of one
+        — ``auto``'s default on the CPU — prices its rows by the steps its batch engine has run instead
+        (``decoding.batch_plan.StepCost``). The first solo ``auto`` generation of 64 tokens or more on a machine
+        measures them itself (~5 s on 2 CPU cores, then cached under ``bitmtp.runtime.calibration.cache_dir()``);
+        call this first — ``bitmtp serve`` does at startup — so that no request pays for it. ``rebuild=True``
+        measures again even with a cached table (the machine changed load, a new build); ``progress`` shows a
+        progress bar. Returns the :class:`~bitmtp.runtime.calibration.CostTable` (``bitmtp info --calibrate`` prints
+        it). Waits while a
         generation runs on this model in another thread (the measurement uses its KV store)."""
         return self.engine.calibrate(rebuild=rebuild, progress=progress)
 
@@ -963,8 +967,9 @@ def generate(model: BitMTPModel, prompt: str | list[dict[str, str]] | None = Non
         max_new_tokens: most tokens to generate.
         policy: a registered policy name (``bitmtp.decoding.policy_names()``): ``"auto"`` (the default:
             exactly AR greedy's output, drafting — by prompt lookup, and with the adapter's mask drafts when
-            one is attached — only where this machine's measured step costs say it pays; the first use
-            on a machine calibrates for a few seconds and caches the costs), ``"ar"`` (one token per
+            one is attached — only where this machine's measured step costs say it pays: a batch of one by
+            the times of the steps its engine ran, the solo engine by a table it measures in a few seconds at
+            its first use on a machine and caches), ``"ar"`` (one token per
             step, the baseline), ``"confidence"`` (commit the confident prefix, unverified),
             ``"speculative"`` (verify every block: exactly AR greedy's output) or ``"hybrid"``
             (confidence when at least ``min_prefix`` tokens are confident, else verify); or a

@@ -406,7 +406,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/runtime/test_batch.py", "-k", "d_minus_one"),
            "generate's batch of one drafts past block_size D (a solo step gives at most D - 1 guesses)"),
     Mutant("batch-of-one-runs-any-drafter", "bitmtp/decoding/config.py",
-           '        return self.policy.name == "auto" and (isinstance(d, LookupDrafter) or self.mask_block is not None)',
+           '        return self.policy.name == "auto" and (isinstance(d, LookupDrafter) or self.mask_block is not None)',  # noqa: E501
            '        return self.policy.name == "auto"',
            ("tests/runtime/test_batch.py", "-k", "solo_engine"),
            "auto with an oracle drafter decodes on the batch engine, which drops the drafter"),
