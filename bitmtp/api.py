@@ -239,8 +239,7 @@ class BitMTPModel:
         call this first — ``bitmtp serve`` does at startup — so that no request pays for it. ``rebuild=True``
         measures again even with a cached table (the machine changed load, a new build); ``progress`` shows a
         progress bar. Returns the :class:`~bitmtp.runtime.calibration.CostTable` (``bitmtp info --calibrate`` prints
-        it). Waits while a
-        generation runs on this model in another thread (the measurement uses its KV store)."""
+        it). Waits while a generation runs on this model in another thread (the measurement uses its KV store)."""
         return self.engine.calibrate(rebuild=rebuild, progress=progress)
 
     def recommended(self, policy: str | None = None, block_size: int | None = None) -> tuple[str, int | None]:
