@@ -78,7 +78,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     name = args.model_name or Path(str(model.source)).stem  # what clients pass as "model"
     app = create_app(model, model_name=name, sessions=args.sessions, queue_size=args.queue_size,
                      body_timeout=args.body_timeout, stream_interval=args.stream_interval, max_batch=args.max_batch,
-                     solo_when_idle=not args.no_solo, calibrate=not args.no_calibrate)
+                     solo_when_idle=args.solo, calibrate=not args.no_calibrate)
     how = (f"up to {args.max_batch} requests decoded together" if args.max_batch
            else f"{args.sessions} KV store(s), one request each")
     print(f"bitmtp: serving {model.source} as model {name!r} on http://{args.host}:{args.port}/v1 ({how}, queue "
@@ -99,7 +99,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
                    "kv_type": args.kv_type}
     app = ray_app(path, replicas=args.replicas, model_name=args.model_name, sessions=args.sessions,
                   queue_size=args.queue_size, load_kwargs=load_kwargs, body_timeout=args.body_timeout,
-                  stream_interval=args.stream_interval, max_batch=args.max_batch, solo_when_idle=not args.no_solo,
+                  stream_interval=args.stream_interval, max_batch=args.max_batch, solo_when_idle=args.solo,
                   calibrate=not args.no_calibrate)
     ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster when set, else starts a local one
     try:
@@ -249,7 +249,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "'bitmtp[serve]'): GET /v1/models, POST /v1/completions and /v1/chat/completions (stream: true "
                     "for server-sent events), GET /health, GET /metrics (Prometheus). Up to --max-batch requests "
                     "decode together, one forward pass a step (continuous batching: each gets the output it gets "
-                    "alone; a request arriving while nothing decodes runs alone, policy auto); --queue-size more "
+                    "alone; a lone request is a batch of one); --queue-size more "
                     "wait, and one more gets 429. Fields a "
                     "request leaves out take bitmtp.generate's defaults (temperature 0: greedy). --replicas N "
                     "serves from N Ray Serve replicas instead (pip install 'bitmtp[ray]'), Ray routing.")
@@ -263,11 +263,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                help="requests decoded together in one batched step (per replica; 1..16, default "
                                     "8); 0: each request decodes alone (policy auto) on one of --sessions KV "
                                     "stores"), between(0, 16))
-    serve.add_argument("--no-solo", action="store_true",
-                       help="every request joins the batch (default: one that arrives while nothing decodes runs "
-                            "alone with policy auto, drafting where it pays)")
+    serve.add_argument("--solo", action="store_true",
+                       help="a request that arrives while nothing decodes runs alone on the solo engine (policy "
+                            "auto with its calibrated plan: one-pass mask blocks, runner-ups); default: every request "
+                            "joins the batch, a lone one as a batch of one (as fast, and no calibration at startup)")
+    serve.add_argument("--no-solo", action="store_true", help=argparse.SUPPRESS)  # the default since 2026-12-07
     serve.add_argument("--no-calibrate", action="store_true",
-                       help="start without measuring the step costs policy auto plans with (default: measured "
+                       help="with --solo or --max-batch 0: start without measuring the step costs policy auto plans "
+                            "with on the solo engine (default: measured "
                             "before the server listens, ~5 s on 2 CPU cores the first time on a machine, then read "
                             "from the cache; without it the first request of 64 tokens or more pays for them)")
     checked(serve.add_argument("--sessions", type=int, default=1, metavar="N",

@@ -405,6 +405,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "            left = min(room.rows, room.tokens, self.max_rows - 1)",
            ("tests/runtime/test_batch.py", "-k", "d_minus_one"),
            "generate's batch of one drafts past block_size D (a solo step gives at most D - 1 guesses)"),
+    Mutant("batch-lookup-never-retried", "bitmtp/decoding/batch_plan.py",
+           '                probe = source == "lookup" and sd.since_lookup >= EXPLORE_EVERY * len(seqs)',
+           '                probe = False',
+           ("tests/runtime/test_batch.py", "-k", "retried"),
+           "a batch's lookup estimates held low by other prompts are never tried again (a long-lived process stops "
+           "drafting by lookup)"),
     Mutant("batch-of-one-runs-any-drafter", "bitmtp/decoding/config.py",
            '        return self.policy.name == "auto" and (isinstance(d, LookupDrafter) or self.mask_block is not None)',  # noqa: E501
            '        return self.policy.name == "auto"',

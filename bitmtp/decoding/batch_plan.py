@@ -7,7 +7,9 @@ exceed what one more row costs the step in tokens (:class:`StepCost`: the step's
 cost of one more row), so a GPU, where a row is nearly free, drafts freely and 2 CPU cores sparingly. Then a
 sequence with a mask-block adapter gets mask rows where their drafts' expected accepted tokens next step, times the
 chance this step accepts every guess, pay for the rows, or as a periodic re-try. Each sequence's own estimates
-(:class:`SeqDrafting`) start from the batch's and learn from its steps (:meth:`BatchPlanner.learn`).
+(:class:`SeqDrafting`) start from the batch's and learn from its steps (:meth:`BatchPlanner.learn`); a sequence tries
+its first lookup match, and again after EXPLORE_EVERY steps per sequence in the batch without lookup guesses (as a
+solo generation does), whatever its estimates say — so estimates that other traffic held too low to try recover.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class SeqDrafting:
     mask_drafts: list[int] = field(default_factory=list)  # the last step's mask drafts (valid after a full accept)
     mask_probs: list[float] = field(default_factory=list)
     since_masks: int = 0  # decode steps since its last mask rows (a re-try every EXPLORE_EVERY)
+    #: decode steps since its last lookup guesses (a re-try every EXPLORE_EVERY): a new sequence tries its first
+    #: match whatever its estimates say (they start from the batch's, which other traffic may hold too low to try)
+    since_lookup: int = EXPLORE_EVERY * 16
 
 
 @dataclass
@@ -202,8 +207,10 @@ class BatchPlanner:
                 chains.append(("lookup", guesses, [alpha ** (j + 1) for j in range(len(guesses))]))
             if chains:
                 source, guesses, gains = max(chains, key=lambda c: c[2][0])
-                offers += [(gains[j], key, Draft(guesses[: j + 1], source, gains[j], 0, ngram))
-                           for j in range(len(guesses))]
+                # a lookup re-try, as a solo generation's: its first guess row whatever it is expected to pay
+                probe = source == "lookup" and sd.since_lookup >= EXPLORE_EVERY * len(seqs)
+                offers += [(math.inf if probe and j == 0 else gains[j], key,
+                            Draft(guesses[: j + 1], source, gains[j], 0, ngram)) for j in range(len(guesses))]
         offers.sort(key=lambda o: -o[0])
         chosen: dict[int, Draft] = {}
         for gain, key, draft in offers:  # a chain's j-th guess comes after its (j-1)-th: gains fall along it
@@ -213,7 +220,7 @@ class BatchPlanner:
                 continue
             chosen[key] = draft
             width += 1
-            expected += gain
+            expected += draft.p_all
         if masks_ok:
             self._mask_offers(seqs, chosen, width, expected)
         return chosen
@@ -267,6 +274,7 @@ class BatchPlanner:
                 own[keys[i]] = 0.85 * own[keys[i]] + 0.15 * ok
                 shared[keys[i]] = 0.97 * shared[keys[i]] + 0.03 * ok
         sd.since_masks = 0 if draft.mask_rows else sd.since_masks + 1
+        sd.since_lookup = 0 if draft.source == "lookup" else sd.since_lookup + 1
         for j, value in enumerate(_chain(sd.mask_alpha, draft_probs)):
             sd.mask_pos[j] = 0.7 * sd.mask_pos[j] + 0.3 * value
             self.mask_pos[j] = 0.95 * self.mask_pos[j] + 0.05 * value

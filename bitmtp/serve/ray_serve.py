@@ -47,7 +47,7 @@ def ray_app(model: str | Path, *, replicas: int = 2, model_name: str | None = No
             queue_size: int = 16, load_kwargs: dict[str, Any] | None = None,
             ray_actor_options: dict[str, Any] | None = None, deployment_name: str = "bitmtp",
             body_timeout: float | None = BODY_TIMEOUT, stream_interval: float = STREAM_INTERVAL,
-            max_batch: int = DEFAULT_MAX_BATCH, solo_when_idle: bool = True, calibrate: bool = True) -> Any:
+            max_batch: int = DEFAULT_MAX_BATCH, solo_when_idle: bool = False, calibrate: bool = True) -> Any:
     """A Ray Serve application serving ``model`` from ``replicas`` replicas; each replica batches the requests
     it decodes (``max_batch``).
 

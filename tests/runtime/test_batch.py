@@ -705,3 +705,36 @@ def test_a_sequence_drafts_at_most_d_minus_one_guesses_and_mask_rows_a_step():
         seq = types.SimpleNamespace(room=Room(100, 100), drafting=planner.start(ids, block, d))
         (draft,) = planner.drafts([seq], 0).values()
         assert (len(draft.guesses), draft.mask_rows) == (most, masks), d
+
+
+def test_lookup_is_retried_where_the_batchs_estimates_say_it_never_pays():
+    """A sequence's lookup estimates start from the batch's: where other traffic held those too low to try, a new
+    sequence still tries its first match (one guess row), and again after EXPLORE_EVERY steps without lookup
+    guesses (per sequence in the batch), as a solo generation re-tries — else they could never recover."""
+    import types
+
+    from bitmtp.decoding.auto import EXPLORE_EVERY
+    from bitmtp.decoding.batch_plan import BatchPlanner, Draft, Room
+
+    ids = list(range(3, 23)) * 3  # the lookup always matches
+    planner = BatchPlanner(16)
+    planner.lookup_alpha = dict.fromkeys(planner.lookup_alpha, 0.01)  # what other prompts taught the batch
+    planner.cost.marginal = lambda width: 1.0  # a row costs a whole step: nothing is expected to pay
+
+    def step(seq):
+        draft = planner.drafts([seq], 0).get(id(seq), Draft())
+        planner.learn(seq.drafting, draft, 1, [], [])  # its guess rejected: AR's token only
+        return len(draft.guesses)
+
+    seq = types.SimpleNamespace(room=Room(1000, 1000), drafting=planner.start(ids))
+    rows = [step(seq) for _ in range(2 * EXPLORE_EVERY + 2)]
+    assert rows[0] == 1 and rows[EXPLORE_EVERY + 1] == 1 and sum(rows) == 2  # the first match, one re-try
+    pair = [types.SimpleNamespace(room=Room(1000, 1000), drafting=planner.start(ids)) for _ in range(2)]
+    for s in pair:
+        s.drafting.since_lookup = 0
+    tried = [sum(len(d.guesses) for d in planner.drafts(pair, 0).values())]
+    for _ in range(2 * EXPLORE_EVERY):
+        for s in pair:
+            s.drafting.since_lookup += 1
+        tried.append(sum(len(d.guesses) for d in planner.drafts(pair, 0).values()))
+    assert tried.index(2) == 2 * EXPLORE_EVERY  # two sequences: each re-tries half as often

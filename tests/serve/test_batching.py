@@ -136,22 +136,27 @@ def test_metrics_are_prometheus_text_with_the_documented_names(batching):
     assert all(f"`{name}`" in doc for name, _, _ in METRICS)  # every metric is documented
 
 
-def test_a_lone_request_runs_alone_with_auto(smollm2):
-    """With solo_when_idle (the default) a request arriving while nothing decodes runs alone — policy auto, so
-    its tokens can come from drafts (origins other than AR)."""
+@pytest.mark.parametrize("solo_when_idle", [False, True])
+def test_a_lone_request_drafts_with_auto(smollm2, solo_when_idle):
+    """A request arriving while nothing decodes: by default a batch of one, with solo_when_idle alone on the solo
+    engine — policy auto either way, so its tokens can come from drafts (origins other than AR); the answer is the
+    same."""
     from bitmtp.serve import create_app, run_in_thread
 
-    app = create_app(smollm2, model_name=MODEL, max_batch=4)
+    app = create_app(smollm2, model_name=MODEL, max_batch=4, solo_when_idle=solo_when_idle)
+    prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat"
+    ref = bitmtp.generate(smollm2, _chat(prompt), batcher=False, max_new_tokens=24, policy="ar")
     with run_in_thread(app) as srv:
-        prompt = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat"
         r = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
                        json={"model": MODEL, "messages": _chat(prompt), "max_tokens": 24,
                              "bitmtp": {"origins": True}})
         assert r.status_code == 200, r.text
         st = app.state.bitmtp
-        assert st.solo_requests == 1 and st.batched_requests == 0
+        assert (st.solo_requests, st.batched_requests) == ((1, 0) if solo_when_idle else (0, 1))
+        assert (st.solo is not None) == solo_when_idle  # no solo KV store unless asked for
         origins = {o["origin"] for o in r.json()["bitmtp"]["origins"]}
         assert origins - {"ar"}, origins  # drafts confirmed: auto ran
+        assert r.json()["choices"][0]["message"]["content"] == ref.text
 
 
 def test_bad_batch_options(smollm2):
@@ -189,12 +194,12 @@ def counted_calibration(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("calibrate", [True, False])
 def test_the_server_measures_step_costs_before_its_first_request(smollm2, counted_calibration, calibrate):
-    """A server calibrates at startup on the KV store lone requests decode on, so that the first auto request
-    of 64 tokens or more does not pay ~5 s for it (one client's first answer ran at 0.37x llama-server's speed);
-    calibrate=False leaves the measurement to that request."""
+    """With solo_when_idle a server calibrates at startup on the KV store lone requests decode on, so that the
+    first auto request of 64 tokens or more does not pay ~5 s for it (one client's first answer ran at 0.37x
+    llama-server's speed); calibrate=False leaves the measurement to that request."""
     from bitmtp.serve import create_app, run_in_thread
 
-    app = create_app(smollm2, model_name=MODEL, max_batch=2, calibrate=calibrate)
+    app = create_app(smollm2, model_name=MODEL, max_batch=2, calibrate=calibrate, solo_when_idle=True)
     with run_in_thread(app) as srv:
         state = app.state.bitmtp
         assert counted_calibration == ([id(state.solo.engine)] if calibrate else [])
@@ -203,3 +208,17 @@ def test_the_server_measures_step_costs_before_its_first_request(smollm2, counte
         assert r.status_code == 200, r.text
         assert state.solo_requests == 1
         assert counted_calibration == [id(state.solo.engine)]  # measured once, by the server or by the request
+
+
+def test_a_batching_server_starts_without_measuring_step_costs(smollm2, counted_calibration):
+    """By default every request joins the batch (a lone one as a batch of one, whose planner prices rows by the
+    steps it ran): no solo KV store, nothing measured at startup or by the first request."""
+    from bitmtp.serve import create_app, run_in_thread
+
+    app = create_app(smollm2, model_name=MODEL, max_batch=2)
+    with run_in_thread(app) as srv:
+        state = app.state.bitmtp
+        r = httpx.post(srv.url + "/v1/completions", timeout=120,
+                       json={"model": MODEL, "prompt": "def fib(n):", "max_tokens": 64})
+        assert r.status_code == 200, r.text
+        assert state.solo is None and state.batched_requests == 1 and counted_calibration == []
