@@ -267,7 +267,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        help="a request that arrives while nothing decodes runs alone on the solo engine (policy "
                             "auto with its calibrated plan: one-pass mask blocks, runner-ups); default: every request "
                             "joins the batch, a lone one as a batch of one (as fast, and no calibration at startup)")
-    serve.add_argument("--no-solo", action="store_true", help=argparse.SUPPRESS)  # the default since 2026-12-07
+    serve.add_argument("--no-solo", action="store_true",
+                       help="every request joins the batch: the default now (kept for the scripts that pass it)")
     serve.add_argument("--no-calibrate", action="store_true",
                        help="with --solo or --max-batch 0: start without measuring the step costs policy auto plans "
                             "with on the solo engine (default: measured "

@@ -197,3 +197,19 @@ def test_serve_replicas_runs_on_ray_serve_and_stops_on_ctrl_c(model):
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "from 2 Ray Serve replicas" in err
+
+
+@pytest.mark.parametrize("flags,solo", [([], False), (["--solo"], True), (["--no-solo"], False)])
+def test_serve_batches_a_lone_request_unless_solo_is_asked_for(monkeypatch, model, flags, solo):
+    """``serve`` passes ``solo_when_idle`` from ``--solo`` (default: every request joins the batch; ``--no-solo``,
+    the old way to ask for that, still parses)."""
+    import bitmtp.serve
+    import bitmtp.serve.server
+    from bitmtp import cli_serve
+
+    seen = {}
+    monkeypatch.setattr(cli_serve, "_load", lambda args: model)
+    monkeypatch.setattr(bitmtp.serve, "create_app", lambda m, **kw: seen.update(kw) or object())
+    monkeypatch.setattr(bitmtp.serve.server, "serve_forever", lambda app, **kw: None)
+    assert cli.main(["serve", "--port", "0", *flags]) == 0
+    assert seen["solo_when_idle"] is solo and seen["calibrate"] is True
