@@ -1071,9 +1071,9 @@ def _drain(model: BitMTPModel, chunks: Any, stops: tuple[str, ...]) -> GenerateO
 def batches_alone(model: BitMTPModel, cfg: DecodingConfig) -> bool:
     """Whether :func:`generate` decodes one prompt as a batch of one (``batcher=None``, the default): ``ar`` and
     ``auto`` with its default drafters (:attr:`DecodingConfig.drafts_as_a_batch`) on the CPU's torch runtime. There
-    the batch engine decodes one sequence as fast as the solo engine (``auto``: 1.007x on code, 0.985x on chat,
-    ``bench/e2e/test_bench_batch.py::test_batch_of_one_vs_solo_auto``), prefills faster, and calls from other
-    threads share its steps. The solo engine keeps the other policies (speculative / lossy schedules), other
+    the batch engine decodes one sequence as fast as the solo engine (``auto``: 0.98-1.02x on code and on chat over
+    three runs, ``bench/e2e/test_bench_batch.py::test_batch_of_one_vs_solo_auto``), prefills faster, and calls
+    from other threads share its steps. The solo engine keeps the other policies (speculative / lossy schedules), other
     drafters and the GPU and Vulkan runtimes (CUDA graphs of the solo step; the batched GPU step is unmeasured)."""
     return (cfg.drafts_as_a_batch and model.plan is None and model.engine.runtime == "torch"
             and model.decoder.device.type == "cpu")
